@@ -1,0 +1,59 @@
+"""A GPU: device-wide clock, the model instances it hosts, and its energy meter."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.sim.replica import Replica
+
+
+class GPU:
+    """Energy meter of one device: an idle floor set by its instances' lifecycle states plus the dynamic
+    (above-floor) energy of every step its instances run. For a single instance this equals the sum of step
+    energies plus idle gaps at the state's idle power."""
+
+    def __init__(self, index: int, clock_idx: int) -> None:
+        self.index = index
+        self.clock_idx = clock_idx
+        self.pending_clock: int | None = None
+        self.pending_t = 0.0
+        self.version = 0
+        self.replicas: list["Replica"] = []
+        self.floor_w = 0.0
+        self.t_floor = 0.0
+        self.e_floor = 0.0
+        self.e_dyn = 0.0
+
+    def floor_power(self) -> float:
+        """Idle power implied by the hosted instances' states (the most awake one sets it)."""
+        from commitenv.sim.replica import ACTIVE, DRAINING, WAKING
+
+        prof = self.replicas[0].profile
+        lvl = prof.clocks[self.clock_idx]
+        states = {r.state for r in self.replicas}
+        if ACTIVE in states or WAKING in states:
+            return lvl.active_idle_w
+        if DRAINING in states:
+            return lvl.draining_idle_w
+        return prof.standby_w
+
+    def update_floor(self, t: float) -> None:
+        """Close the floor meter at ``t`` and continue at the power the current states imply."""
+        self.e_floor += self.floor_w * (t - self.t_floor)
+        self.t_floor = t
+        self.floor_w = self.floor_power()
+
+    def book(self, energy: float, floor_w: float, dt: float) -> None:
+        """Add a finished (part of a) segment: its energy above the floor it was charged against."""
+        self.e_dyn += energy - floor_w * dt
+
+    def meter(self, t: float) -> float:
+        """Energy (J) of this GPU from the start to ``t`` (t must not precede the last processed event)."""
+        e = self.e_floor + self.floor_w * (t - self.t_floor) + self.e_dyn
+        for r in self.replicas:
+            if r.seg:
+                end = r.t1 if r.t1 < t else t
+                if end > r.t0:
+                    e += r.energy_until(t) - r.seg_floor_w * (end - r.t0)
+        return e

@@ -1,0 +1,522 @@
+"""The serving pool: GPUs and replicas, the router, lifecycle and clock actuation, and the event loop.
+
+One engine serves three uses (DESIGN.md section 2): ground truth inside the environment, the what-if
+predictor (`commitenv.sim.whatif`, which runs this class on a snapshot copy), and scheduler replay.
+The pool only ever holds requests that have arrived: the attached workload is read through a cursor.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from commitenv.profiles.schema import Profile
+from commitenv.sim.gpu import GPU
+from commitenv.sim.lref import reference_latency
+from commitenv.sim.noise import NoiseSource, NoiseSpec
+from commitenv.sim.replica import ACTIVE, DRAINING, SEG_NONE, SEG_RUN, STANDBY, WAKING, Replica
+from commitenv.sim.request import Req
+from commitenv.workload.table import RequestTable
+
+EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A model instance placed on a GPU with a share of its SMs."""
+
+    model: int = 0
+    share: float = 1.0
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """Placement: for every GPU, the model instances it hosts (one per GPU unless models are co-located)."""
+
+    gpus: tuple[tuple[Instance, ...], ...]
+
+    @staticmethod
+    def single(n_gpus: int, model: int = 0) -> "PoolLayout":
+        if n_gpus < 1:
+            raise ValueError(f"pool size: expected at least one GPU, got {n_gpus}")
+        return PoolLayout(tuple((Instance(model, 1.0),) for _ in range(n_gpus)))
+
+    def __post_init__(self) -> None:
+        for g, insts in enumerate(self.gpus):
+            if not insts:
+                raise ValueError(f"layout.gpus[{g}]: a GPU must host at least one instance")
+            total = sum(i.share for i in insts)
+            if total > 1.0 + 1e-9:
+                raise ValueError(f"layout.gpus[{g}]: SM shares sum to {total:.3f} > 1")
+
+
+@dataclass
+class StepLogEntry:
+    """One executed segment: ``n_steps`` consecutive steps of the same requests (n_steps > 1 only for a
+    decode run, in which every request adds one token per step and its context grows by one per step)."""
+
+    gpu: int
+    replica: int
+    t0: float
+    t1: float
+    n_steps: int
+    energy_j: float
+    slots: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    computed_before: tuple[int, ...]
+
+
+@dataclass
+class EngineOptions:
+    """Engine knobs that are not the pool's hardware: SLO scale, noise, seeding and logging."""
+
+    alpha: float = 3.0
+    noise: NoiseSpec = field(default_factory=NoiseSpec)
+    seed: int = 0
+    closed_form: bool = True
+    log_steps: bool = False
+    length_error_sigma: float = 0.25  # log-normal error of the output-length prediction a controller sees
+    oracle_lengths: bool = False
+
+
+class Pool:
+    """A pool of GPUs serving one or more models with vLLM scheduling semantics."""
+
+    def __init__(
+        self,
+        profiles: Profile | list[Profile],
+        layout: PoolLayout,
+        options: EngineOptions | None = None,
+        *,
+        clock_mhz: int | None = None,
+    ) -> None:
+        self.profiles = [profiles] if isinstance(profiles, Profile) else list(profiles)
+        self.layout = layout
+        self.opt = options or EngineOptions()
+        if self.opt.alpha <= 0:
+            raise ValueError(f"alpha: expected a positive SLO scale, got {self.opt.alpha}")
+        p0 = self.profiles[0]
+        cidx = p0.reference_clock_index if clock_mhz is None else p0.clock_index(clock_mhz)
+        self.gpus: list[GPU] = []
+        self.replicas: list[Replica] = []
+        for g, insts in enumerate(layout.gpus):
+            gpu = GPU(g, cidx)
+            for inst in insts:
+                if not 0 <= inst.model < len(self.profiles):
+                    raise ValueError(f"layout.gpus[{g}]: model index {inst.model} has no profile")
+                rep = Replica(len(self.replicas), gpu, self.profiles[inst.model], inst.model, inst.share)
+                gpu.replicas.append(rep)
+                self.replicas.append(rep)
+            self.gpus.append(gpu)
+        self.n_models = len(self.profiles)
+        self.now = 0.0
+        self.heap: list[tuple] = []
+        self._seq = 0
+        noise = self.opt.noise
+        self.noise = None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas))
+        self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
+        self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
+        self.unrouted: list[Req] = []
+        self.live = 0  # arrived, unfinished requests
+        self.completed = 0
+        # workload cursor
+        self._arr: list[float] = []
+        self._cursor = 0
+        self._n = 0
+        self.table: RequestTable | None = None
+        self._slot_base = 0
+        self._n_results = 0
+        self.captured_left = 0
+        self.captured_finish: dict[int, float] = {}
+        for gpu in self.gpus:
+            gpu.update_floor(0.0)
+
+    # ================================================================================ workload and results
+    def attach(self, table: RequestTable, tenant_model: dict[int, int] | None = None, t_start: float = 0.0) -> None:
+        """Serve ``table`` (arrivals are read causally, as the clock passes them)."""
+        n = len(table)
+        self.table = table
+        self._arr = table.arrival_s.tolist()
+        self._prompt = table.prompt_tokens.tolist()
+        self._n = n
+        tm = np.zeros(n, dtype=np.int64)
+        if tenant_model:
+            for ten, m in tenant_model.items():
+                if not 0 <= m < self.n_models:
+                    raise ValueError(f"tenant_model: tenant {ten} mapped to model {m}, but the pool has {self.n_models}")
+                tm[table.tenant == ten] = m
+        self._model = tm.tolist()
+        self.lref = np.zeros(n)
+        out = table.output_tokens.astype(np.int64).copy()
+        self.rejected = np.zeros(n, dtype=bool)
+        for m, prof in enumerate(self.profiles):
+            sel = tm == m
+            lim = prof.scheduler.context_limit
+            rej = sel & (table.prompt_tokens >= lim)
+            self.rejected |= rej
+            out[sel] = np.minimum(out[sel], np.maximum(lim - table.prompt_tokens[sel], 1))
+            self.lref[sel] = reference_latency(prof, table.prompt_tokens[sel], out[sel])
+        self.out_tokens = out
+        self.deadline = table.arrival_s + self.opt.alpha * self.lref
+        self._out = out.tolist()
+        self._deadline = self.deadline.tolist()
+        if self.opt.oracle_lengths or self.opt.length_error_sigma == 0:
+            self.pred_out = out.copy()
+        else:
+            rng = np.random.default_rng(np.random.SeedSequence([self.opt.seed, 7919]))
+            s = self.opt.length_error_sigma
+            self.pred_out = np.maximum(1, np.rint(out * np.exp(s * rng.standard_normal(n) - 0.5 * s * s))).astype(np.int64)
+        self._n_results = n
+        self.finish_t = np.full(n, np.nan)
+        self.first_t = np.full(n, np.nan)
+        self.replica_of = np.full(n, -1, dtype=np.int32)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))
+        self.now = max(self.now, t_start)
+
+    @property
+    def arrived(self) -> int:
+        """Number of requests whose arrival has been processed."""
+        return self._cursor
+
+    # ================================================================================ event loop
+    def _push(self, t: float, kind: int, idx: int, version: int) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, kind, self._seq, idx, version))
+
+    def _start(self, rep: Replica, t: float) -> None:
+        if rep.start(t, self.noise, self.opt.closed_form, self.log):
+            rep.version += 1
+            self._push(rep.t1, EV_SEG, rep.index, rep.version)
+        elif rep.state == DRAINING and not rep.has_work():
+            self._to_standby(rep, t)
+
+    def _poke(self, rep: Replica, t: float) -> None:
+        """New work reached ``rep`` at ``t``: start it if idle, or cut its decode run at the next step end."""
+        if rep.seg == SEG_NONE:
+            if rep.state in (ACTIVE, DRAINING):
+                self._start(rep, t)
+        elif rep.seg == SEG_RUN and rep.cut(t):
+            rep.version += 1
+            self._push(rep.t1, EV_SEG, rep.index, rep.version)
+
+    def run_until(self, t_end: float, *, stop_when_captured_done: bool = False) -> None:
+        """Advance the simulation through every event at or before ``t_end``."""
+        heap = self.heap
+        arr = self._arr
+        n = self._n
+        while True:
+            ta = arr[self._cursor] if self._cursor < n else INF
+            th = heap[0][0] if heap else INF
+            if th <= ta:
+                if th > t_end:
+                    break
+                t, kind, _, idx, ver = heapq.heappop(heap)
+                if kind == EV_SEG:
+                    rep = self.replicas[idx]
+                    if rep.version != ver:
+                        continue
+                    self._finish_segment(rep, t)
+                    self._start(rep, t)
+                    if stop_when_captured_done and self.captured_left == 0:
+                        self.now = t
+                        return
+                elif kind == EV_WAKE:
+                    rep = self.replicas[idx]
+                    if rep.version != ver or rep.state != WAKING:
+                        continue
+                    rep.state = ACTIVE
+                    rep.gpu.update_floor(t)
+                    self._refresh_routable(rep.model)
+                    self._redistribute(rep.model, t)
+                else:
+                    gpu = self.gpus[idx]
+                    if gpu.version != ver:
+                        continue
+                    self._apply_clock(gpu, t)
+            else:
+                if ta > t_end:
+                    break
+                self._arrive(self._cursor, ta)
+                self._cursor += 1
+        self.now = max(self.now, t_end)
+
+    def _arrive(self, i: int, t: float) -> None:
+        if self.rejected[i]:
+            if self._slot_base == 0:
+                self.finish_t[i] = INF
+            return
+        r = Req(self._slot_base + i, t, self._prompt[i], self._out[i], self._deadline[i], self._model[i])
+        self.live += 1
+        self._route(r, t)
+
+    def _route(self, r: Req, t: float) -> None:
+        cands = self.routable[r.model]
+        if not cands:
+            self.unrouted.append(r)
+            return
+        best = cands[0]
+        bu = len(best.running) + len(best.waiting)
+        for rep in cands:
+            u = len(rep.running) + len(rep.waiting)
+            if u < bu:
+                best, bu = rep, u
+        r.replica = best.index
+        best.waiting.append(r)
+        self._poke(best, t)
+
+    def _book(self, rep: Replica, t0: float, t1: float, energy: float, entry: tuple | None, n_steps: int) -> None:
+        rep.gpu.book(energy, rep.seg_floor_w, t1 - t0)
+        if self.log is not None and entry is not None:
+            self.log.append(StepLogEntry(rep.gpu.index, rep.index, t0, t1, n_steps, energy, *entry))
+
+    def _finish_segment(self, rep: Replica, t: float) -> None:
+        n_steps = rep.run_k if rep.seg == SEG_RUN else 1
+        self._book(rep, rep.t0, rep.t1, rep.seg_energy, rep.seg_log, n_steps)
+        for r in rep.finish():
+            self._complete(r, t)
+
+    def _complete(self, r: Req, t: float) -> None:
+        self.live -= 1
+        self.completed += 1
+        s = r.slot
+        if s < self._n_results:
+            self.finish_t[s] = t
+            self.first_t[s] = r.first_t
+            self.replica_of[s] = r.replica
+            self.preemptions[s] = r.preemptions
+        if r.captured:
+            self.captured_left -= 1
+            self.captured_finish[r.slot] = t
+
+    # ================================================================================ lifecycle and clocks
+    def _refresh_routable(self, model: int) -> None:
+        self.routable[model] = [r for r in self.replicas if r.model == model and r.state == ACTIVE]
+
+    def _to_standby(self, rep: Replica, t: float) -> None:
+        rep.state = STANDBY
+        rep.gpu.update_floor(t)
+
+    def _redistribute(self, model: int, t: float) -> None:
+        """Re-route every queued request of ``model`` that has not started, in arrival order."""
+        moved: list[Req] = []
+        for rep in self.replicas:
+            if rep.model != model or not rep.waiting:
+                continue
+            keep = [r for r in rep.waiting if r.started]
+            if len(keep) != len(rep.waiting):
+                moved.extend(r for r in rep.waiting if not r.started)
+                rep.waiting.clear()
+                rep.waiting.extend(keep)
+        moved.extend(r for r in self.unrouted if r.model == model)
+        self.unrouted = [r for r in self.unrouted if r.model != model]
+        moved.sort(key=lambda r: r.slot)
+        for r in moved:
+            self._route(r, t)
+        for rep in self.replicas:
+            if rep.model == model and rep.state == DRAINING and rep.seg == SEG_NONE and not rep.has_work():
+                self._to_standby(rep, t)
+
+    def replicas_of(self, model: int) -> list[Replica]:
+        return [r for r in self.replicas if r.model == model]
+
+    def active_count(self, model: int = 0) -> int:
+        """Replicas of ``model`` that are active or waking (the configured count)."""
+        return sum(1 for r in self.replicas if r.model == model and r.state in (ACTIVE, WAKING))
+
+    def set_active(self, t: float, count: int, model: int = 0) -> None:
+        """Make the first ``count`` replicas of ``model`` active (waking from standby takes the profile's
+        activation latency; a draining one resumes at once) and drain the rest."""
+        reps = self.replicas_of(model)
+        if not 1 <= count <= len(reps):
+            raise ValueError(f"active replicas: expected 1..{len(reps)} for model {model}, got {count}")
+        if t < self.now - 1e-9:
+            raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
+        for i, rep in enumerate(reps):
+            if i < count:
+                if rep.state == DRAINING:
+                    rep.state = ACTIVE
+                    rep.gpu.update_floor(t)
+                elif rep.state == STANDBY:
+                    rep.state = WAKING
+                    rep.version += 1
+                    rep.gpu.update_floor(t)
+                    rep.wake_t = t + rep.profile.latencies.activation_s
+                    self._push(rep.wake_t, EV_WAKE, rep.index, rep.version)
+            else:
+                if rep.state == ACTIVE:
+                    rep.state = DRAINING
+                    rep.gpu.update_floor(t)
+                elif rep.state == WAKING:
+                    rep.version += 1
+                    rep.state = STANDBY
+                    rep.gpu.update_floor(t)
+        self._refresh_routable(model)
+        self._redistribute(model, t)
+
+    def set_clock(self, t: float, mhz: int, gpus: list[int] | None = None) -> None:
+        """Request clock ``mhz`` on ``gpus`` (all by default); it applies after the profile's clock-change
+        latency, and a step already running finishes at the old clock."""
+        for g in range(len(self.gpus)) if gpus is None else gpus:
+            gpu = self.gpus[g]
+            idx = gpu.replicas[0].profile.clock_index(mhz)
+            target = gpu.pending_clock if gpu.pending_clock is not None else gpu.clock_idx
+            if idx == target:
+                continue
+            gpu.version += 1
+            if idx == gpu.clock_idx:
+                gpu.pending_clock = None  # cancel a pending change back to the current clock
+                continue
+            gpu.pending_clock = idx
+            gpu.pending_t = t + gpu.replicas[0].profile.latencies.clock_change_s
+            self._push(gpu.pending_t, EV_CLOCK, g, gpu.version)
+
+    def _apply_clock(self, gpu: GPU, t: float) -> None:
+        gpu.e_floor += gpu.floor_w * (t - gpu.t_floor)
+        gpu.t_floor = t
+        gpu.clock_idx = gpu.pending_clock
+        gpu.pending_clock = None
+        gpu.floor_w = gpu.floor_power()
+        for rep in gpu.replicas:
+            rep.invalidate_coeffs()
+            if rep.seg == SEG_RUN and rep.cut(t):
+                rep.version += 1
+                self._push(rep.t1, EV_SEG, rep.index, rep.version)
+
+    def set_share(self, t: float, replica: int, share: float) -> None:
+        """Give ``replica`` a new SM share from its next step on (shares on a GPU must sum to <= 1)."""
+        rep = self.replicas[replica]
+        mn = rep.profile.sm_share.min_share
+        if not mn <= share <= 1.0:
+            raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
+        total = sum(r.share for r in rep.gpu.replicas if r is not rep) + share
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"sm shares on GPU {rep.gpu.index} would sum to {total:.3f} > 1")
+        rep.share = share
+        rep.invalidate_coeffs()
+        if rep.seg == SEG_RUN and rep.cut(t):
+            rep.version += 1
+            self._push(rep.t1, EV_SEG, rep.index, rep.version)
+
+    # ================================================================================ metering
+    def settle(self, t: float) -> None:
+        """Cut every decode run at the first step end >= ``t`` and apply the steps that ended before, so each
+        replica has at most one step in flight. The environment calls this at every decision boundary
+        (whether or not a controller looks), so observation never changes the ground truth."""
+        for rep in self.replicas:
+            if rep.seg == SEG_RUN:
+                if rep.cut(t):
+                    rep.version += 1
+                    self._push(rep.t1, EV_SEG, rep.index, rep.version)
+                entry = rep.seg_log
+                part = rep.split_before(t)
+                if part is not None:
+                    t0, t1, e, m = part
+                    self._book(rep, t0, t1, e, entry, m)
+                    if entry is not None:
+                        rep.seg_log = (entry[0], entry[1], tuple(c + m for c in entry[2]))
+
+    def energy_j(self, t: float | None = None) -> float:
+        """Pool energy (J) metered from the start to ``t`` (default: now)."""
+        t = self.now if t is None else t
+        return sum(g.meter(t) for g in self.gpus)
+
+    def gpu_energy_j(self, t: float | None = None) -> np.ndarray:
+        t = self.now if t is None else t
+        return np.array([g.meter(t) for g in self.gpus])
+
+    # ================================================================================ copies
+    def clone(self, *, hide_lengths: bool) -> "Pool":
+        """A copy of the serving state at ``now`` holding only arrived, unfinished requests; with
+        ``hide_lengths`` each request runs to its predicted output length instead of the true one.
+        The copy has no workload, no noise and no step log; its meters start at zero."""
+        c = Pool.__new__(Pool)
+        c.profiles, c.layout, c.n_models = self.profiles, self.layout, self.n_models
+        c.opt = self.opt
+        c.now = self.now
+        c.heap, c._seq = [], 0
+        c.noise = None
+        c.log = None
+        c.gpus, c.replicas = [], []
+        for g in self.gpus:
+            ng = GPU(g.index, g.clock_idx)
+            ng.pending_clock, ng.pending_t = g.pending_clock, g.pending_t
+            ng.floor_w, ng.t_floor = g.floor_w, self.now
+            c.gpus.append(ng)
+            for rep in g.replicas:
+                nr = Replica(rep.index, ng, rep.profile, rep.model, rep.share)
+                ng.replicas.append(nr)
+                c.replicas.append(nr)
+        reqmap: dict[int, Req] = {}
+        for r in self.live_requests():
+            cr = r.copy()
+            if hide_lengths and r.slot < self._n_results:
+                cr.out = max(int(self.pred_out[r.slot]), r.generated + 1)
+            reqmap[r.slot] = cr
+        for rep, nr in zip(self.replicas, c.replicas):
+            rep.clone_into(nr, reqmap)
+            if nr.seg:
+                nr.version += 1
+                c._push(nr.t1, EV_SEG, nr.index, nr.version)
+            if nr.state == WAKING:
+                nr.wake_t = rep.wake_t
+                c._push(nr.wake_t, EV_WAKE, nr.index, nr.version)
+        for g in c.gpus:
+            if g.pending_clock is not None:
+                c._push(g.pending_t, EV_CLOCK, g.index, g.version)
+        c.routable = [[r for r in c.replicas if r.model == m and r.state == ACTIVE] for m in range(c.n_models)]
+        c.unrouted = [reqmap[r.slot] for r in self.unrouted]
+        c.live, c.completed = len(reqmap), 0
+        c._arr, c._cursor, c._n = [], 0, 0
+        c.table = None
+        c._slot_base, c._n_results = 0, 0
+        c.captured_left, c.captured_finish = 0, {}
+        return c
+
+    def capture_all(self) -> list[Req]:
+        """Mark every live request as captured (what-if runs report their completion times)."""
+        reqs = self.live_requests()
+        for r in reqs:
+            r.captured = True
+        self.captured_left = len(reqs)
+        self.captured_finish = {}
+        return reqs
+
+    def attach_replay(self, table: RequestTable) -> None:
+        """Add hypothetical arrivals (absolute times >= now, lengths as the controller assumes them)."""
+        if len(table) and table.arrival_s[0] < self.now - 1e-9:
+            raise ValueError(f"replay arrivals start at {table.arrival_s[0]} before the snapshot time {self.now}")
+        n = len(table)
+        self._arr = table.arrival_s.tolist()
+        self._prompt = table.prompt_tokens.tolist()
+        self._n = n
+        self._model = [0] * n
+        self._cursor = 0
+        self._slot_base = 1 << 40
+        prof = self.profiles[0]
+        lim = prof.scheduler.context_limit
+        self.rejected = np.asarray(table.prompt_tokens >= lim)
+        out = np.minimum(table.output_tokens, np.maximum(lim - table.prompt_tokens, 1))
+        self._out = out.tolist()
+        self._deadline = (table.arrival_s + self.opt.alpha * reference_latency(prof, table.prompt_tokens, out)).tolist()
+
+    # ================================================================================ state views
+    def counts(self) -> dict[str, int]:
+        """Queue and running counts across the pool (what a controller may observe)."""
+        w = sum(len(r.waiting) for r in self.replicas) + len(self.unrouted)
+        run = sum(len(r.running) for r in self.replicas)
+        return {"waiting": w, "running": run, "live": self.live, "arrived": self._cursor, "completed": self.completed}
+
+    def live_requests(self) -> list[Req]:
+        out: list[Req] = []
+        for rep in self.replicas:
+            out.extend(rep.running)
+            out.extend(rep.waiting)
+        out.extend(self.unrouted)
+        return out
+
+    captured_left = 0

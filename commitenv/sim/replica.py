@@ -1,0 +1,362 @@
+"""One model replica with vLLM V1 scheduling: running first, then waiting in arrival order, chunked prefill,
+KV blocks with preemption by recompute, and closed-form advance of fixed decode batches.
+
+A replica always holds at most one *segment* in flight: a single scheduled step, or a *run* of k decode steps
+whose batch cannot change before the run ends (no admission possible, no completion before the last step, KV
+blocks suffice). A run's step durations and energies form arithmetic series, so it is advanced in O(n), not
+O(n*k). External events (an arrival routed here, a clock change, a boundary) cut a run at the first step end
+at or after the event, which is exactly where a step-by-step engine would next reschedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import TYPE_CHECKING
+
+from commitenv.profiles.schema import Profile
+from commitenv.sim.coeffs import StepCoeffs, coeffs_for
+from commitenv.sim.request import Req
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.sim.gpu import GPU
+
+ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3
+STATE_NAMES = ("active", "draining", "standby", "waking")
+
+SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
+
+
+class Replica:
+    """A model instance on a GPU: scheduler queues, KV blocks, lifecycle state and the segment in flight."""
+
+    def __init__(self, index: int, gpu: "GPU", profile: Profile, model: int = 0, share: float = 1.0) -> None:
+        self.index = index
+        self.gpu = gpu
+        self.profile = profile
+        self.model = model
+        self.share = share
+        sch = profile.scheduler
+        self.budget = sch.token_budget
+        self.max_seqs = sch.max_seqs
+        self.bs = sch.block_size
+        self.cap_blocks = sch.kv_capacity_tokens // sch.block_size
+        self.free_blocks = self.cap_blocks
+        self.running: list[Req] = []
+        self.waiting: deque[Req] = deque()
+        self.state = ACTIVE
+        self.wake_t = 0.0
+        self.version = 0  # bumps whenever the pending heap entry of this replica becomes stale
+        # segment in flight
+        self.seg = SEG_NONE
+        self.t0 = 0.0
+        self.t1 = 0.0
+        self.batch: list[tuple[Req, int]] = []  # SEG_STEP: (request, new tokens)
+        self.run_reqs: list[Req] = []  # SEG_RUN
+        self.run_k = 0
+        self.T0 = self.D = self.E0 = self.F = 0.0
+        self.ft = 1.0  # noise factors of the segment (time, energy)
+        self.fe = 1.0
+        self.seg_energy = 0.0  # energy of the whole segment (J)
+        self.seg_floor_w = 0.0  # GPU floor power assumed for the segment's dynamic part
+        self.seg_log: tuple | None = None
+        self._coeffs: StepCoeffs | None = None
+
+    # ----------------------------------------------------------------------------------------- helpers
+    @property
+    def coeffs(self) -> StepCoeffs:
+        c = self._coeffs
+        if c is None:
+            c = self._coeffs = coeffs_for(self.profile, self.gpu.clock_idx, self.share)
+        return c
+
+    def invalidate_coeffs(self) -> None:
+        self._coeffs = None
+
+    @property
+    def unfinished(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self.seg != SEG_NONE
+
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ----------------------------------------------------------------------------------------- scheduling
+    def _preempt(self, r: Req) -> None:
+        """vLLM recompute preemption: free the request's blocks, drop its computed tokens, queue it first."""
+        self.free_blocks += r.blocks
+        r.blocks = 0
+        r.computed = 0
+        r.preemptions += 1
+        self.waiting.appendleft(r)
+
+    def schedule(self) -> tuple[list[tuple[Req, int]], bool]:
+        """Form the next step's batch. Returns (batch, preempted).
+
+        Running requests first (decode tokens and continuing prefill chunks, within the token budget);
+        on a KV shortage the newest running request is preempted. Waiting requests are admitted in order
+        only when nothing was preempted this step (vLLM V1), while budget, sequence cap and KV blocks allow.
+        Whatever stops admission here (budget, sequence cap, KV shortage, draining) persists while the batch
+        only decodes, which is what makes a closed-form decode run exact.
+        """
+        budget = self.budget
+        bs = self.bs
+        batch: list[tuple[Req, int]] = []
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            k = r.prompt + r.generated - r.computed
+            if k > budget:
+                k = budget
+            need = -(-(r.computed + k) // bs) - r.blocks
+            scheduled = True
+            while need > self.free_blocks:
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            self.free_blocks -= need
+            r.blocks += need
+            batch.append((r, k))
+            budget -= k
+            i += 1
+        if preempted:
+            return batch, True
+        waiting = self.waiting
+        draining = self.state != ACTIVE
+        while waiting and budget > 0 and len(running) < self.max_seqs:
+            r = waiting[0]
+            if draining and not r.started:
+                break  # a draining replica admits no new work (queued ones were moved away)
+            k = r.prompt + r.generated - r.computed
+            if k > budget:
+                k = budget
+            need = -(-(r.computed + k) // bs) - r.blocks
+            if need > self.free_blocks:
+                break
+            waiting.popleft()
+            running.append(r)
+            r.started = True
+            self.free_blocks -= need
+            r.blocks += need
+            batch.append((r, k))
+            budget -= k
+        return batch, False
+
+
+    # ----------------------------------------------------------------------------------------- segments
+    def start(self, t: float, noise, closed_form: bool, log: list | None) -> bool:
+        """Schedule and start the next segment at time ``t``. Returns False when there is nothing to run."""
+        batch, preempted = self.schedule()
+        if not batch:
+            self.seg = SEG_NONE
+            return False
+        c = self.coeffs
+        P = 0
+        A = 0
+        n = 0
+        L = 0
+        all_decode = True
+        for r, k in batch:
+            if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:
+                n += 1
+                L += r.computed + 1
+            else:
+                all_decode = False
+                P += k
+                A += k * r.computed + k * (k + 1) // 2
+        ft, fe = noise.draw(self.index) if noise is not None else (1.0, 1.0)
+        self.ft, self.fe = ft, fe
+        self.t0 = t
+        self.seg_floor_w = c.idle_w
+        if closed_form and all_decode and not preempted:
+            kmax = min(r.out - r.generated for r, _ in batch)
+            if kmax >= 2:
+                kmax = self._kv_steps(batch, kmax)
+            if kmax >= 2:
+                reqs = [r for r, _ in batch]
+                self.seg = SEG_RUN
+                self.run_reqs = reqs
+                self.run_k = kmax
+                self.T0 = c.tau0 + c.tau2 * n + c.tau3 * L
+                self.D = c.tau3 * n
+                self.E0 = c.a + c.b * n + c.kappa * L
+                self.F = c.kappa * n
+                self.t1 = t + ft * (kmax * self.T0 + self.D * kmax * (kmax - 1) / 2)
+                self.seg_energy = fe * (kmax * self.E0 + self.F * kmax * (kmax - 1) / 2)
+                if log is not None:
+                    self.seg_log = (tuple(r.slot for r in reqs), tuple(1 for _ in reqs), tuple(r.computed for r in reqs))
+                return True
+        dt = ft * c.step_time(P, n, L, A)
+        self.seg = SEG_STEP
+        self.batch = batch
+        self.t1 = t + dt
+        self.seg_energy = fe * c.step_energy(P, n, L, A)
+        if log is not None:
+            self.seg_log = (tuple(r.slot for r, _ in batch), tuple(k for _, k in batch), tuple(r.computed for r, _ in batch))
+        return True
+
+    def _kv_steps(self, batch: list[tuple[Req, int]], kmax: int) -> int:
+        """Largest j <= kmax such that the batch's KV blocks after j decode steps fit in the cache."""
+        bs = self.bs
+        cap = self.free_blocks + sum(r.blocks for r, _ in batch)
+        comp = [r.computed for r, _ in batch]
+
+        def fits(j: int) -> bool:
+            return sum(-(-(c + j) // bs) for c in comp) <= cap
+
+        if fits(kmax):
+            return kmax
+        lo, hi = 1, kmax  # fits(1) holds: the scheduler allocated step 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def run_steps_done_by(self, t: float) -> int:
+        """Number of run steps whose end is <= t (0..run_k)."""
+        x = (t - self.t0) / self.ft
+        if x <= 0:
+            return 0
+        T0, D, k = self.T0, self.D, self.run_k
+        if D <= 0:
+            m = int(math.floor(x / T0 + 1e-12))
+        else:
+            b = T0 - D / 2
+            m = int(math.floor((-b + math.sqrt(b * b + 2 * D * x)) / D + 1e-9))
+        m = max(0, min(m, k))
+        # fix floating error at the edges
+        while m < k and (m + 1) * T0 + D * (m + 1) * m / 2 <= x:
+            m += 1
+        while m > 0 and m * T0 + D * m * (m - 1) / 2 > x:
+            m -= 1
+        return m
+
+    def _run_time(self, m: int) -> float:
+        return self.ft * (m * self.T0 + self.D * m * (m - 1) / 2)
+
+    def _run_energy(self, m: int) -> float:
+        return self.fe * (m * self.E0 + self.F * m * (m - 1) / 2)
+
+    def cut(self, t: float) -> bool:
+        """Shorten a run so that it ends at the first step end >= t. Returns True if the end moved."""
+        if self.seg != SEG_RUN or t >= self.t1:
+            return False
+        m = self.run_steps_done_by(t)
+        if self.t0 + self._run_time(m) < t or m == 0:
+            m += 1
+        if m >= self.run_k:
+            return False
+        self.run_k = m
+        self.t1 = self.t0 + self._run_time(m)
+        self.seg_energy = self._run_energy(m)
+        return True
+
+    def split_before(self, t: float) -> tuple[float, float, float, int] | None:
+        """Apply the run steps that ended before ``t`` so that only one step remains in flight.
+
+        Returns (t_start, t_end, energy, steps) of the finished part for the meter and the log, or None.
+        """
+        if self.seg != SEG_RUN:
+            return None
+        m = self.run_steps_done_by(t)
+        if m >= self.run_k:
+            m = self.run_k - 1
+        if m <= 0:
+            return None
+        dt = self._run_time(m)
+        de = self._run_energy(m)
+        for r in self.run_reqs:
+            r.computed += m
+            r.generated += m
+            nb = -(-r.computed // self.bs)
+            self.free_blocks -= nb - r.blocks
+            r.blocks = nb
+        t_start = self.t0
+        # the remaining steps keep the same series, shifted by m steps
+        self.T0 += self.D * m
+        self.E0 += self.F * m
+        self.run_k -= m
+        self.t0 = t_start + dt
+        self.seg_energy -= de
+        return t_start, self.t0, de, m
+
+    def finish(self) -> list[Req]:
+        """Apply the segment's progress at its end time; returns the requests that completed."""
+        done: list[Req] = []
+        bs = self.bs
+        if self.seg == SEG_STEP:
+            for r, k in self.batch:
+                r.computed += k
+                if r.computed >= r.prompt + r.generated:
+                    r.generated += 1
+                    if r.first_t < 0:
+                        r.first_t = self.t1
+                    if r.generated >= r.out:
+                        done.append(r)
+            self.batch = []
+        elif self.seg == SEG_RUN:
+            k = self.run_k
+            for r in self.run_reqs:
+                r.computed += k
+                r.generated += k
+                nb = -(-r.computed // bs)
+                self.free_blocks -= nb - r.blocks
+                r.blocks = nb
+                if r.generated >= r.out:
+                    done.append(r)
+            self.run_reqs = []
+        if done:
+            ids = {id(r) for r in done}
+            self.running = [r for r in self.running if id(r) not in ids]
+            for r in done:
+                self.free_blocks += r.blocks
+                r.blocks = 0
+        self.seg = SEG_NONE
+        return done
+
+    def energy_until(self, t: float) -> float:
+        """Energy of the in-flight segment between its start and ``t`` (steps are metered linearly in time)."""
+        if self.seg == SEG_NONE or t <= self.t0:
+            return 0.0
+        if t >= self.t1:
+            return self.seg_energy
+        if self.seg == SEG_STEP:
+            return self.seg_energy * (t - self.t0) / (self.t1 - self.t0)
+        m = self.run_steps_done_by(t)
+        e = self._run_energy(m)
+        ts = self.t0 + self._run_time(m)
+        step_t = self.ft * (self.T0 + self.D * m)
+        step_e = self.fe * (self.E0 + self.F * m)
+        return e + step_e * (t - ts) / step_t
+
+    # ----------------------------------------------------------------------------------------- copies
+    def clone_into(self, other: "Replica", reqmap: dict[int, Req]) -> None:
+        """Copy queue, KV and segment state into ``other`` (a replica of a what-if pool)."""
+        other.free_blocks = self.free_blocks
+        other.running = [reqmap[r.slot] for r in self.running]
+        other.waiting = deque(reqmap[r.slot] for r in self.waiting)
+        other.state = self.state
+        other.share = self.share
+        other.seg = self.seg
+        other.t0, other.t1 = self.t0, self.t1
+        other.batch = [(reqmap[r.slot], k) for r, k in self.batch]
+        other.run_reqs = [reqmap[r.slot] for r in self.run_reqs]
+        other.run_k = self.run_k
+        other.T0, other.D, other.E0, other.F = self.T0, self.D, self.E0, self.F
+        other.ft, other.fe = self.ft, self.fe
+        other.seg_energy = self.seg_energy
+        other.seg_floor_w = self.seg_floor_w
+        other._coeffs = None

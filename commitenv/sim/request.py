@@ -1,0 +1,56 @@
+"""Live state of one arrived, unfinished request inside the engine."""
+
+from __future__ import annotations
+
+
+class Req:
+    """Progress of a request on its replica (vLLM V1 semantics: computed tokens, generated tokens, KV blocks).
+
+    ``out`` is the length the engine runs to: the true output length in the ground truth, the predicted
+    length inside a what-if copy. ``num_tokens = prompt + generated`` is what the scheduler must compute.
+    """
+
+    __slots__ = (
+        "slot",
+        "arrival",
+        "prompt",
+        "out",
+        "computed",
+        "generated",
+        "blocks",
+        "replica",
+        "started",
+        "deadline",
+        "first_t",
+        "preemptions",
+        "model",
+        "captured",
+    )
+
+    def __init__(self, slot: int, arrival: float, prompt: int, out: int, deadline: float, model: int = 0) -> None:
+        self.slot = slot
+        self.arrival = arrival
+        self.prompt = prompt
+        self.out = out
+        self.computed = 0
+        self.generated = 0
+        self.blocks = 0
+        self.replica = -1
+        self.started = False
+        self.deadline = deadline
+        self.first_t = -1.0
+        self.preemptions = 0
+        self.model = model
+        self.captured = False
+
+    def copy(self) -> "Req":
+        r = Req.__new__(Req)
+        for name in Req.__slots__:
+            setattr(r, name, getattr(self, name))
+        return r
+
+    def __repr__(self) -> str:
+        return (
+            f"Req(slot={self.slot}, prompt={self.prompt}, out={self.out}, computed={self.computed}, "
+            f"generated={self.generated}, blocks={self.blocks}, replica={self.replica})"
+        )
