@@ -121,6 +121,7 @@ class Pool:
         self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []
+        self.events = 0  # processed events (arrivals and heap events), for benchmarks
         self.live = 0  # arrived, unfinished requests
         self.completed = 0
         # workload cursor
@@ -209,13 +210,18 @@ class Pool:
         heap = self.heap
         arr = self._arr
         n = self._n
+        last = self.now
         while True:
             ta = arr[self._cursor] if self._cursor < n else INF
             th = heap[0][0] if heap else INF
+            if th == INF and ta == INF:
+                break
             if th <= ta:
                 if th > t_end:
                     break
                 t, kind, _, idx, ver = heapq.heappop(heap)
+                last = t
+                self.events += 1
                 if kind == EV_SEG:
                     rep = self.replicas[idx]
                     if rep.version != ver:
@@ -243,7 +249,9 @@ class Pool:
                     break
                 self._arrive(self._cursor, ta)
                 self._cursor += 1
-        self.now = max(self.now, t_end)
+                self.events += 1
+                last = ta
+        self.now = max(self.now, t_end if t_end < INF else last)
 
     def _arrive(self, i: int, t: float) -> None:
         if self.rejected[i]:
@@ -470,7 +478,7 @@ class Pool:
                 c._push(g.pending_t, EV_CLOCK, g.index, g.version)
         c.routable = [[r for r in c.replicas if r.model == m and r.state == ACTIVE] for m in range(c.n_models)]
         c.unrouted = [reqmap[r.slot] for r in self.unrouted]
-        c.live, c.completed = len(reqmap), 0
+        c.live, c.completed, c.events = len(reqmap), 0, 0
         c._arr, c._cursor, c._n = [], 0, 0
         c.table = None
         c._slot_base, c._n_results = 0, 0

@@ -1,0 +1,199 @@
+"""Readers for public LLM request traces: Azure LLM inference (2023/2024), Mooncake JSONL, BurstGPT.
+
+Every loader returns a :class:`RequestTable` in file order with ``arrival_s`` = seconds since the first
+request. The trace must already be sorted by time: time going backwards is an error, not something silently
+re-sorted. Token rules, shared by all formats: a prompt must be a whole number >= 1; an output of 0 tokens
+(present in the 2024 Azure releases and BurstGPT failures, absent from the 2023 Azure files) is read as 1
+token, counted in ``table.meta["zero_outputs_raised"]``. Malformed input raises :class:`WorkloadError`
+naming the file, the 1-based line and the problem. ``*.gz`` files are read transparently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ._csvio import check_time, check_tokens, csv_chunks, fail, open_text, parse_iso_ns, parse_numbers
+from .table import RequestTable
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+
+
+def _ns_iso(ns: int) -> str:
+    return str(np.datetime64(int(ns), "ns")).replace("T", " ")
+
+
+def _finish(
+    path: Path, times: np.ndarray, prompt: np.ndarray, output: np.ndarray, n_zero: int, *, unit: float,
+    tenant: np.ndarray | None = None, tenant_names: tuple[str, ...] = ("default",),
+    prefix_offsets: np.ndarray | None = None, prefix_hashes: np.ndarray | None = None, meta: dict | None = None,
+) -> RequestTable:
+    n = len(times)
+    t0 = times[0]
+    arrival = (times - t0).astype(np.float64) * unit
+    return RequestTable(
+        arrival_s=arrival,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        tenant=np.zeros(n, dtype=np.int32) if tenant is None else tenant.astype(np.int32),
+        request_id=np.arange(n, dtype=np.int64),
+        tenant_names=tenant_names,
+        prefix_offsets=prefix_offsets,
+        prefix_hashes=prefix_hashes,
+        source=str(path),
+        meta={"zero_outputs_raised": n_zero, **(meta or {})},
+    )
+
+
+def _no_rows(path: Path, last_line: int, what: str = "the file has only a header") -> None:
+    raise fail(path, last_line, f"empty file: no data rows ({what})")
+
+
+def load_azure_csv(path: str | Path) -> RequestTable:
+    """Azure LLM inference trace (``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    2023 files carry naive timestamps with 7 fractional digits (``2023-11-16 18:15:46.6805900``), 2024
+    files carry ``+00:00``; both (and any other UTC offset) are read, naive as UTC. ``meta["start_time"]``
+    holds the first request's UTC time.
+    """
+    path = Path(path)
+    ts, prompts, outputs, lines = [], [], [], []
+    n_zero = 0
+    for cols, ln in csv_chunks(path, AZURE_COLUMNS):
+        ts.append(parse_iso_ns(cols["TIMESTAMP"], ln, path, "TIMESTAMP"))
+        p, _ = check_tokens(parse_numbers(cols["ContextTokens"], ln, path, "ContextTokens"), ln, path,
+                            "ContextTokens", minimum=1)
+        o, z = check_tokens(parse_numbers(cols["GeneratedTokens"], ln, path, "GeneratedTokens"), ln, path,
+                            "GeneratedTokens", minimum=0)
+        prompts.append(p)
+        outputs.append(o)
+        lines.append(ln)
+        n_zero += z
+    if not ts:
+        _no_rows(path, 1)
+    times, ln = np.concatenate(ts), np.concatenate(lines)
+    check_time(times, ln, path, "TIMESTAMP", show=_ns_iso, allow_negative=True)  # absolute dates
+    return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1e-9,
+                   meta={"format": "azure", "start_time": _ns_iso(times[0]) + "+00:00"})
+
+
+def load_burstgpt_csv(path: str | Path) -> RequestTable:
+    """BurstGPT trace (``Timestamp`` seconds, ``Model``, ``Request tokens``, ``Response tokens``, ...).
+
+    Model names become tenants (``tenant_names`` sorted alphabetically); the other columns (``Total tokens``,
+    ``Log Type``) are ignored. ``meta["start_time"]`` is the first ``Timestamp`` value.
+    """
+    path = Path(path)
+    ts, prompts, outputs, models, lines = [], [], [], [], []
+    n_zero = 0
+    for cols, ln in csv_chunks(path, BURSTGPT_COLUMNS):
+        ts.append(parse_numbers(cols["Timestamp"], ln, path, "Timestamp"))
+        p, _ = check_tokens(parse_numbers(cols["Request tokens"], ln, path, "Request tokens"), ln, path,
+                            "Request tokens", minimum=1)
+        o, z = check_tokens(parse_numbers(cols["Response tokens"], ln, path, "Response tokens"), ln, path,
+                            "Response tokens", minimum=0)
+        m = np.char.strip(np.asarray(cols["Model"]))
+        empty = np.flatnonzero(np.char.str_len(m) == 0)
+        if len(empty):
+            raise fail(path, int(ln[empty[0]]), "column 'Model': empty model name")
+        prompts.append(p)
+        outputs.append(o)
+        models.append(m)
+        lines.append(ln)
+        n_zero += z
+    if not ts:
+        _no_rows(path, 1)
+    times, ln = np.concatenate(ts), np.concatenate(lines)
+    check_time(times, ln, path, "Timestamp", show=lambda v: f"{v:g}")
+    names, tenant = np.unique(np.concatenate(models), return_inverse=True)
+    return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1.0,
+                   tenant=tenant, tenant_names=tuple(str(x) for x in names),
+                   meta={"format": "burstgpt", "start_time": float(times[0])})
+
+
+def _json_int(path: Path, line: int, obj: dict, key: str, *, minimum: int) -> float:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+        raise fail(path, line, f"field {key!r}: expected a number, found {v!r}")
+    if key == "timestamp":
+        return float(v)
+    if v != int(v) or v < minimum:
+        what = "not a whole number" if v != int(v) else ("negative" if v < 0 else "zero")
+        raise fail(path, line, f"field {key!r}: token count {v!r} is {what}")
+    return float(v)
+
+
+def load_mooncake_jsonl(path: str | Path) -> RequestTable:
+    """Mooncake trace: one JSON object per line with ``timestamp`` (ms), ``input_length``, ``output_length``
+    and optional ``hash_ids`` (prefix-block ids, stored in CSR form as ``prefix_offsets/prefix_hashes``)."""
+    path = Path(path)
+    nums: list[tuple[float, float, float]] = []
+    lines: list[int] = []
+    hashes: list[int] = []
+    offsets = [0]
+    any_hash = False
+    lineno = 0
+    with open_text(path) as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise fail(path, lineno, f"bad JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise fail(path, lineno, f"expected a JSON object, found {type(obj).__name__}")
+            for key in MOONCAKE_FIELDS:
+                if key not in obj:
+                    raise fail(path, lineno, f"missing field {key!r} (fields found: {', '.join(obj) or 'none'})")
+            nums.append((
+                _json_int(path, lineno, obj, "timestamp", minimum=0),
+                _json_int(path, lineno, obj, "input_length", minimum=1),
+                _json_int(path, lineno, obj, "output_length", minimum=0),
+            ))
+            h = obj.get("hash_ids", [])
+            if not isinstance(h, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in h):
+                raise fail(path, lineno, "field 'hash_ids': expected a list of integers")
+            any_hash = any_hash or "hash_ids" in obj
+            hashes.extend(h)
+            offsets.append(len(hashes))
+            lines.append(lineno)
+    if not nums:
+        _no_rows(path, max(lineno, 1), "no JSON objects")
+    arr = np.asarray(nums, dtype=np.float64)
+    ln = np.asarray(lines, dtype=np.int64)
+    check_time(arr[:, 0], ln, path, "timestamp", show=lambda v: f"{v:g}")
+    output = arr[:, 2].astype(np.int64)
+    n_zero = int((output == 0).sum())
+    output[output == 0] = 1
+    po = np.asarray(offsets, dtype=np.int64) if any_hash else None
+    ph = np.asarray(hashes, dtype=np.int64) if any_hash else None
+    return _finish(path, arr[:, 0], arr[:, 1].astype(np.int64), output, n_zero, unit=1e-3,
+                   prefix_offsets=po, prefix_hashes=ph,
+                   meta={"format": "mooncake", "start_time": float(arr[0, 0])})
+
+
+def load_trace(path: str | Path) -> RequestTable:
+    """Load any supported trace, choosing the reader by suffix (``.jsonl``/``.json``: Mooncake) or, for CSV,
+    by header (Azure ``TIMESTAMP,ContextTokens,GeneratedTokens`` or BurstGPT ``Timestamp,Model,...``)."""
+    path = Path(path)
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    if name.endswith((".jsonl", ".json")):
+        return load_mooncake_jsonl(path)
+    with open_text(path) as f:
+        first = f.readline()
+    if not first.strip():
+        raise fail(path, 1, "empty file: no header line and no data rows")
+    if first.lstrip().startswith("{"):
+        return load_mooncake_jsonl(path)
+    cols = [c.strip() for c in first.strip().split(",")]
+    if "ContextTokens" in cols or "TIMESTAMP" in cols:
+        return load_azure_csv(path)
+    if "Request tokens" in cols or "Model" in cols:
+        return load_burstgpt_csv(path)
+    raise fail(path, 1, f"unrecognised trace format (columns found: {', '.join(cols) or 'none'}); expected Azure "
+               f"({', '.join(AZURE_COLUMNS)}), BurstGPT ({', '.join(BURSTGPT_COLUMNS)}) or Mooncake JSON lines")
