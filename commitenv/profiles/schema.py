@@ -115,10 +115,13 @@ class Profile(_Strict):
             raise ValueError(f"clocks: levels must be strictly ascending, got {mhz}")
         if self.reference_clock_mhz not in mhz:
             raise ValueError(f"reference_clock_mhz: {self.reference_clock_mhz} is not one of the clock levels {mhz}")
-        if self.scheduler.kv_capacity_tokens < self.scheduler.context_limit:
+        sch = self.scheduler
+        usable = (sch.kv_capacity_tokens // sch.block_size) * sch.block_size
+        if usable < sch.context_limit:
             raise ValueError(
-                f"scheduler.kv_capacity_tokens: {self.scheduler.kv_capacity_tokens} cannot hold one request at the "
-                f"context limit ({self.scheduler.context_limit}); vLLM refuses such a configuration"
+                f"scheduler.kv_capacity_tokens: {sch.kv_capacity_tokens} tokens ({usable} in whole blocks of "
+                f"{sch.block_size}) cannot hold one request at the context limit ({sch.context_limit}); vLLM "
+                "refuses such a configuration"
             )
         missing = [p for p in _numeric_paths(self.model_dump(exclude={"sources", "notes"})) if not _covered(p, self.sources)]
         if missing:

@@ -40,13 +40,24 @@ class GPU:
 
     def update_floor(self, t: float) -> None:
         """Close the floor meter at ``t`` and continue at the power the current states imply."""
+        self.set_floor(t, self.floor_power())
+
+    def set_floor(self, t: float, power_w: float) -> None:
+        """Change the floor power at ``t``. Steps in flight track the floor they are charged against piecewise,
+        so the meter stays continuous and equals step energies plus the floor over idle time."""
         self.e_floor += self.floor_w * (t - self.t_floor)
         self.t_floor = t
-        self.floor_w = self.floor_power()
+        if power_w != self.floor_w:
+            for r in self.replicas:
+                if r.seg and r.t0 <= t < r.t1:
+                    r.seg_floor_acc += r.seg_floor_w * (t - r.seg_floor_t)
+                    r.seg_floor_t = t
+                    r.seg_floor_w = power_w
+        self.floor_w = power_w
 
-    def book(self, energy: float, floor_w: float, dt: float) -> None:
-        """Add a finished (part of a) segment: its energy above the floor it was charged against."""
-        self.e_dyn += energy - floor_w * dt
+    def book(self, energy: float, floor_j: float) -> None:
+        """Add a finished (part of a) segment: its energy above the floor energy it was charged against."""
+        self.e_dyn += energy - floor_j
 
     def meter(self, t: float) -> float:
         """Energy (J) of this GPU from the start to ``t`` (t must not precede the last processed event)."""
@@ -55,5 +66,5 @@ class GPU:
             if r.seg:
                 end = r.t1 if r.t1 < t else t
                 if end > r.t0:
-                    e += r.energy_until(t) - r.seg_floor_w * (end - r.t0)
+                    e += r.energy_until(t) - r.floor_part(end)
         return e

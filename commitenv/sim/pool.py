@@ -22,6 +22,7 @@ from commitenv.sim.request import Req
 from commitenv.workload.table import RequestTable
 
 EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2
+REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
 INF = math.inf
 
 
@@ -108,6 +109,9 @@ class Pool:
             for inst in insts:
                 if not 0 <= inst.model < len(self.profiles):
                     raise ValueError(f"layout.gpus[{g}]: model index {inst.model} has no profile")
+                mn = self.profiles[inst.model].sm_share.min_share
+                if not mn <= inst.share <= 1.0:
+                    raise ValueError(f"layout.gpus[{g}]: SM share {inst.share} outside [{mn}, 1.0] (profile sm_share.min_share)")
                 rep = Replica(len(self.replicas), gpu, self.profiles[inst.model], inst.model, inst.share)
                 gpu.replicas.append(rep)
                 self.replicas.append(rep)
@@ -121,6 +125,7 @@ class Pool:
         self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []
+        self._pending: list[Replica] = []
         self.events = 0  # processed events (arrivals and heap events), for benchmarks
         self.live = 0  # arrived, unfinished requests
         self.completed = 0
@@ -131,6 +136,7 @@ class Pool:
         self.table: RequestTable | None = None
         self._slot_base = 0
         self._n_results = 0
+        self._capture_arrivals = False
         self.captured_left = 0
         self.captured_finish: dict[int, float] = {}
         for gpu in self.gpus:
@@ -197,13 +203,25 @@ class Pool:
             self._to_standby(rep, t)
 
     def _poke(self, rep: Replica, t: float) -> None:
-        """New work reached ``rep`` at ``t``: start it if idle, or cut its decode run at the next step end."""
+        """New work reached ``rep`` at ``t``: start it (once every event at ``t`` is in, so simultaneous
+        arrivals share the step, as vLLM's next scheduling pass would see them all) if idle, or cut its
+        decode run at the next step end."""
         if rep.seg == SEG_NONE:
-            if rep.state in (ACTIVE, DRAINING):
-                self._start(rep, t)
+            if rep.state in (ACTIVE, DRAINING) and not rep.pending_start:
+                rep.pending_start = True
+                self._pending.append(rep)
         elif rep.seg == SEG_RUN and rep.cut(t):
             rep.version += 1
             self._push(rep.t1, EV_SEG, rep.index, rep.version)
+
+    def _flush(self, t: float) -> None:
+        """Start the steps of replicas that received work at ``t``."""
+        pend = self._pending
+        self._pending = []
+        for rep in pend:
+            rep.pending_start = False
+            if rep.seg == SEG_NONE:
+                self._start(rep, t)
 
     def run_until(self, t_end: float, *, stop_when_captured_done: bool = False) -> None:
         """Advance the simulation through every event at or before ``t_end``."""
@@ -214,6 +232,9 @@ class Pool:
         while True:
             ta = arr[self._cursor] if self._cursor < n else INF
             th = heap[0][0] if heap else INF
+            if self._pending and (th if th < ta else ta) > last:
+                self._flush(last)  # every event at `last` is in: start the replicas that got work
+                continue
             if th == INF and ta == INF:
                 break
             if th <= ta:
@@ -227,16 +248,18 @@ class Pool:
                     if rep.version != ver:
                         continue
                     self._finish_segment(rep, t)
-                    self._start(rep, t)
                     if stop_when_captured_done and self.captured_left == 0:
                         self.now = t
                         return
+                    if not rep.pending_start:
+                        rep.pending_start = True
+                        self._pending.append(rep)
                 elif kind == EV_WAKE:
                     rep = self.replicas[idx]
                     if rep.version != ver or rep.state != WAKING:
                         continue
                     rep.state = ACTIVE
-                    rep.gpu.update_floor(t)
+                    self._floor_changed(rep.gpu, t)
                     self._refresh_routable(rep.model)
                     self._redistribute(rep.model, t)
                 else:
@@ -259,6 +282,9 @@ class Pool:
                 self.finish_t[i] = INF
             return
         r = Req(self._slot_base + i, t, self._prompt[i], self._out[i], self._deadline[i], self._model[i])
+        if self._capture_arrivals:
+            r.captured = True
+            self.captured_left += 1
         self.live += 1
         self._route(r, t)
 
@@ -277,14 +303,15 @@ class Pool:
         best.waiting.append(r)
         self._poke(best, t)
 
-    def _book(self, rep: Replica, t0: float, t1: float, energy: float, entry: tuple | None, n_steps: int) -> None:
-        rep.gpu.book(energy, rep.seg_floor_w, t1 - t0)
+    def _book(self, rep: Replica, t0: float, t1: float, energy: float, floor_j: float, entry: tuple | None,
+              n_steps: int) -> None:
+        rep.gpu.book(energy, floor_j)
         if self.log is not None and entry is not None:
             self.log.append(StepLogEntry(rep.gpu.index, rep.index, t0, t1, n_steps, energy, *entry))
 
     def _finish_segment(self, rep: Replica, t: float) -> None:
         n_steps = rep.run_k if rep.seg == SEG_RUN else 1
-        self._book(rep, rep.t0, rep.t1, rep.seg_energy, rep.seg_log, n_steps)
+        self._book(rep, rep.t0, rep.t1, rep.seg_energy, rep.floor_part(rep.t1), rep.seg_log, n_steps)
         for r in rep.finish():
             self._complete(r, t)
 
@@ -305,9 +332,14 @@ class Pool:
     def _refresh_routable(self, model: int) -> None:
         self.routable[model] = [r for r in self.replicas if r.model == model and r.state == ACTIVE]
 
+    def _floor_changed(self, gpu: GPU, t: float) -> None:
+        """Re-evaluate ``gpu``'s floor power at ``t`` after a lifecycle change."""
+        if gpu.floor_power() != gpu.floor_w:
+            gpu.update_floor(t)
+
     def _to_standby(self, rep: Replica, t: float) -> None:
         rep.state = STANDBY
-        rep.gpu.update_floor(t)
+        self._floor_changed(rep.gpu, t)
 
     def _redistribute(self, model: int, t: float) -> None:
         """Re-route every queued request of ``model`` that has not started, in arrival order."""
@@ -344,31 +376,37 @@ class Pool:
             raise ValueError(f"active replicas: expected 1..{len(reps)} for model {model}, got {count}")
         if t < self.now - 1e-9:
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
+        before = [r.state for r in reps]
         for i, rep in enumerate(reps):
             if i < count:
                 if rep.state == DRAINING:
                     rep.state = ACTIVE
-                    rep.gpu.update_floor(t)
+                    self._floor_changed(rep.gpu, t)
                 elif rep.state == STANDBY:
                     rep.state = WAKING
                     rep.version += 1
-                    rep.gpu.update_floor(t)
+                    self._floor_changed(rep.gpu, t)
                     rep.wake_t = t + rep.profile.latencies.activation_s
                     self._push(rep.wake_t, EV_WAKE, rep.index, rep.version)
             else:
                 if rep.state == ACTIVE:
                     rep.state = DRAINING
-                    rep.gpu.update_floor(t)
+                    self._floor_changed(rep.gpu, t)
                 elif rep.state == WAKING:
                     rep.version += 1
                     rep.state = STANDBY
-                    rep.gpu.update_floor(t)
+                    self._floor_changed(rep.gpu, t)
+        if [r.state for r in reps] == before:
+            return  # same active set: nothing moves
         self._refresh_routable(model)
         self._redistribute(model, t)
+        self._flush(t)
 
     def set_clock(self, t: float, mhz: int, gpus: list[int] | None = None) -> None:
         """Request clock ``mhz`` on ``gpus`` (all by default); it applies after the profile's clock-change
         latency, and a step already running finishes at the old clock."""
+        if t < self.now - 1e-9:
+            raise ValueError(f"set_clock at t={t} precedes the engine clock {self.now}")
         for g in range(len(self.gpus)) if gpus is None else gpus:
             gpu = self.gpus[g]
             idx = gpu.replicas[0].profile.clock_index(mhz)
@@ -384,19 +422,23 @@ class Pool:
             self._push(gpu.pending_t, EV_CLOCK, g, gpu.version)
 
     def _apply_clock(self, gpu: GPU, t: float) -> None:
-        gpu.e_floor += gpu.floor_w * (t - gpu.t_floor)
-        gpu.t_floor = t
-        gpu.clock_idx = gpu.pending_clock
-        gpu.pending_clock = None
-        gpu.floor_w = gpu.floor_power()
+        """The clock becomes effective: a step in flight finishes under the law it started with; decode runs
+        are cut at their next step end so that every later step uses the new clock."""
         for rep in gpu.replicas:
             rep.invalidate_coeffs()
             if rep.seg == SEG_RUN and rep.cut(t):
                 rep.version += 1
                 self._push(rep.t1, EV_SEG, rep.index, rep.version)
+        gpu.clock_idx = gpu.pending_clock
+        gpu.pending_clock = None
+        gpu.update_floor(t)
 
     def set_share(self, t: float, replica: int, share: float) -> None:
         """Give ``replica`` a new SM share from its next step on (shares on a GPU must sum to <= 1)."""
+        if t < self.now - 1e-9:
+            raise ValueError(f"set_share at t={t} precedes the engine clock {self.now}")
+        if not 0 <= replica < len(self.replicas):
+            raise ValueError(f"replica index {replica} outside 0..{len(self.replicas) - 1}")
         rep = self.replicas[replica]
         mn = rep.profile.sm_share.min_share
         if not mn <= share <= 1.0:
@@ -423,8 +465,8 @@ class Pool:
                 entry = rep.seg_log
                 part = rep.split_before(t)
                 if part is not None:
-                    t0, t1, e, m = part
-                    self._book(rep, t0, t1, e, entry, m)
+                    t0, t1, e, floor_j, m = part
+                    self._book(rep, t0, t1, e, floor_j, entry, m)
                     if entry is not None:
                         rep.seg_log = (entry[0], entry[1], tuple(c + m for c in entry[2]))
 
@@ -479,9 +521,10 @@ class Pool:
         c.routable = [[r for r in c.replicas if r.model == m and r.state == ACTIVE] for m in range(c.n_models)]
         c.unrouted = [reqmap[r.slot] for r in self.unrouted]
         c.live, c.completed, c.events = len(reqmap), 0, 0
+        c._pending = []
         c._arr, c._cursor, c._n = [], 0, 0
         c.table = None
-        c._slot_base, c._n_results = 0, 0
+        c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
         c.captured_left, c.captured_finish = 0, {}
         return c
 
@@ -504,7 +547,7 @@ class Pool:
         self._n = n
         self._model = [0] * n
         self._cursor = 0
-        self._slot_base = 1 << 40
+        self._slot_base = REPLAY_SLOT_BASE
         prof = self.profiles[0]
         lim = prof.scheduler.context_limit
         self.rejected = np.asarray(table.prompt_tokens >= lim)

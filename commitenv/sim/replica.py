@@ -58,9 +58,12 @@ class Replica:
         self.ft = 1.0  # noise factors of the segment (time, energy)
         self.fe = 1.0
         self.seg_energy = 0.0  # energy of the whole segment (J)
-        self.seg_floor_w = 0.0  # GPU floor power assumed for the segment's dynamic part
+        self.seg_floor_w = 0.0  # GPU floor power the segment is charged against since seg_floor_t
+        self.seg_floor_t = 0.0
+        self.seg_floor_acc = 0.0  # floor energy charged over [t0, seg_floor_t)
         self.seg_log: tuple | None = None
         self._coeffs: StepCoeffs | None = None
+        self.pending_start = False  # queued to start a step once every event at the current time is in
 
     # ----------------------------------------------------------------------------------------- helpers
     @property
@@ -177,7 +180,9 @@ class Replica:
         ft, fe = noise.draw(self.index) if noise is not None else (1.0, 1.0)
         self.ft, self.fe = ft, fe
         self.t0 = t
-        self.seg_floor_w = c.idle_w
+        self.seg_floor_w = self.gpu.floor_w
+        self.seg_floor_t = t
+        self.seg_floor_acc = 0.0
         if closed_form and all_decode and not preempted:
             kmax = min(r.out - r.generated for r, _ in batch)
             if kmax >= 2:
@@ -225,6 +230,10 @@ class Replica:
                 hi = mid
         return lo
 
+    def floor_part(self, t: float) -> float:
+        """GPU floor energy the segment is charged against over [t0, t] (the rest of its energy is dynamic)."""
+        return self.seg_floor_acc + self.seg_floor_w * (t - self.seg_floor_t)
+
     def run_steps_done_by(self, t: float) -> int:
         """Number of run steps whose end is <= t (0..run_k)."""
         x = (t - self.t0) / self.ft
@@ -264,10 +273,11 @@ class Replica:
         self.seg_energy = self._run_energy(m)
         return True
 
-    def split_before(self, t: float) -> tuple[float, float, float, int] | None:
+    def split_before(self, t: float) -> tuple[float, float, float, float, int] | None:
         """Apply the run steps that ended before ``t`` so that only one step remains in flight.
 
-        Returns (t_start, t_end, energy, steps) of the finished part for the meter and the log, or None.
+        Returns (t_start, t_end, energy, floor_energy, steps) of the finished part for the meter and the log,
+        or None.
         """
         if self.seg != SEG_RUN:
             return None
@@ -285,13 +295,17 @@ class Replica:
             self.free_blocks -= nb - r.blocks
             r.blocks = nb
         t_start = self.t0
+        t_mid = t_start + dt
+        floor_j = self.floor_part(t_mid)
         # the remaining steps keep the same series, shifted by m steps
         self.T0 += self.D * m
         self.E0 += self.F * m
         self.run_k -= m
-        self.t0 = t_start + dt
+        self.t0 = t_mid
+        self.seg_floor_acc = 0.0
+        self.seg_floor_t = t_mid
         self.seg_energy -= de
-        return t_start, self.t0, de, m
+        return t_start, t_mid, de, floor_j, m
 
     def finish(self) -> list[Req]:
         """Apply the segment's progress at its end time; returns the requests that completed."""
@@ -359,4 +373,6 @@ class Replica:
         other.ft, other.fe = self.ft, self.fe
         other.seg_energy = self.seg_energy
         other.seg_floor_w = self.seg_floor_w
+        other.seg_floor_t = self.seg_floor_t
+        other.seg_floor_acc = self.seg_floor_acc
         other._coeffs = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commitenv.sim.pool import Pool
+from commitenv.sim.pool import REPLAY_SLOT_BASE, Pool
 from commitenv.workload.table import RequestTable
 
 
@@ -82,11 +82,17 @@ def simulate(
     arrivals: RequestTable | None = None,
     *,
     max_tail_s: float = 3600.0,
+    track_arrivals: bool = False,
 ) -> WhatIf:
-    """Predict interval energy and captured requests' completions under configuration (active, clock)."""
+    """Predict interval energy and captured requests' completions under configuration (active, clock).
+
+    With ``track_arrivals`` the replayed arrivals are followed to completion too and appear in ``finish``
+    under slot ``REPLAY_SLOT_BASE + i``; misses and margin still cover the snapshot's requests only.
+    """
     pool = snap.pool.clone(hide_lengths=False)
     t = snap.t
-    captured = pool.capture_all()
+    pool.capture_all()
+    pool._capture_arrivals = track_arrivals
     pool.set_active(t, active)
     pool.set_clock(t, clock_mhz)
     if arrivals is not None and len(arrivals):
@@ -97,11 +103,14 @@ def simulate(
     energy = pool.energy_j(t + horizon_s) - e0
     if pool.captured_left > 0:
         pool.run_until(t + horizon_s + max_tail_s, stop_when_captured_done=True)
-    fin = {r.slot: pool.captured_finish.get(r.slot, math.inf) for r in captured}
+    fin = {slot: pool.captured_finish.get(slot, math.inf) for slot in snap.deadlines}
+    if track_arrivals:
+        for i in range(pool.arrived):
+            fin[REPLAY_SLOT_BASE + i] = pool.captured_finish.get(REPLAY_SLOT_BASE + i, math.inf)
     misses = 0
     margin = math.inf
-    for slot, f in fin.items():
-        m = snap.deadlines[slot] - f
+    for slot, dl in snap.deadlines.items():
+        m = dl - fin[slot]
         if m < 0:
             misses += 1
         if m < margin:
