@@ -1,9 +1,11 @@
-"""The ``commitenv`` command line: simulate a built-in day, list profiles and workloads."""
+"""The ``commitenv`` command line: run and compare controllers on scenarios, simulate a fixed configuration,
+list scenarios, profiles and workloads."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -67,6 +69,89 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_COMPARE_SCENARIO = "epact-h200-hour-fixed-a30"
+
+
+def _print_table(rows: list[dict]) -> None:
+    cols = ["controller", "attainment_pct", "mean_abs_dev_pct", "hours_within_5pct", "cost_kwh_eq", "energy_mj",
+            "commitment_mj", "wall_s"]
+    head = ["controller", "attain_%", "|dev|_%", "h<=5%", "cost_kWh", "energy_MJ", "commit_MJ", "wall_s"]
+    print("  ".join(f"{h:>12}" for h in head))
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r[c]
+            cells.append(f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}")
+        print("  ".join(cells))
+
+
+def _check_out(out: str | None) -> Path | None:
+    if out is None:
+        return None
+    p = Path(out)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot create folder ({e.strerror})") from None
+    if not os.access(p, os.W_OK):
+        raise ValueError(f"--out {out}: folder is not writable")
+    return p
+
+
+def _resolve_names(scenario: str, controllers: list[str]) -> None:
+    from commitenv.scenarios import load_scenario
+    from controllers import available
+
+    load_scenario(scenario)
+    unknown = [c for c in controllers if c not in available()]
+    if unknown:
+        raise ValueError(f"unknown controller '{unknown[0]}'; available: {', '.join(available())}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from commitenv.evaluation import evaluate
+
+    _resolve_names(args.scenario, [args.controller])
+    out = _check_out(args.out)
+    res = evaluate(args.controller, args.scenario, seed=args.seed, progress=not args.quiet)
+    _print_table([res.summary])
+    if out is not None:
+        res.write(out)
+        print(f"wrote {out}/summary.json, hourly.csv, requests.csv, overview.png")
+    print(json.dumps(res.summary))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from commitenv.evaluation import evaluate
+    from controllers import available
+
+    names = [c for c in args.controllers.split(",") if c] if args.controllers else available()
+    _resolve_names(args.scenario, names)
+    out = _check_out(args.out)
+    rows = []
+    for name in names:
+        res = evaluate(name, args.scenario, seed=args.seed, progress=not args.quiet)
+        rows.append(res.summary)
+        if out is not None:
+            res.write(out / name, requests=False)
+    _print_table(rows)
+    if out is not None:
+        tmp = out / "compare.json.tmp"
+        tmp.write_text(json.dumps({"scenario": args.scenario, "seed": args.seed, "results": rows}, indent=2) + "\n")
+        tmp.replace(out / "compare.json")
+        print(f"wrote {out}/compare.json")
+    return 0
+
+
+def _cmd_scenarios(args: argparse.Namespace) -> int:
+    from commitenv.scenarios import describe_scenarios
+
+    for env_id, desc in describe_scenarios():
+        print(f"{env_id:<42} {desc}")
+    return 0
+
+
 def _cmd_profiles(args: argparse.Namespace) -> int:
     from commitenv.profiles import list_profiles, load_profile
 
@@ -99,6 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="folder for summary.json")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_simulate)
+    r = sub.add_parser("run", help="run one controller on a scenario and write its results")
+    r.add_argument("scenario", help="scenario name or Gymnasium id (commitenv/<name>-v0)")
+    r.add_argument("--controller", default="vllm")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", default=None, help="folder for summary.json, hourly.csv, requests.csv, overview.png")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=_cmd_run)
+    c = sub.add_parser("compare", help="run several controllers on one scenario side by side")
+    c.add_argument("scenario", nargs="?", default=DEFAULT_COMPARE_SCENARIO)
+    c.add_argument("--controllers", default=None, help="comma-separated names (default: every registered one)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default=None, help="folder for compare.json and one sub-folder per controller")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(func=_cmd_compare)
+    sub.add_parser("scenarios", help="list registered scenarios").set_defaults(func=_cmd_scenarios)
     sub.add_parser("profiles", help="list shipped GPU x model profiles").set_defaults(func=_cmd_profiles)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=_cmd_workloads)
     return ap
@@ -108,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -251,9 +251,12 @@ class Pool:
                     if stop_when_captured_done and self.captured_left == 0:
                         self.now = t
                         return
-                    if not rep.pending_start:
-                        rep.pending_start = True
-                        self._pending.append(rep)
+                    if (self._cursor < n and arr[self._cursor] == t) or (heap and heap[0][0] == t) or self._pending:
+                        if not rep.pending_start:  # other events at t first: they may bring work
+                            rep.pending_start = True
+                            self._pending.append(rep)
+                    else:
+                        self._start(rep, t)
                 elif kind == EV_WAKE:
                     rep = self.replicas[idx]
                     if rep.version != ver or rep.state != WAKING:

@@ -1,0 +1,319 @@
+"""`CommitServeEnv`: one step = one decision interval of a simulated GPU pool serving an LLM trace against
+hourly energy commitments (ePACT sections 4.1 and C.3).
+
+Action (``Dict``): ``active`` replicas in 1..N and ``clock`` (index into the profile's clock levels),
+applied ``actuation_delay_s`` after the interval starts. The shared-GPU variant extends this dict with SM
+shares and placement keys; it never replaces these two.
+
+Observation (``Box`` float32, every feature is something a controller may legally know, scaled to about
+[0, 1] or [-1, 1]; ``OBS_FEATURES`` names them in order):
+
+====  =======================  ==============================================================
+idx   name                     meaning and scaling
+====  =======================  ==============================================================
+0     time_in_hour             elapsed fraction of the current hour
+1     hour_of_horizon          hour index / horizon hours
+2     commitment               E*_h / (N x TDP x 1 h)
+3     hour_energy              energy so far this hour / E*_h
+4     last_interval_energy     energy of the last interval / (E*_h / K)
+5     target                   equal split of the remaining commitment (E*_h - M_k)/(K - k) / (E*_h / K)
+6     arrivals                 log1p(arrivals in the last interval) / 10
+7     waiting                  log1p(queued requests) / 10
+8     running                  log1p(running requests) / 10
+9     waiting_tokens           log1p(prompt tokens still to prefill) / 15
+10    slack_min                tanh(min over live requests of deadline - now, s / 60)
+11    slack_mean               tanh(mean slack, s / 60)
+12    overdue_frac             fraction of live requests already past their deadline
+13    active                   configured active replicas / N
+14    clock                    clock level index / (levels - 1)
+15    misses                   log1p(deadline misses so far) / 10
+====  =======================  ==============================================================
+
+Reward: each step pays minus the change of the current hour's settlement cost as its energy accrues,
+-(C(M_{k+1}) - C(M_k)) with C(M) = lambda_plus [M - E*]+ + lambda_minus [E* - M]+ in kWh-equivalent, minus
+``miss_penalty_kwh`` per deadline miss when it becomes known (a deadline passing unfinished, or at the
+end, after the tail runs to completion). Since C(0) = lambda_minus E*, an episode's return is exactly
+
+    return = -(sum_h C_h + miss_penalty_kwh * misses) + lambda_minus * sum_h E*_h
+
+i.e. minus the score up to the constant ``reward_offset_kwh`` (reported in ``info``). Scores themselves
+are computed by `commitenv.metrics` from the engine's records, never from rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, signed_deviation_pct, slo_outcome
+from commitenv.scenarios import commitments_mj, engine_options, load_scenario, scenario_profile, scenario_workload
+from commitenv.scenarios.schema import Scenario
+from commitenv.sim import Pool, PoolLayout, Snapshot, observed_arrivals, take_snapshot
+from commitenv.workload.table import RequestTable
+
+OBS_FEATURES = (
+    "time_in_hour",
+    "hour_of_horizon",
+    "commitment",
+    "hour_energy",
+    "last_interval_energy",
+    "target",
+    "arrivals",
+    "waiting",
+    "running",
+    "waiting_tokens",
+    "slack_min",
+    "slack_mean",
+    "overdue_frac",
+    "active",
+    "clock",
+    "misses",
+)
+_OBS_LOW = np.array([0, 0, 0, 0, 0, -10, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0], dtype=np.float32)
+_OBS_HIGH = np.array([1, 1, 1, 10, 10, 10, 2, 2, 2, 2, 1, 1, 1, 1, 1, 2], dtype=np.float32)
+
+
+class CommitServeEnv(gym.Env):
+    """Gymnasium environment over the serving engine; see the module docstring for spaces and reward."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(self, scenario: str | Scenario = "epact-h200-hour-fixed-a30", render_mode: str | None = None) -> None:
+        self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode: expected one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.render_mode = render_mode
+        sc = self.scenario
+        self.profile = scenario_profile(sc)
+        self.n_replicas = sc.pool.gpus
+        self.clocks_mhz = self.profile.clock_mhz
+        self.K = sc.intervals_per_hour
+        self.H = sc.horizon_hours
+        self.dt = sc.interval_s
+        self.commit_j = np.asarray(commitments_mj(sc), dtype=np.float64) * 1e6  # frozen before any run
+        if len(self.commit_j) == 1:
+            self.commit_j = np.full(self.H, self.commit_j[0])
+        self.lp, self.lm = sc.lambda_plus, sc.lambda_minus
+        self.reward_offset_kwh = float(self.lm * self.commit_j.sum() / J_PER_KWH)
+        self._e_scale = self.n_replicas * self.profile.gpu.tdp_w * 3600.0
+        self.action_space = spaces.Dict(
+            {"active": spaces.Discrete(self.n_replicas, start=1), "clock": spaces.Discrete(len(self.clocks_mhz))}
+        )
+        self.observation_space = spaces.Box(_OBS_LOW, _OBS_HIGH, dtype=np.float32)
+        init = sc.initial
+        self._init_active = init.active if init.active is not None else self.n_replicas
+        self._init_clock = self.profile.clock_index(init.clock_mhz) if init.clock_mhz is not None else self.profile.reference_clock_index
+        if not 1 <= self._init_active <= self.n_replicas:
+            raise ValueError(f"scenario {sc.name}: initial.active must be in 1..{self.n_replicas}")
+        self._tables: dict[int, RequestTable] = {}
+        self.pool: Pool | None = None
+
+    # ------------------------------------------------------------------------------------------ episode
+    def _workload(self, seed: int) -> RequestTable:
+        key = self.scenario.workload.seed if self.scenario.workload.seed is not None else seed
+        if key not in self._tables:
+            self._tables = {key: scenario_workload(self.scenario, seed)}
+        return self._tables[key]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.run_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
+        sc = self.scenario
+        table = self._workload(self.run_seed)
+        self.table = table
+        pool = Pool(self.profile, PoolLayout.single(self.n_replicas), engine_options(sc, self.run_seed),
+                    clock_mhz=self.clocks_mhz[self._init_clock])
+        if self._init_active != self.n_replicas:
+            pool.set_active(0.0, self._init_active)
+        pool.attach(table)
+        self.pool = pool
+        self.k = 0
+        self.cfg = (self._init_active, self._init_clock)
+        self.e_prev = 0.0
+        self.e_hour_start = 0.0
+        self.last_interval_j = 0.0
+        self.arrived_prev = 0
+        self.hour_energy_j = np.zeros(self.H)
+        self.hour_cost_kwh = np.zeros(self.H)
+        self.misses = 0
+        self._dl_order = np.argsort(pool.deadline, kind="stable")
+        self._dl_sorted = pool.deadline[self._dl_order]
+        self._dl_ptr = 0
+        self.tail_energy_j = 0.0
+        self.history: list[dict[str, float]] = []
+        return self._obs(), self._info(0.0, new_misses=0)
+
+    def _check_action(self, action: Any) -> tuple[int, int]:
+        if not isinstance(action, dict) or "active" not in action or "clock" not in action:
+            raise ValueError(f"action: expected a dict with keys 'active' and 'clock', got {action!r}")
+        try:
+            a, c = int(np.asarray(action["active"]).item()), int(np.asarray(action["clock"]).item())
+        except (TypeError, ValueError):
+            raise ValueError(f"action: 'active' and 'clock' must be integers, got {action!r}") from None
+        if not 1 <= a <= self.n_replicas:
+            raise ValueError(f"action['active']: expected 1..{self.n_replicas} replicas, got {a}")
+        if not 0 <= c < len(self.clocks_mhz):
+            raise ValueError(f"action['clock']: expected a level index 0..{len(self.clocks_mhz) - 1} "
+                             f"(levels {self.clocks_mhz} MHz), got {c}")
+        return a, c
+
+    def step(self, action: Any):
+        if self.pool is None:
+            raise RuntimeError("step() called before reset()")
+        if self.k >= self.H * self.K:
+            raise RuntimeError("step() called after the episode ended; call reset()")
+        a, c = self._check_action(action)
+        pool = self.pool
+        t0 = self.k * self.dt
+        t1 = t0 + self.dt
+        t_apply = t0 + self.scenario.actuation_delay_s
+        if (a, c) != self.cfg:
+            pool.run_until(t_apply)
+            if a != self.cfg[0]:
+                pool.set_active(t_apply, a)
+            if c != self.cfg[1]:
+                pool.set_clock(t_apply, self.clocks_mhz[c])
+            self.cfg = (a, c)
+        pool.run_until(t1)
+        pool.settle(t1)
+        e_now = pool.energy_j(t1)
+        interval_j = e_now - self.e_prev
+        h = self.k // self.K
+        m_old = self.e_prev - self.e_hour_start
+        m_new = e_now - self.e_hour_start
+        ec = self.commit_j[h]
+        d_cost = float(deviation_cost_kwh(m_new, ec, self.lp, self.lm) - deviation_cost_kwh(m_old, ec, self.lp, self.lm))
+        self.e_prev = e_now
+        self.last_interval_j = interval_j
+        self.k += 1
+        terminated = self.k >= self.H * self.K
+        settlement = None
+        if self.k % self.K == 0:
+            self.hour_energy_j[h] = m_new
+            self.hour_cost_kwh[h] = float(deviation_cost_kwh(m_new, ec, self.lp, self.lm))
+            settlement = {
+                "hour": h,
+                "energy_j": float(m_new),
+                "commitment_j": float(ec),
+                "deviation_pct": float(signed_deviation_pct(m_new, ec)),
+                "cost_kwh_eq": float(self.hour_cost_kwh[h]),
+            }
+            self.e_hour_start = e_now
+        if terminated:
+            pool.run_until(math.inf)  # completion tails count for SLOs; their energy is not settled
+            self.tail_energy_j = pool.energy_j() - e_now
+        new_misses = self._count_misses(math.inf if terminated else t1)
+        self.misses += new_misses
+        reward = -d_cost - self.scenario.miss_penalty_kwh * new_misses
+        self.history.append({"t": t1, "interval_j": interval_j, "active": a, "clock_mhz": self.clocks_mhz[c]})
+        info = self._info(interval_j, new_misses=new_misses, settlement=settlement)
+        if terminated:
+            info["tail_energy_j"] = self.tail_energy_j
+        return self._obs(), float(reward), terminated, False, info
+
+    def _count_misses(self, t: float) -> int:
+        """Misses that became known by ``t``: deadlines that passed without completion by then."""
+        q = int(np.searchsorted(self._dl_sorted, t, side="left")) if t < math.inf else len(self._dl_sorted)
+        if q <= self._dl_ptr:
+            return 0
+        idx = self._dl_order[self._dl_ptr : q]
+        self._dl_ptr = q
+        ok = self.pool.finish_t[idx] <= self.pool.deadline[idx]
+        return int(len(idx) - np.count_nonzero(ok))
+
+    # ------------------------------------------------------------------------------------------ views
+    def _obs(self) -> np.ndarray:
+        pool = self.pool
+        k, K = self.k, self.K
+        h = min(k // K, self.H - 1)
+        kin = k - h * K
+        ec = self.commit_j[h]
+        m = self.e_prev - self.e_hour_start
+        target = (ec - m) / (K - kin) if kin < K else 0.0
+        now = pool.now
+        live = pool.live_requests()
+        wait_tokens = 0
+        slack = np.empty(len(live))
+        overdue = 0
+        for i, r in enumerate(live):
+            wait_tokens += max(r.prompt + r.generated - r.computed - (1 if r.generated else 0), 0)
+            slack[i] = r.deadline - now
+        if len(live):
+            overdue = int(np.count_nonzero(slack < 0))
+        cnt = pool.counts()
+        arrivals = pool.arrived - self.arrived_prev
+        self.arrived_prev = pool.arrived
+        x = np.array(
+            [
+                kin / K,
+                h / self.H,
+                ec / self._e_scale,
+                m / ec,
+                self.last_interval_j / (ec / K),
+                target / (ec / K),
+                math.log1p(arrivals) / 10,
+                math.log1p(cnt["waiting"]) / 10,
+                math.log1p(cnt["running"]) / 10,
+                math.log1p(wait_tokens) / 15,
+                math.tanh(float(slack.min()) / 60) if len(live) else 1.0,
+                math.tanh(float(slack.mean()) / 60) if len(live) else 1.0,
+                overdue / len(live) if len(live) else 0.0,
+                self.cfg[0] / self.n_replicas,
+                self.cfg[1] / max(len(self.clocks_mhz) - 1, 1),
+                math.log1p(self.misses) / 10,
+            ],
+            dtype=np.float32,
+        )
+        return np.clip(x, _OBS_LOW, _OBS_HIGH)
+
+    def _info(self, interval_j: float, *, new_misses: int, settlement: dict | None = None) -> dict[str, Any]:
+        k, K = self.k, self.K
+        h = min(k // K, self.H - 1)
+        m = self.e_prev - self.e_hour_start
+        kin = k - h * K
+        info: dict[str, Any] = {
+            "t": self.pool.now,
+            "hour": h,
+            "interval": kin,
+            "interval_energy_j": interval_j,
+            "hour_energy_j": m,
+            "commitment_j": float(self.commit_j[h]),
+            "target_j": float((self.commit_j[h] - m) / (K - kin)) if kin < K else 0.0,
+            "active": self.cfg[0],
+            "clock_mhz": self.clocks_mhz[self.cfg[1]],
+            "new_misses": new_misses,
+            "misses": self.misses,
+            "reward_offset_kwh": self.reward_offset_kwh,
+        }
+        if settlement is not None:
+            info["settlement"] = settlement
+            slo = slo_outcome(self.table.arrival_s[: self.pool.arrived], self.pool.finish_t[: self.pool.arrived],
+                              self.pool.deadline[: self.pool.arrived], self.H)
+            info["slo_by_hour"] = {"arrivals": slo.arrivals.tolist(), "met_so_far": slo.met.tolist()}
+        return info
+
+    # ------------------------------------------------------------------------------------------ controller API
+    def snapshot(self) -> Snapshot:
+        """Causal serving state for what-if prediction: arrived requests only, output lengths as the scenario
+        lets a controller see them (predictions by default). Feed it to `commitenv.sim.simulate`."""
+        if self.pool is None:
+            raise RuntimeError("snapshot() called before reset()")
+        return take_snapshot(self.pool)
+
+    def recent_arrivals(self, window_s: float) -> RequestTable:
+        """Arrivals of the last ``window_s`` seconds (predicted output lengths), shifted to replay from now."""
+        if self.pool is None:
+            raise RuntimeError("recent_arrivals() called before reset()")
+        return observed_arrivals(self.pool, window_s)
+
+    # ------------------------------------------------------------------------------------------ render
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        from commitenv.plots import render_progress
+
+        return render_progress(self)

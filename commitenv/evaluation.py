@@ -1,0 +1,160 @@
+"""Evaluate a controller on a scenario: hourly table, request table and the paper's Table 1 summary, computed
+from the engine's records (never from rewards), written as CSV/JSON/PNG without half-written outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from commitenv.metrics import deviation_cost_kwh, signed_deviation_pct, slo_outcome, summarize
+from commitenv.scenarios.schema import Scenario
+
+
+@dataclass
+class EvalResult:
+    """Everything one evaluation produced."""
+
+    scenario: str
+    controller: str
+    seed: int
+    hourly: list[dict[str, Any]]
+    requests: dict[str, np.ndarray]
+    summary: dict[str, Any]
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def write(self, out_dir: str | Path, *, requests: bool = True, figure: bool = True) -> Path:
+        """Write summary.json, hourly.csv, requests.csv and overview.png into ``out_dir`` atomically: files
+        are built in a temporary folder beside it and moved in only when all succeeded."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise PermissionError(f"{out}: folder is not writable")
+        tmp = Path(tempfile.mkdtemp(prefix=".commitenv-", dir=out))
+        try:
+            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+            _write_csv(tmp / "hourly.csv", self.hourly)
+            if requests:
+                _write_columns(tmp / "requests.csv", self.requests)
+            if figure:
+                from commitenv.plots import overview_figure
+
+                overview_figure(self, tmp / "overview.png")
+            for f in tmp.iterdir():
+                os.replace(f, out / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return out
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def _write_columns(path: Path, cols: dict[str, np.ndarray]) -> None:
+    names = list(cols)
+    fmt = []
+    for n in names:
+        fmt.append("%d" if np.issubdtype(cols[n].dtype, np.integer) or cols[n].dtype == bool else "%.6f")
+    data = np.column_stack([cols[n].astype(np.float64) if cols[n].dtype != bool else cols[n].astype(np.int64) for n in names])
+    np.savetxt(path, data, fmt=fmt, delimiter=",", header=",".join(names), comments="")
+
+
+def evaluate(
+    controller: Any,
+    scenario: str | Scenario,
+    seed: int = 0,
+    *,
+    progress: bool = False,
+    controller_kwargs: dict[str, Any] | None = None,
+) -> EvalResult:
+    """Run ``controller`` (a name or an instance) on ``scenario`` for one episode and score it."""
+    from commitenv.envs import CommitServeEnv
+    from controllers import ControllerContext, make
+
+    ctrl = make(controller, **(controller_kwargs or {})) if isinstance(controller, str) else controller
+    env = CommitServeEnv(scenario)
+    t_start = time.perf_counter()
+    obs, info = env.reset(seed=seed)
+    ctrl.reset(ControllerContext.from_env(env), seed)
+    steps = env.H * env.K
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, unit="interval", desc=f"{env.scenario.name} / {ctrl.name}", leave=False)
+    ret = 0.0
+    terminated = False
+    while not terminated:
+        obs, reward, terminated, truncated, info = env.step(ctrl.act(obs, info))
+        ret += reward
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - t_start
+    return score_episode(env, ctrl.name, seed, wall, ret)
+
+
+def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, episode_return: float) -> EvalResult:
+    """Score a finished episode of ``env`` from the engine's records."""
+    pool = env.pool
+    table = env.table
+    sc = env.scenario
+    H = env.H
+    energy = env.hour_energy_j.copy()
+    commit = np.asarray(env.commit_j, dtype=np.float64)
+    slo = slo_outcome(table.arrival_s, pool.finish_t, pool.deadline, H)
+    dev = signed_deviation_pct(energy, commit)
+    cost = deviation_cost_kwh(energy, commit, sc.lambda_plus, sc.lambda_minus)
+    att = slo.by_hour_pct
+    hourly = [
+        {
+            "hour": h,
+            "arrivals": int(slo.arrivals[h]),
+            "energy_mj": float(energy[h] / 1e6),
+            "commitment_mj": float(commit[h] / 1e6),
+            "deviation_pct": float(dev[h]),
+            "cost_kwh_eq": float(cost[h]),
+            "attainment_pct": float(att[h]),
+        }
+        for h in range(H)
+    ]
+    summary: dict[str, Any] = {"scenario": sc.name, "controller": controller_name, "seed": seed}
+    summary.update(summarize(energy, commit, sc.lambda_plus, sc.lambda_minus, slo))
+    summary.update(
+        {
+            "misses": int(len(table) - slo.met.sum()),
+            "requests": int(len(table)),
+            "tail_energy_mj": float(env.tail_energy_j / 1e6),
+            "episode_return": float(episode_return),
+            "reward_offset_kwh": float(env.reward_offset_kwh),
+            "wall_s": round(float(wall_s), 3),
+        }
+    )
+    ttft = pool.first_t - table.arrival_s
+    requests = {
+        "request_id": table.request_id,
+        "tenant": table.tenant.astype(np.int64),
+        "arrival_s": table.arrival_s,
+        "prompt_tokens": table.prompt_tokens,
+        "output_tokens": pool.out_tokens,
+        "ttft_s": ttft,
+        "finish_s": pool.finish_t,
+        "deadline_s": pool.deadline,
+        "met": pool.finish_t <= pool.deadline,
+        "preemptions": pool.preemptions.astype(np.int64),
+    }
+    return EvalResult(sc.name, controller_name, seed, hourly, requests, summary, list(env.history))

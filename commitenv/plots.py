@@ -1,0 +1,82 @@
+"""Figures: the run overview (like the ePACT paper's Figures 5 and 6) and the env's rgb_array render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.evaluation import EvalResult
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def overview_figure(res: "EvalResult", path: str | Path) -> None:
+    """Four panels: arrivals, energy against commitment, signed deviation, attainment (by hour; per
+    interval energy for a single-hour run)."""
+    plt = _plt()
+    hourly = res.hourly
+    hours = np.array([r["hour"] for r in hourly])
+    fig, ax = plt.subplots(4, 1, figsize=(9, 10), sharex=len(hours) > 1)
+    title = f"{res.scenario} - {res.controller} (seed {res.seed})"
+    ax[0].bar(hours, [r["arrivals"] for r in hourly], color="#7a9cc6")
+    ax[0].set_ylabel("arrivals")
+    ax[0].set_title(title)
+    if len(hours) > 1:
+        ax[1].bar(hours, [r["energy_mj"] for r in hourly], color="#d98c5f", label="energy")
+        ax[1].step(hours, [r["commitment_mj"] for r in hourly], where="mid", color="k", label="commitment")
+        ax[1].set_ylabel("energy (MJ)")
+    else:
+        t = np.array([h["t"] for h in res.history]) / 60.0
+        cum = np.cumsum([h["interval_j"] for h in res.history]) / 1e6
+        ax[1].plot(t, cum, color="#d98c5f", label="cumulative energy")
+        ax[1].plot([0, t[-1] if len(t) else 60], [0, hourly[0]["commitment_mj"]], "k--", label="commitment pace")
+        ax[1].set_ylabel("energy (MJ)")
+        ax[1].set_xlabel("minute")
+    ax[1].legend(loc="upper left", fontsize=8)
+    dev = [r["deviation_pct"] for r in hourly]
+    ax[2].bar(hours, dev, color=["#c44e52" if d > 0 else "#55a868" for d in dev])
+    ax[2].axhspan(-5, 5, color="0.9", zorder=0)
+    ax[2].axhline(0, color="k", lw=0.8)
+    ax[2].set_ylabel("deviation (%)")
+    ax[3].plot(hours, [r["attainment_pct"] for r in hourly], "o-", color="#4c72b0")
+    ax[3].set_ylabel("SLO attainment (%)")
+    ax[3].set_xlabel("hour")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def render_progress(env: Any) -> np.ndarray:
+    """RGB array: this hour's cumulative energy against the commitment, and settled hours so far."""
+    plt = _plt()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig, ax = plt.subplots(1, 2, figsize=(8, 3))
+    K = env.K
+    h = min(env.k // K, env.H - 1)
+    kin = env.k - h * K
+    hist = env.history[h * K : h * K + kin]
+    cum = np.cumsum([x["interval_j"] for x in hist]) / 1e6 if hist else np.zeros(0)
+    ax[0].plot(np.arange(1, len(cum) + 1), cum, color="#d98c5f")
+    ax[0].plot([0, K], [0, env.commit_j[h] / 1e6], "k--")
+    ax[0].set_title(f"hour {h}: energy vs commitment (MJ)", fontsize=9)
+    done = env.k // K
+    ax[1].bar(np.arange(done), env.hour_energy_j[:done] / 1e6, color="#d98c5f")
+    ax[1].step(np.arange(env.H), env.commit_j / 1e6, where="mid", color="k")
+    ax[1].set_title("settled hours (MJ)", fontsize=9)
+    fig.tight_layout()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    img = np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
+    plt.close(fig)
+    return img

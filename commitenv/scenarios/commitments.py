@@ -1,0 +1,214 @@
+"""Hourly energy commitments E*_h of a scenario, frozen before any controller runs.
+
+Absolute commitments (``commitment.mj``) are used as given. Fractional ones (``commitment.fractions``) scale
+the hourly energy of a *reference run*: full-capacity vLLM, i.e. all ``pool.gpus`` replicas active at the
+profile's reference clock for the whole horizon (:func:`commitenv.sim.fixed.run_fixed`), serving the
+scenario's workload built with ``commitment.reference.workload_seed`` (null: the evaluation workload itself,
+as in the ePACT single-hour study; another seed: the paper's historical preceding Saturday, ePACT App. C.2)
+under engine seed 0.
+
+Reference runs are cached on disk by a content hash of everything that determines them (the profile file's
+bytes, the workload spec and the resolved seed, a trace file's bytes, pool size, horizon, interval, SLO scale,
+noise, package version and :data:`CACHE_FORMAT`) in ``$COMMITENV_CACHE/references/<hash>.json`` or, without
+that variable, ``~/.cache/commitenv/references/<hash>.json``. Files are written atomically (temporary file,
+then ``os.replace``); an unreadable or inconsistent file is recomputed, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from commitenv.scenarios.build import (
+    engine_options,
+    scenario_profile,
+    scenario_profile_path,
+    scenario_workload,
+)
+from commitenv.scenarios.loader import ScenarioError
+from commitenv.scenarios.schema import Scenario
+
+CACHE_FORMAT = 1
+REFERENCE_ENGINE_SEED = 0
+
+
+def cache_root() -> Path:
+    """Root of commitenv's on-disk cache: ``$COMMITENV_CACHE``, else ``$XDG_CACHE_HOME/commitenv``, else
+    ``~/.cache/commitenv``."""
+    env = os.environ.get("COMMITENV_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "commitenv"
+
+
+def reference_workload_seed(sc: Scenario) -> int:
+    """Seed of the reference run's workload: ``commitment.reference.workload_seed``, or the evaluation
+    workload's own ``workload.seed`` when that is null."""
+    ref = sc.commitment.reference
+    s = ref.workload_seed if ref is not None and ref.workload_seed is not None else sc.workload.seed
+    if s is None:
+        raise ScenarioError(
+            f"{sc.source}: commitment.reference.workload_seed: expected an integer when workload.seed is null"
+        )
+    return int(s)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def reference_inputs(sc: Scenario) -> dict:
+    """Everything the reference run's numbers depend on, as a JSON-able dict (hashed into the cache key)."""
+    from commitenv import __version__
+
+    wl = sc.workload.model_dump(mode="json")
+    wl["seed"] = reference_workload_seed(sc)
+    if sc.workload.trace is not None:
+        wl["trace"] = {"sha256": _sha256_file(Path(sc.workload.trace).expanduser())}  # content, not location
+    return {
+        "cache_format": CACHE_FORMAT,
+        "package_version": __version__,
+        "profile_sha256": _sha256_file(scenario_profile_path(sc)),
+        "workload": wl,
+        "gpus": sc.pool.gpus,
+        "horizon_hours": sc.horizon_hours,
+        "interval_s": float(sc.interval_s),
+        "alpha": float(sc.alpha),
+        "noise": {"time_sigma": float(sc.noise.time_sigma), "energy_sigma": float(sc.noise.energy_sigma)},
+        "engine_seed": REFERENCE_ENGINE_SEED,
+    }
+
+
+def _hash(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def reference_key(sc: Scenario) -> str:
+    """Content hash (sha256 hex) naming the scenario's reference run in the cache."""
+    return _hash(reference_inputs(sc))
+
+
+def reference_cache_path(sc: Scenario) -> Path:
+    """Where the scenario's reference run is (or would be) cached."""
+    return cache_root() / "references" / f"{reference_key(sc)}.json"
+
+
+def _read_cache(path: Path, key: str, hours: int) -> np.ndarray | None:
+    """The cached hourly energies, or None when absent or not trustworthy (wrong key/format/shape/values)."""
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        ok = (
+            isinstance(doc, dict)
+            and doc.get("cache_format") == CACHE_FORMAT
+            and doc.get("key") == key
+            and isinstance(doc.get("hourly_energy_j"), list)
+            and len(doc["hourly_energy_j"]) == hours
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in doc["hourly_energy_j"])
+        )
+        if ok:
+            arr = np.asarray(doc["hourly_energy_j"], dtype=np.float64)
+            if np.all(np.isfinite(arr)) and np.all(arr > 0):
+                return arr
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    warnings.warn(f"reference cache file {path} is unreadable or inconsistent; recomputing it", RuntimeWarning,
+                  stacklevel=3)
+    return None
+
+
+def _write_cache(path: Path, doc: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:  # a read-only home must not stop a run; the numbers are simply not kept
+        warnings.warn(f"could not write the reference cache {path}: {e}", RuntimeWarning, stacklevel=3)
+
+
+def compute_reference(sc: Scenario, *, progress: bool = False) -> dict:
+    """Run full-capacity vLLM for the scenario's reference (no cache); returns the cache document."""
+    from commitenv.sim.fixed import run_fixed
+
+    seed = reference_workload_seed(sc)
+    ref_sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"seed": seed})})
+    table = scenario_workload(ref_sc, seed)
+    prof = scenario_profile(sc)
+    opts = engine_options(sc, REFERENCE_ENGINE_SEED)  # what the controller would see plays no part in vLLM
+    t = time.perf_counter()
+    res = run_fixed(prof, table, n_gpus=sc.pool.gpus, active=None, clock_mhz=None, options=opts,
+                    hours=sc.horizon_hours, interval_s=sc.interval_s, progress=progress)
+    return {
+        "cache_format": CACHE_FORMAT,
+        "scenario": sc.name,
+        "profile": prof.name,
+        "clock_mhz": prof.reference_clock_mhz,
+        "active": sc.pool.gpus,
+        "requests": int(len(table)),
+        "hourly_energy_j": [float(v) for v in res.hourly_energy_j],
+        "hourly_attainment": [float(v) for v in res.hourly_attainment],
+        "attainment": float(res.attainment),
+        "wall_s": round(time.perf_counter() - t, 3),
+    }
+
+
+def reference_hourly_energy_j(sc: Scenario, *, use_cache: bool = True, progress: bool = False) -> np.ndarray:
+    """Hourly energy (J) of the scenario's reference run, from the cache when a trustworthy entry exists."""
+    if sc.commitment.fractions is None:
+        raise ScenarioError(f"{sc.source}: commitment.fractions: absolute 'mj' commitments have no reference run")
+    inputs = reference_inputs(sc)
+    key = _hash(inputs)
+    path = cache_root() / "references" / f"{key}.json"
+    if use_cache:
+        cached = _read_cache(path, key, sc.horizon_hours)
+        if cached is not None:
+            return cached
+    doc = compute_reference(sc, progress=progress)
+    e = np.asarray(doc["hourly_energy_j"], dtype=np.float64)
+    if not (np.all(np.isfinite(e)) and np.all(e > 0)):
+        raise ScenarioError(f"{sc.source}: commitment.reference: reference run gave non-positive hourly energy {e}")
+    if use_cache:
+        _write_cache(path, {**doc, "key": key, "inputs": inputs})
+    return e
+
+
+def commitments_mj(sc: Scenario, *, use_cache: bool = True, progress: bool = False) -> np.ndarray:
+    """Hourly commitments E*_h in MJ, one per hour of the horizon (a single given value is used for every hour).
+
+    Absolute ``mj`` values are returned as given; ``fractions`` multiply the reference run's hourly energy.
+    The result is a read-only array: commitments are frozen before any controller runs.
+    """
+    c = sc.commitment
+    H = sc.horizon_hours
+    if c.mj is not None:
+        out = np.broadcast_to(np.asarray(c.mj, dtype=np.float64), (H,)).copy()
+    else:
+        ref_mj = reference_hourly_energy_j(sc, use_cache=use_cache, progress=progress) / 1e6
+        frac = np.broadcast_to(np.asarray(c.fractions, dtype=np.float64), (H,))
+        out = frac * ref_mj
+    if not all(math.isfinite(v) and v > 0 for v in out):
+        raise ScenarioError(f"{sc.source}: commitment: expected positive finite hourly commitments, got {out}")
+    out.setflags(write=False)
+    return out

@@ -1,0 +1,41 @@
+"""Register every shipped scenario with Gymnasium as ``commitenv/<name>-v0``.
+
+Registration reads only file names (no scenario is parsed, no environment module is imported), so importing
+commitenv stays cheap and a broken scenario file surfaces when that scenario is made, not at import.
+"""
+
+from __future__ import annotations
+
+from commitenv.scenarios.loader import ScenarioError, env_id, list_scenarios, load_scenario
+
+ENTRY_POINT = "commitenv.envs:CommitServeEnv"
+
+
+def register_all() -> list[str]:
+    """Register each shipped scenario (idempotent: ids already registered are skipped). Returns the ids
+    registered by this call."""
+    import gymnasium as gym
+
+    added = []
+    for name in list_scenarios():
+        eid = env_id(name)
+        if eid in gym.envs.registry:
+            continue
+        gym.register(id=eid, entry_point=ENTRY_POINT, kwargs={"scenario": name}, max_episode_steps=None)
+        added.append(eid)
+    return added
+
+
+def describe_scenarios() -> list[tuple[str, str]]:
+    """``(env id, one-line description)`` for every shipped scenario, sorted by name (for ``commitenv
+    scenarios``). A file that fails to load is listed with its error instead of a description."""
+    out = []
+    for name in list_scenarios():
+        try:
+            sc = load_scenario(name)
+        except ScenarioError as e:
+            out.append((env_id(name), f"INVALID: {e}"))
+            continue
+        lines = [ln.strip() for ln in sc.description.strip().splitlines() if ln.strip()]
+        out.append((sc.env_id, lines[0] if lines else ""))
+    return out

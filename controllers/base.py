@@ -1,0 +1,82 @@
+"""The controller protocol: ``reset(ctx, seed)`` then ``act(observation, info) -> action`` every interval.
+
+The same class runs in ``commitenv run``, in a plain Gymnasium loop and in the leaderboard sandbox. A
+controller that wants what-if prediction uses ``ctx.probe`` (the environment: ``probe.snapshot()`` and
+``probe.recent_arrivals(window_s)`` expose only arrived requests and predicted lengths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Probe(Protocol):
+    """What a controller may ask the environment for, beyond observation and info."""
+
+    def snapshot(self) -> Any: ...
+
+    def recent_arrivals(self, window_s: float) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    """Static facts of the scenario a controller runs in (no trace content, no future arrivals)."""
+
+    scenario: str
+    n_replicas: int
+    clocks_mhz: tuple[int, ...]
+    reference_clock_mhz: int
+    interval_s: float
+    intervals_per_hour: int
+    horizon_hours: int
+    commitments_j: tuple[float, ...]
+    lambda_plus: float
+    lambda_minus: float
+    alpha: float
+    epsilon: float
+    actuation_delay_s: float
+    probe: Probe | None = None
+
+    def action(self, active: int, clock_mhz: int) -> dict[str, int]:
+        """The env action for ``active`` replicas at ``clock_mhz``."""
+        if clock_mhz not in self.clocks_mhz:
+            raise ValueError(f"clock {clock_mhz} MHz not one of {self.clocks_mhz}")
+        return {"active": int(active), "clock": self.clocks_mhz.index(clock_mhz)}
+
+    @staticmethod
+    def from_env(env: Any) -> "ControllerContext":
+        """Context of a `CommitServeEnv` (unwrapped automatically), with the env as probe."""
+        e = env.unwrapped
+        sc = e.scenario
+        return ControllerContext(
+            scenario=sc.name,
+            n_replicas=e.n_replicas,
+            clocks_mhz=tuple(e.clocks_mhz),
+            reference_clock_mhz=e.profile.reference_clock_mhz,
+            interval_s=e.dt,
+            intervals_per_hour=e.K,
+            horizon_hours=e.H,
+            commitments_j=tuple(float(x) for x in np.asarray(e.commit_j)),
+            lambda_plus=sc.lambda_plus,
+            lambda_minus=sc.lambda_minus,
+            alpha=sc.alpha,
+            epsilon=sc.epsilon,
+            actuation_delay_s=sc.actuation_delay_s,
+            probe=e,
+        )
+
+
+class Controller:
+    """Base class: override `act`; `reset` stores the context."""
+
+    name = "base"
+
+    def reset(self, ctx: ControllerContext, seed: int | None = None) -> None:
+        self.ctx = ctx
+        self.seed = seed
+
+    def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:  # pragma: no cover
+        raise NotImplementedError
