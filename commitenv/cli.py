@@ -86,15 +86,17 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def _check_out(out: str | None) -> Path | None:
+    """Fail early (before any run) when ``out`` cannot become a writable folder; create nothing yet."""
     if out is None:
         return None
     p = Path(out)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot create folder ({e.strerror})") from None
-    if not os.access(p, os.W_OK):
-        raise ValueError(f"--out {out}: folder is not writable")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"--out {out}: cannot create folder ({probe} is a file)")
+    if not os.access(probe, os.W_OK):
+        raise ValueError(f"--out {out}: cannot create folder ({probe} is not writable)")
     return p
 
 
@@ -137,6 +139,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             res.write(out / name, requests=False)
     _print_table(rows)
     if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
         tmp = out / "compare.json.tmp"
         tmp.write_text(json.dumps({"scenario": args.scenario, "seed": args.seed, "results": rows}, indent=2) + "\n")
         tmp.replace(out / "compare.json")
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, PermissionError) as e:
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -35,10 +35,11 @@ class EvalResult:
         """Write summary.json, hourly.csv, requests.csv and overview.png into ``out_dir`` atomically: files
         are built in a temporary folder beside it and moved in only when all succeeded."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if not os.access(out, os.W_OK):
-            raise PermissionError(f"{out}: folder is not writable")
-        tmp = Path(tempfile.mkdtemp(prefix=".commitenv-", dir=out))
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(f"{out}: exists and is not a folder")
+        parent = out.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=parent))
         try:
             (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
             _write_csv(tmp / "hourly.csv", self.hourly)
@@ -48,6 +49,11 @@ class EvalResult:
                 from commitenv.plots import overview_figure
 
                 overview_figure(self, tmp / "overview.png")
+            out.mkdir(exist_ok=True)
+            for f in tmp.iterdir():
+                dest = out / f.name
+                if dest.is_dir():
+                    raise IsADirectoryError(f"{dest}: a folder is in the way of the output file")
             for f in tmp.iterdir():
                 os.replace(f, out / f.name)
         finally:

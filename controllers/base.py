@@ -1,7 +1,7 @@
 """The controller protocol: ``reset(ctx, seed)`` then ``act(observation, info) -> action`` every interval.
 
 The same class runs in ``commitenv run``, in a plain Gymnasium loop and in the leaderboard sandbox. A
-controller that wants what-if prediction uses ``ctx.probe`` (the environment: ``probe.snapshot()`` and
+controller that wants what-if prediction uses ``ctx.probe`` (an `EnvProbe`: ``probe.snapshot()`` and
 ``probe.recent_arrivals(window_s)`` expose only arrived requests and predicted lengths).
 """
 
@@ -19,6 +19,26 @@ class Probe(Protocol):
     def snapshot(self) -> Any: ...
 
     def recent_arrivals(self, window_s: float) -> Any: ...
+
+
+class EnvProbe:
+    """The only door from a controller to the environment: ``snapshot()`` and ``recent_arrivals(window_s)``,
+    both causal. It keeps the environment in closures, not attributes, so the trace, the true lengths and
+    the live engine are not among the probe's attributes (DESIGN: causality is sacred)."""
+
+    __slots__ = ("snapshot", "recent_arrivals")
+
+    def __init__(self, env: Any) -> None:
+        def snapshot() -> Any:
+            """Causal serving state (see `CommitServeEnv.snapshot`)."""
+            return env.snapshot()
+
+        def recent_arrivals(window_s: float) -> Any:
+            """Arrivals of the last ``window_s`` seconds with predicted lengths, shifted to replay from now."""
+            return env.recent_arrivals(window_s)
+
+        self.snapshot = snapshot
+        self.recent_arrivals = recent_arrivals
 
 
 @dataclass(frozen=True)
@@ -48,7 +68,7 @@ class ControllerContext:
 
     @staticmethod
     def from_env(env: Any) -> "ControllerContext":
-        """Context of a `CommitServeEnv` (unwrapped automatically), with the env as probe."""
+        """Context of a `CommitServeEnv` (unwrapped automatically), with an `EnvProbe` on it."""
         e = env.unwrapped
         sc = e.scenario
         return ControllerContext(
@@ -65,7 +85,7 @@ class ControllerContext:
             alpha=sc.alpha,
             epsilon=sc.epsilon,
             actuation_delay_s=sc.actuation_delay_s,
-            probe=e,
+            probe=EnvProbe(e),
         )
 
 

@@ -150,10 +150,16 @@ class CommitServeEnv(gym.Env):
     def _check_action(self, action: Any) -> tuple[int, int]:
         if not isinstance(action, dict) or "active" not in action or "clock" not in action:
             raise ValueError(f"action: expected a dict with keys 'active' and 'clock', got {action!r}")
-        try:
-            a, c = int(np.asarray(action["active"]).item()), int(np.asarray(action["clock"]).item())
-        except (TypeError, ValueError):
-            raise ValueError(f"action: 'active' and 'clock' must be integers, got {action!r}") from None
+        vals = []
+        for key in ("active", "clock"):
+            try:
+                v = np.asarray(action[key]).item()
+            except (TypeError, ValueError):
+                raise ValueError(f"action: 'active' and 'clock' must be integers, got {key}={action[key]!r}") from None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
+                raise ValueError(f"action: 'active' and 'clock' must be integers, got {key}={action[key]!r}")
+            vals.append(int(v))
+        a, c = vals
         if not 1 <= a <= self.n_replicas:
             raise ValueError(f"action['active']: expected 1..{self.n_replicas} replicas, got {a}")
         if not 0 <= c < len(self.clocks_mhz):

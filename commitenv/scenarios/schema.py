@@ -88,7 +88,7 @@ class NoiseSpecModel(_Strict):
 class InitialConfig(_Strict):
     """Configuration in force at the start (default: all replicas at the reference clock)."""
 
-    active: int | None = Field(default=None, ge=0)
+    active: int | None = Field(default=None, ge=1)
     clock_mhz: int | None = Field(default=None, gt=0)
 
 
