@@ -103,13 +103,18 @@ def evaluate(
         bar = tqdm(total=steps, unit="interval", desc=f"{env.scenario.name} / {ctrl.name}", leave=False)
     ret = 0.0
     terminated = False
-    while not terminated:
-        obs, reward, terminated, truncated, info = env.step(ctrl.act(obs, info))
-        ret += reward
+    try:
+        while not terminated:
+            obs, reward, terminated, truncated, info = env.step(ctrl.act(obs, info))
+            ret += reward
+            if bar is not None:
+                bar.update(1)
+    finally:
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()
+        close = getattr(ctrl, "close", None)
+        if callable(close):
+            close()
     wall = time.perf_counter() - t_start
     return score_episode(env, ctrl.name, seed, wall, ret)
 

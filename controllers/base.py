@@ -20,13 +20,15 @@ class Probe(Protocol):
 
     def recent_arrivals(self, window_s: float) -> Any: ...
 
+    def report_planning_delay(self, seconds: float) -> None: ...
+
 
 class EnvProbe:
-    """The only door from a controller to the environment: ``snapshot()`` and ``recent_arrivals(window_s)``,
-    both causal. It keeps the environment in closures, not attributes, so the trace, the true lengths and
+    """The only door from a controller to the environment: ``snapshot()`` and ``recent_arrivals(window_s)``
+    (both causal) and ``report_planning_delay(seconds)``. It keeps the environment in closures, not attributes, so the trace, the true lengths and
     the live engine are not among the probe's attributes (DESIGN: causality is sacred)."""
 
-    __slots__ = ("snapshot", "recent_arrivals")
+    __slots__ = ("snapshot", "recent_arrivals", "report_planning_delay")
 
     def __init__(self, env: Any) -> None:
         def snapshot() -> Any:
@@ -37,8 +39,13 @@ class EnvProbe:
             """Arrivals of the last ``window_s`` seconds with predicted lengths, shifted to replay from now."""
             return env.recent_arrivals(window_s)
 
+        def report_planning_delay(seconds: float) -> None:
+            """The coming action was computed in ``seconds``: it applies that much after the interval starts."""
+            env.report_planning_delay(seconds)
+
         self.snapshot = snapshot
         self.recent_arrivals = recent_arrivals
+        self.report_planning_delay = report_planning_delay
 
 
 @dataclass(frozen=True)

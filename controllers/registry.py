@@ -22,6 +22,19 @@ def register(name: str) -> Callable[[type[Controller]], type[Controller]]:
     return deco
 
 
+def register_factory(name: str, factory: Callable[..., Controller]) -> None:
+    """Register a configured variant (e.g. an ablation flag of another controller) under ``name``."""
+    if name in _REGISTRY:
+        raise ValueError(f"controller name '{name}' is already registered")
+
+    def build(**kwargs) -> Controller:
+        ctrl = factory(**kwargs)
+        ctrl.name = name
+        return ctrl
+
+    _REGISTRY[name] = build
+
+
 def available() -> list[str]:
     """Registered controller names."""
     return sorted(_REGISTRY)

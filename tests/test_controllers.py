@@ -146,4 +146,4 @@ def test_probe_exposes_only_snapshot_and_recent_arrivals():
     env = gym.make(f"commitenv/{HOUR_SCENARIO}-v0")
     probe = ControllerContext.from_env(env).probe
     public = {n for n in dir(probe) if not n.startswith("_")}
-    assert public <= {"snapshot", "recent_arrivals"}, sorted(public)[:20]
+    assert public <= {"snapshot", "recent_arrivals", "report_planning_delay"}, sorted(public)[:20]

@@ -29,6 +29,9 @@ idx   name                     meaning and scaling
 15    misses                   log1p(deadline misses so far) / 10
 ====  =======================  ==============================================================
 
+A controller may report how long its decision took (``report_planning_delay``, through its probe); the
+action then applies that much later, and not at all once it would fall past the interval (stale).
+
 Reward: each step pays minus the change of the current hour's settlement cost as its energy accrues,
 -(C(M_{k+1}) - C(M_k)) with C(M) = lambda_plus [M - E*]+ + lambda_minus [E* - M]+ in kWh-equivalent, minus
 ``miss_penalty_kwh`` per deadline miss when it becomes known (a deadline passing unfinished, or at the
@@ -144,6 +147,7 @@ class CommitServeEnv(gym.Env):
         self._dl_sorted = pool.deadline[self._dl_order]
         self._dl_ptr = 0
         self.tail_energy_j = 0.0
+        self._planning_delay = 0.0
         self.history: list[dict[str, float]] = []
         return self._obs(), self._info(0.0, new_misses=0)
 
@@ -176,8 +180,10 @@ class CommitServeEnv(gym.Env):
         pool = self.pool
         t0 = self.k * self.dt
         t1 = t0 + self.dt
-        t_apply = t0 + self.scenario.actuation_delay_s
-        if (a, c) != self.cfg:
+        t_apply = t0 + self.scenario.actuation_delay_s + self._planning_delay
+        self._planning_delay = 0.0
+        stale = t_apply >= t1
+        if (a, c) != self.cfg and not stale:
             pool.run_until(t_apply)
             if a != self.cfg[0]:
                 pool.set_active(t_apply, a)
@@ -217,6 +223,7 @@ class CommitServeEnv(gym.Env):
         reward = -d_cost - self.scenario.miss_penalty_kwh * new_misses
         self.history.append({"t": t1, "interval_j": interval_j, "active": a, "clock_mhz": self.clocks_mhz[c]})
         info = self._info(interval_j, new_misses=new_misses, settlement=settlement)
+        info["stale_decision"] = stale
         if terminated:
             info["tail_energy_j"] = self.tail_energy_j
         return self._obs(), float(reward), terminated, False, info
@@ -309,6 +316,14 @@ class CommitServeEnv(gym.Env):
         if self.pool is None:
             raise RuntimeError("snapshot() called before reset()")
         return take_snapshot(self.pool)
+
+    def report_planning_delay(self, seconds: float) -> None:
+        """A controller's decision for the coming step takes ``seconds`` to compute (ePACT's asynchronous
+        search): the action then applies at interval start + actuation delay + ``seconds``, or not at all
+        if that is past the interval's end (a stale decision; the current configuration stays)."""
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise ValueError(f"planning delay: expected a finite number of seconds >= 0, got {seconds}")
+        self._planning_delay = float(seconds)
 
     def recent_arrivals(self, window_s: float) -> RequestTable:
         """Arrivals of the last ``window_s`` seconds (predicted output lengths), shifted to replay from now."""

@@ -41,6 +41,9 @@ class WhatIf:
     misses: int  # captured requests predicted to finish after their deadline
     worst_margin_s: float  # min over captured of deadline - predicted finish (inf when none)
     complete: bool  # every captured request finished within the tail limit
+    forecast_n: int = 0  # replayed arrivals followed (track_arrivals)
+    forecast_misses: int = 0  # of those, predicted to miss their deadline
+    forecast_margin_s: float = math.inf  # min deadline - predicted finish over them
 
 
 def take_snapshot(pool: Pool, model: int = 0) -> Snapshot:
@@ -104,9 +107,17 @@ def simulate(
     if pool.captured_left > 0:
         pool.run_until(t + horizon_s + max_tail_s, stop_when_captured_done=True)
     fin = {slot: pool.captured_finish.get(slot, math.inf) for slot in snap.deadlines}
+    f_n = f_miss = 0
+    f_margin = math.inf
     if track_arrivals:
         for i in range(pool.arrived):
-            fin[REPLAY_SLOT_BASE + i] = pool.captured_finish.get(REPLAY_SLOT_BASE + i, math.inf)
+            f = fin[REPLAY_SLOT_BASE + i] = pool.captured_finish.get(REPLAY_SLOT_BASE + i, math.inf)
+            if pool.rejected[i]:
+                continue
+            m = pool._deadline[i] - f
+            f_n += 1
+            f_miss += m < 0
+            f_margin = min(f_margin, m)
     misses = 0
     margin = math.inf
     for slot, dl in snap.deadlines.items():
@@ -115,4 +126,4 @@ def simulate(
             misses += 1
         if m < margin:
             margin = m
-    return WhatIf(energy, fin, misses, margin, pool.captured_left == 0)
+    return WhatIf(energy, fin, misses, margin, pool.captured_left == 0, f_n, int(f_miss), f_margin)
