@@ -147,6 +147,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    if args.paper != "epact":
+        raise ValueError(f"unknown reproduction '{args.paper}'; available: epact")
+    from commitenv.reproduce.epact import run
+
+    out = _check_out(args.out)
+    res = run(out, quick=args.quick, seed=args.seed, workers=args.workers, progress=not args.quiet)
+    print(f"wrote {out}/report.md, results.json and figures ({res['wall_s']:.0f} s)")
+    return 0
+
+
 def _cmd_scenarios(args: argparse.Namespace) -> int:
     from commitenv.scenarios import describe_scenarios
 
@@ -201,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=None, help="folder for compare.json and one sub-folder per controller")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=_cmd_compare)
+    rp = sub.add_parser("reproduce", help="reproduce a paper's tables (epact) and write a report")
+    rp.add_argument("paper", choices=["epact"])
+    rp.add_argument("--quick", action="store_true", help="a reduced set (single hour, alpha 3, both GPUs)")
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--workers", type=int, default=None, help="ePACT what-if processes (default: all cores)")
+    rp.add_argument("--out", default="runs/reproduce-epact")
+    rp.add_argument("--quiet", action="store_true")
+    rp.set_defaults(func=_cmd_reproduce)
     sub.add_parser("scenarios", help="list registered scenarios").set_defaults(func=_cmd_scenarios)
     sub.add_parser("profiles", help="list shipped GPU x model profiles").set_defaults(func=_cmd_profiles)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=_cmd_workloads)

@@ -116,7 +116,11 @@ def evaluate(
         if callable(close):
             close()
     wall = time.perf_counter() - t_start
-    return score_episode(env, ctrl.name, seed, wall, ret)
+    res = score_episode(env, ctrl.name, seed, wall, ret)
+    stats = getattr(ctrl, "stats", None)
+    if callable(stats):
+        res.summary.update(stats())
+    return res
 
 
 def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, episode_return: float) -> EvalResult:

@@ -1,0 +1,1 @@
+"""Reproductions of the papers' tables (``commitenv reproduce NAME``)."""
