@@ -99,13 +99,17 @@ class EPACT(Controller):
         snap = ctx.probe.snapshot()
         replay = ctx.probe.recent_arrivals(self.replay_window_s or ctx.interval_s)
         track = self.slo_scope == "captured+forecast"
-        n_cap = snap.n_requests + (len(replay) if track else 0)
+        n_cap = snap.n_requests  # |I_k|; with the forecast in scope, plus the replayed arrivals followed
         current = self.catalog.nearest(int(info["active"]), int(info["clock_mhz"]))
         results: dict[Rank, Evaluation] = {}
+        self.workers.begin(snap, replay, ctx.interval_s, self.max_tail_s, track)
 
         def evaluate(batch: list[Rank]) -> None:
+            nonlocal n_cap
             configs = [self.catalog.config(r) for r in batch]
-            preds = self.workers.evaluate(snap, replay, ctx.interval_s, configs, self.max_tail_s, track)
+            preds = self.workers.evaluate(configs)
+            if track:
+                n_cap = snap.n_requests + preds[0].forecast_n
             for r, (a, c), w in zip(batch, configs, preds):
                 if track:
                     results[r] = Evaluation(a, c, w.energy_j, w.misses + w.forecast_misses,

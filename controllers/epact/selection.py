@@ -29,8 +29,9 @@ def deviation_cost(energy: float, target: float, lambda_plus: float, lambda_minu
 
 
 def admitted(ev: Evaluation, n_captured: int, epsilon: float) -> bool:
-    """Eq. 2: predicted misses <= epsilon |I_k| (vacuous for an empty snapshot)."""
-    return ev.valid and ev.misses <= epsilon * n_captured
+    """Eq. 2: predicted misses <= epsilon |I_k| (vacuous for an empty snapshot); compared as integers so
+    that e.g. 29 misses pass at epsilon 0.29 with |I_k| = 100 despite floating-point rounding."""
+    return ev.valid and ev.misses <= math.floor(epsilon * n_captured + 1e-9)
 
 
 def rank_key(ev: Evaluation, target: float, lambda_plus: float, lambda_minus: float, n_captured: int,

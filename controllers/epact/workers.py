@@ -40,16 +40,23 @@ class WhatIfWorkers:
             method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
             self._pool = mp.get_context(method).Pool(self.n)
 
-    def evaluate(self, snap: Any, replay: Any, horizon_s: float, configs: list[tuple[int, int]],
-                 max_tail_s: float = 3600.0, track_arrivals: bool = False) -> list[WhatIf]:
-        """Predictions for ``configs`` ((active, clock MHz) pairs), in order."""
+    def begin(self, snap: Any, replay: Any, horizon_s: float, max_tail_s: float = 3600.0,
+              track_arrivals: bool = False) -> None:
+        """Start a decision: its snapshot and forecast are pickled once for all of its batches."""
+        self._decision += 1
+        self._args = (snap, replay, horizon_s, max_tail_s, track_arrivals)
+        self._blob: bytes | None = None
+
+    def evaluate(self, configs: list[tuple[int, int]]) -> list[WhatIf]:
+        """Predictions for ``configs`` ((active, clock MHz) pairs) of the current decision, in order."""
+        snap, replay, horizon_s, max_tail_s, track = self._args
         if self.n == 0 or len(configs) == 1:
-            return [simulate(snap, a, c, horizon_s, replay, max_tail_s=max_tail_s, track_arrivals=track_arrivals)
+            return [simulate(snap, a, c, horizon_s, replay, max_tail_s=max_tail_s, track_arrivals=track)
                     for a, c in configs]
         self._ensure()
-        self._decision += 1
-        blob = pickle.dumps((snap, replay, horizon_s, max_tail_s, track_arrivals), protocol=pickle.HIGHEST_PROTOCOL)
-        tasks = [(self._decision, blob, a, c) for a, c in configs]
+        if self._blob is None:
+            self._blob = pickle.dumps(self._args, protocol=pickle.HIGHEST_PROTOCOL)
+        tasks = [(self._decision, self._blob, a, c) for a, c in configs]
         return self._pool.map(_evaluate, tasks, chunksize=1)
 
     def close(self) -> None:
