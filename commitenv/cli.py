@@ -128,12 +128,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from commitenv.evaluation import evaluate
     from controllers import available
 
-    names = [c for c in args.controllers.split(",") if c] if args.controllers else available()
+    explicit = bool(args.controllers)
+    names = [c for c in args.controllers.split(",") if c] if explicit else available()
     _resolve_names(args.scenario, names)
     out = _check_out(args.out)
     rows = []
     for name in names:
-        res = evaluate(name, args.scenario, seed=args.seed, progress=not args.quiet)
+        try:
+            res = evaluate(name, args.scenario, seed=args.seed, progress=not args.quiet)
+        except ImportError as e:
+            if explicit:
+                raise ValueError(f"controller '{name}' cannot run here: {e}") from None
+            print(f"skipped {name}: {e}", file=sys.stderr)
+            continue
         rows.append(res.summary)
         if out is not None:
             res.write(out / name, requests=False)
