@@ -1,0 +1,70 @@
+"""Per-request energy attribution with StepSplit: closed-form Shapley shares from the step log, exact and sampled
+Shapley values, the scheduler-replay game on the engine itself, baselines, an online ledger and the MoE split.
+
+Typical use on one window served from an idle engine (players are the window table's rows)::
+
+    law = StepLaw.from_profiles(profile, layout, clock_mhz)            # or StepLaw.from_pool(pool)
+    cf = closed_form_for(pool.log, table, law)                           # Proposition 5.1, sums to logged energy
+    game = ReplayGame(table, profile, layout, clock_mhz=clock_mhz)       # the engine replays every coalition
+    res = replay_shapley(game, control=model_game_for(pool.log, table, law), n_pairs=20,
+                         total_j=cf.total_j)                             # replay-corrected, sums to the total
+"""
+
+from commitenv.attribution.baselines import solo_split, time_sharing_split, token_split
+from commitenv.attribution.closed_form import Attribution, closed_form, closed_form_from_log, l1_distance
+from commitenv.attribution.law import OwnTracker, StepLaw, StepTable, decompose
+from commitenv.attribution.ledger import Ledger, WindowSettlement, ledger_horizon
+from commitenv.attribution.moe import moe_game, moe_split
+from commitenv.attribution.replay import (
+    ReplayGame,
+    ReplayResult,
+    closed_form_for,
+    model_game_for,
+    replay_shapley,
+)
+from commitenv.attribution.shapley import (
+    FunctionGame,
+    ModelGame,
+    ShapleyEstimate,
+    TabularGame,
+    coalition_values,
+    exact_shapley,
+    marginals,
+    sample_permutations,
+    sample_shapley,
+    shapley_from_values,
+)
+
+__all__ = [
+    "Attribution",
+    "FunctionGame",
+    "Ledger",
+    "ModelGame",
+    "OwnTracker",
+    "ReplayGame",
+    "ReplayResult",
+    "ShapleyEstimate",
+    "StepLaw",
+    "StepTable",
+    "TabularGame",
+    "WindowSettlement",
+    "closed_form",
+    "closed_form_for",
+    "closed_form_from_log",
+    "coalition_values",
+    "decompose",
+    "exact_shapley",
+    "l1_distance",
+    "ledger_horizon",
+    "marginals",
+    "model_game_for",
+    "moe_game",
+    "moe_split",
+    "replay_shapley",
+    "sample_permutations",
+    "sample_shapley",
+    "shapley_from_values",
+    "solo_split",
+    "time_sharing_split",
+    "token_split",
+]
