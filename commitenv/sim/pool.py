@@ -69,6 +69,9 @@ class StepLogEntry:
     slots: tuple[int, ...]
     new_tokens: tuple[int, ...]
     computed_before: tuple[int, ...]
+    decode: tuple[bool, ...] = ()  # per member: a decode token (n, L terms) rather than a prefill chunk
+    clock_mhz: int = 0  # clock the segment ran at
+    share: float = 1.0  # SM share of the replica
 
 
 @dataclass
@@ -123,6 +126,7 @@ class Pool:
         noise = self.opt.noise
         self.noise = None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas))
         self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
+        self.on_step = None  # optional callable(StepLogEntry), called as each segment (or part) is booked
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []
         self._pending: list[Replica] = []
@@ -196,7 +200,7 @@ class Pool:
         heapq.heappush(self.heap, (t, kind, self._seq, idx, version))
 
     def _start(self, rep: Replica, t: float) -> None:
-        if rep.start(t, self.noise, self.opt.closed_form, self.log):
+        if rep.start(t, self.noise, self.opt.closed_form, self.log is not None or self.on_step is not None):
             rep.version += 1
             self._push(rep.t1, EV_SEG, rep.index, rep.version)
         elif rep.state == DRAINING and not rep.has_work():
@@ -309,8 +313,12 @@ class Pool:
     def _book(self, rep: Replica, t0: float, t1: float, energy: float, floor_j: float, entry: tuple | None,
               n_steps: int) -> None:
         rep.gpu.book(energy, floor_j)
-        if self.log is not None and entry is not None:
-            self.log.append(StepLogEntry(rep.gpu.index, rep.index, t0, t1, n_steps, energy, *entry))
+        if entry is not None and (self.log is not None or self.on_step is not None):
+            e = StepLogEntry(rep.gpu.index, rep.index, t0, t1, n_steps, energy, *entry)
+            if self.log is not None:
+                self.log.append(e)
+            if self.on_step is not None:
+                self.on_step(e)
 
     def _finish_segment(self, rep: Replica, t: float) -> None:
         n_steps = rep.run_k if rep.seg == SEG_RUN else 1
@@ -471,7 +479,7 @@ class Pool:
                     t0, t1, e, floor_j, m = part
                     self._book(rep, t0, t1, e, floor_j, entry, m)
                     if entry is not None:
-                        rep.seg_log = (entry[0], entry[1], tuple(c + m for c in entry[2]))
+                        rep.seg_log = (entry[0], entry[1], tuple(c + m for c in entry[2])) + tuple(entry[3:])
 
     def energy_j(self, t: float | None = None) -> float:
         """Pool energy (J) metered from the start to ``t`` (default: now)."""
@@ -494,6 +502,7 @@ class Pool:
         c.heap, c._seq = [], 0
         c.noise = None
         c.log = None
+        c.on_step = None
         c.gpus, c.replicas = [], []
         for g in self.gpus:
             ng = GPU(g.index, g.clock_idx)

@@ -157,7 +157,7 @@ class Replica:
 
 
     # ----------------------------------------------------------------------------------------- segments
-    def start(self, t: float, noise, closed_form: bool, log: list | None) -> bool:
+    def start(self, t: float, noise, closed_form: bool, record: bool) -> bool:
         """Schedule and start the next segment at time ``t``. Returns False when there is nothing to run."""
         batch, preempted = self.schedule()
         if not batch:
@@ -169,12 +169,15 @@ class Replica:
         n = 0
         L = 0
         all_decode = True
+        flags = []
         for r, k in batch:
             if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:
                 n += 1
                 L += r.computed + 1
+                flags.append(True)
             else:
                 all_decode = False
+                flags.append(False)
                 P += k
                 A += k * r.computed + k * (k + 1) // 2
         ft, fe = noise.draw(self.index) if noise is not None else (1.0, 1.0)
@@ -198,16 +201,18 @@ class Replica:
                 self.F = c.kappa * n
                 self.t1 = t + ft * (kmax * self.T0 + self.D * kmax * (kmax - 1) / 2)
                 self.seg_energy = fe * (kmax * self.E0 + self.F * kmax * (kmax - 1) / 2)
-                if log is not None:
-                    self.seg_log = (tuple(r.slot for r in reqs), tuple(1 for _ in reqs), tuple(r.computed for r in reqs))
+                if record:
+                    self.seg_log = (tuple(r.slot for r in reqs), tuple(1 for _ in reqs), tuple(r.computed for r in reqs),
+                                    tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
                 return True
         dt = ft * c.step_time(P, n, L, A)
         self.seg = SEG_STEP
         self.batch = batch
         self.t1 = t + dt
         self.seg_energy = fe * c.step_energy(P, n, L, A)
-        if log is not None:
-            self.seg_log = (tuple(r.slot for r, _ in batch), tuple(k for _, k in batch), tuple(r.computed for r, _ in batch))
+        if record:
+            self.seg_log = (tuple(r.slot for r, _ in batch), tuple(k for _, k in batch), tuple(r.computed for r, _ in batch),
+                            tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
         return True
 
     def _kv_steps(self, batch: list[tuple[Req, int]], kmax: int) -> int:
