@@ -108,6 +108,7 @@ def _report(results: dict, day_paper: dict, hour_paper: dict, pl: Plan) -> str:
         lines += ["## Table 1: 24 hours, alpha 3", "",
                   "| GPU | method | attainment % (paper) | mean abs dev % (paper) | hours within 5 % (paper) | "
                   "cost kWh-eq (paper) | energy MJ (paper) |", "|---|---|---|---|---|---|---|"]
+        notes = []
         for gpu in pl.days:
             vllm_cost = results["day"].get(f"{gpu}/vllm", {}).get("summary", {}).get("cost_kwh_eq")
             for c in pl.day_controllers:
@@ -119,14 +120,12 @@ def _report(results: dict, day_paper: dict, hour_paper: dict, pl: Plan) -> str:
                     f"| {s['hours_within_5pct']} ({p.get('hours_within_5pct', '-')}) "
                     f"| {_fmt(s['cost_kwh_eq'], 3)} ({_fmt(p.get('cost_kwh_eq'), 3)}) "
                     f"| {_fmt(s['energy_mj'], 1)} ({_fmt(p.get('energy_mj'), 1)}) |")
-            if vllm_cost:
-                e = results["day"].get(f"{gpu}/epact", {}).get("summary")
-                if e:
-                    lines.append("")
-                    lines.append(f"{gpu.upper()}: ePACT cost = {100 * e['cost_kwh_eq'] / vllm_cost:.1f} % of vLLM's "
-                                 f"(paper: {'26.2' if gpu == 'h20' else '24.3'} %); attainment gap to vLLM "
-                                 f"{e['attainment_pct'] - results['day'][f'{gpu}/vllm']['summary']['attainment_pct']:+.2f} pp.")
-        lines.append("")
+            e = results["day"].get(f"{gpu}/epact", {}).get("summary")
+            if vllm_cost and e:
+                gap = e["attainment_pct"] - results["day"][f"{gpu}/vllm"]["summary"]["attainment_pct"]
+                notes.append(f"- {gpu.upper()}: ePACT cost = {100 * e['cost_kwh_eq'] / vllm_cost:.1f} % of vLLM's "
+                             f"(paper: {'26.2' if gpu == 'h20' else '24.3'} %); attainment gap to vLLM {gap:+.2f} pp.")
+        lines += [""] + notes + [""]
     lines += ["## Tables 2-3: single hour (signed deviation %, positive = overuse)", "",
               "| GPU | setting | method | " + " | ".join(f"attain a{a} (paper) | dev a{a} (paper)" for a in ("2.5", "3", "3.5")) + " |",
               "|---|---|---|" + "---|---|" * 3]
@@ -143,7 +142,7 @@ def _report(results: dict, day_paper: dict, hour_paper: dict, pl: Plan) -> str:
                 s = r["summary"]
                 dev = 100.0 * (s["energy_mj"] - s["commitment_mj"]) / s["commitment_mj"]
                 cells.append(f"{_fmt(s['attainment_pct'])} ({_fmt(p.get(f'attain_{a}'))}) | "
-                             f"{dev:+.2f} ({_fmt(p.get(f'dev_{a}'))})")
+                             f"{dev:+.3f} ({_fmt(p.get(f'dev_{a}'))})")
             lines.append(f"| {gpu.upper()} | {setting} | {PAPER_NAMES[c]} | " + " | ".join(cells) + " |")
     lines += ["", "## Planning time per decision", "", "| run | mean s | p95 s | configurations per decision |",
               "|---|---|---|---|"]
