@@ -1,5 +1,5 @@
 """The ``commitenv`` command line: run and compare controllers on scenarios, simulate a fixed configuration,
-list scenarios, profiles and workloads."""
+bill the requests of a finished run, list scenarios, profiles and workloads."""
 
 from __future__ import annotations
 
@@ -165,6 +165,113 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+_REPRODUCED = ("energy_mj", "cost_kwh_eq", "attainment_pct", "misses", "requests")
+
+
+def _cmd_attribute(args: argparse.Namespace) -> int:
+    """Bill every request of a finished run: re-run its deterministic episode with attribution on (no step log
+    is stored with a run), check that it reproduces summary.json, write bills.csv into the run folder."""
+    import numpy as np
+
+    from commitenv.evaluation import run_episode, write_bills
+
+    run = Path(args.run_dir)
+    spath = run / "summary.json"
+    if not run.is_dir():
+        raise ValueError(f"{run}: not a folder; expected the --out folder of `commitenv run`")
+    try:
+        summary = json.loads(spath.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{spath}: not found; expected the --out folder of `commitenv run`") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{spath}: not valid JSON ({e})") from None
+    missing = [k for k in ("scenario", "controller", "seed") if k not in summary]
+    if missing:
+        raise ValueError(f"{spath}: missing {', '.join(missing)}; cannot re-run the episode")
+    if args.pairs < 2:
+        raise ValueError(f"--pairs: need at least 2 antithetic pairs for an error bar, got {args.pairs}")
+    if args.window < 1:
+        raise ValueError(f"--window: expected at least 1 request, got {args.window}")
+    if not os.access(run, os.W_OK):
+        raise ValueError(f"{run}: not writable; cannot write bills.csv")
+    scenario = args.scenario or summary.get("scenario_file") or summary["scenario"]
+    controller, seed = summary["controller"], int(summary["seed"])
+    try:
+        _resolve_names(scenario, [controller])
+    except ValueError as e:
+        raise ValueError(f"{spath}: cannot re-run the episode: {e}"
+                         + ("" if args.scenario else " (give the scenario with --scenario NAME_OR_FILE)")) from None
+    env, res = run_episode(controller, scenario, seed, progress=not args.quiet, attribution=True)
+    for k in _REPRODUCED:
+        if k in summary and not _close(summary[k], res.summary.get(k)):
+            raise ValueError(
+                f"{spath}: re-running {controller} on {scenario} (seed {seed}) gives {k} = {res.summary.get(k)}, "
+                f"but the run recorded {summary[k]}; the bills would not belong to this run (another code version, "
+                f"scenario file or controller setting?)"
+            )
+    bills = dict(res.bills)
+    total = float(bills["total_j"].sum())
+    metered = float(env.pool.energy_j())
+    report = {
+        "run": str(run),
+        "scenario": res.scenario,
+        "controller": controller,
+        "seed": seed,
+        "requests": int(np.count_nonzero(env.pool.replica_of >= 0)),
+        "busy_mj": total / 1e6,
+        "idle_mj": (metered - total) / 1e6,
+        "tenant_mj": {env.table.tenant_names[t]: float(bills["total_j"][bills["tenant"] == t].sum() / 1e6)
+                      for t in np.unique(bills["tenant"]).tolist()},
+    }
+    if args.replay:
+        from commitenv.attribution.windows import attribution_windows, replay_correction
+
+        n_win = len(attribution_windows(env.pool.replica_of, args.window))
+        todo = n_win if args.max_windows is None else min(n_win, args.max_windows)
+        bar = None
+        if not args.quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=todo, unit="window", desc="replay", leave=False)
+        try:
+            corr = replay_correction(
+                env.table, bills["total_j"], env.profile, env.pool.replica_of, finish_s=env.pool.finish_t,
+                actions=env.actions, initial_clock_mhz=env.clocks_mhz[env._init_clock], window=args.window,
+                n_pairs=args.pairs, seed=seed, max_windows=args.max_windows,
+                progress=None if bar is None else (lambda k: bar.update(1)),
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        bills["replay_j"] = corr.shares
+        bills["replay_se_j"] = corr.se
+        report["replay"] = corr.as_dict()
+    tmp = run / f".bills.csv.tmp-{os.getpid()}"
+    try:
+        write_bills(tmp, bills)
+        tmp.replace(run / "bills.csv")
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"{report['requests']} requests billed: busy {report['busy_mj']:.4f} MJ (shares), idle "
+          f"{report['idle_mj']:.4f} MJ (not billed)")
+    for name, mj in report["tenant_mj"].items():
+        print(f"  tenant {name}: {mj:.4f} MJ")
+    if args.replay:
+        r = report["replay"]
+        print(f"replay correction: {r['windows']} of {r['windows_total']} windows ({r['requests']} requests, "
+              f"{r['pairs']} pairs, {r['exact_windows']} exact): L1 distance to the closed form "
+              f"{100 * r['l1_vs_closed_form']:.3f} % +- {100 * r['l1_noise']:.3f} % (sampling noise)")
+    print(f"wrote {run / 'bills.csv'}")
+    print(json.dumps(report))
+    return 0
+
+
+def _close(a, b, rel: float = 1e-9) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= rel * max(abs(a), abs(b)) + 1e-12
+    return a == b
+
+
 def _cmd_scenarios(args: argparse.Namespace) -> int:
     from commitenv.scenarios import describe_scenarios
 
@@ -227,6 +334,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="runs/reproduce-epact")
     rp.add_argument("--quiet", action="store_true")
     rp.set_defaults(func=_cmd_reproduce)
+    at = sub.add_parser("attribute", help="bill every request of a finished run (bills.csv; StepSplit shares)")
+    at.add_argument("run_dir", help="a run folder (the --out of `commitenv run`)")
+    at.add_argument("--replay", action="store_true",
+                    help="also apply the scheduler-replay correction per attribution window (replay_j, replay_se_j)")
+    at.add_argument("--pairs", type=int, default=10, help="antithetic permutation pairs per window (--replay)")
+    at.add_argument("--window", type=int, default=16, help="requests per attribution window (--replay)")
+    at.add_argument("--max-windows", type=int, default=None, help="replay only the first N windows (--replay)")
+    at.add_argument("--scenario", default=None, help="scenario name or file, when summary.json does not locate it")
+    at.add_argument("--quiet", action="store_true", help="no progress bars")
+    at.set_defaults(func=_cmd_attribute)
     sub.add_parser("scenarios", help="list registered scenarios").set_defaults(func=_cmd_scenarios)
     sub.add_parser("profiles", help="list shipped GPU x model profiles").set_defaults(func=_cmd_profiles)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=_cmd_workloads)

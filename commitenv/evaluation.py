@@ -1,5 +1,26 @@
 """Evaluate a controller on a scenario: hourly table, request table and the paper's Table 1 summary, computed
-from the engine's records (never from rewards), written as CSV/JSON/PNG without half-written outputs."""
+from the engine's records (never from rewards), written as CSV/JSON/PNG without half-written outputs.
+
+With ``evaluate(..., attribution=True)`` the run also bills every request (StepSplit closed form, see
+`commitenv.attribution.online`): ``EvalResult.bills`` and ``bills.csv`` with one row per request,
+
+=================  ===========================================================================================
+request_id         the trace's request id
+tenant             tenant index (as in requests.csv; names in the table's ``tenant_names``)
+prompt_tokens      prompt length
+output_tokens      output tokens served (capped at the context limit, as in requests.csv)
+own_j              the request's own energy (its prefill and decode terms of the energy law), J
+shared_j           its part of the per-step shared energy (a / m of every step it was in), J
+total_j            own_j + shared_j: its Shapley share of the metered busy energy, J
+token_split_j      the Token baseline: the run's busy energy split by prompt + 5 x output tokens, J
+=================  ===========================================================================================
+
+Every step's metered energy is split (tail after the horizon included), so ``total_j`` sums to the run's busy
+energy; idle energy (the floor while no step runs) is billed to no request. A run folder without bills gets
+them from ``commitenv attribute RUN_DIR``, which re-runs the deterministic episode (scenario, controller and seed
+from summary.json; controller arguments are not recorded, so the controller runs with its defaults, as
+``commitenv run`` runs it) and checks that it reproduces the recorded scores, rather than storing a step log.
+"""
 
 from __future__ import annotations
 
@@ -30,10 +51,12 @@ class EvalResult:
     requests: dict[str, np.ndarray]
     summary: dict[str, Any]
     history: list[dict[str, float]] = field(default_factory=list)
+    bills: dict[str, np.ndarray] | None = None  # per-request energy bills (BILL_COLUMNS) when attributed
 
-    def write(self, out_dir: str | Path, *, requests: bool = True, figure: bool = True) -> Path:
-        """Write summary.json, hourly.csv, requests.csv and overview.png into ``out_dir`` atomically: files
-        are built in a temporary folder beside it and moved in only when all succeeded."""
+    def write(self, out_dir: str | Path, *, requests: bool = True, figure: bool = True, bills: bool = True) -> Path:
+        """Write summary.json, hourly.csv, requests.csv, bills.csv (when the run was attributed) and
+        overview.png into ``out_dir`` atomically: files are built in a temporary folder beside it and moved in
+        only when all succeeded."""
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise NotADirectoryError(f"{out}: exists and is not a folder")
@@ -45,6 +68,8 @@ class EvalResult:
             _write_csv(tmp / "hourly.csv", self.hourly)
             if requests:
                 _write_columns(tmp / "requests.csv", self.requests)
+            if bills and self.bills is not None:
+                write_bills(tmp / "bills.csv", self.bills)
             if figure:
                 from commitenv.plots import overview_figure
 
@@ -69,6 +94,17 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
+BILL_COLUMNS = ("request_id", "tenant", "prompt_tokens", "output_tokens", "own_j", "shared_j", "total_j",
+                "token_split_j")
+
+
+def write_bills(path: Path, bills: dict[str, np.ndarray]) -> None:
+    """``bills.csv``: `BILL_COLUMNS` first, then any extra columns (e.g. the replay correction)."""
+    cols = {k: bills[k] for k in BILL_COLUMNS}
+    cols.update({k: v for k, v in bills.items() if k not in cols})
+    _write_columns(path, cols)
+
+
 def _write_columns(path: Path, cols: dict[str, np.ndarray]) -> None:
     names = list(cols)
     fmt = []
@@ -85,13 +121,29 @@ def evaluate(
     *,
     progress: bool = False,
     controller_kwargs: dict[str, Any] | None = None,
+    attribution: bool = False,
 ) -> EvalResult:
-    """Run ``controller`` (a name or an instance) on ``scenario`` for one episode and score it."""
+    """Run ``controller`` (a name or an instance) on ``scenario`` for one episode and score it; with
+    ``attribution`` also bill every request (``EvalResult.bills``, written as bills.csv)."""
+    return run_episode(controller, scenario, seed, progress=progress, controller_kwargs=controller_kwargs,
+                       attribution=attribution)[1]
+
+
+def run_episode(
+    controller: Any,
+    scenario: str | Scenario,
+    seed: int = 0,
+    *,
+    progress: bool = False,
+    controller_kwargs: dict[str, Any] | None = None,
+    attribution: bool = False,
+) -> tuple[Any, EvalResult]:
+    """`evaluate`, also returning the finished environment (its pool, table, actions and attributor)."""
     from commitenv.envs import CommitServeEnv
     from controllers import ControllerContext, make
 
     ctrl = make(controller, **(controller_kwargs or {})) if isinstance(controller, str) else controller
-    env = CommitServeEnv(scenario)
+    env = CommitServeEnv(scenario, attribution=attribution)
     t_start = time.perf_counter()
     obs, info = env.reset(seed=seed)
     ctrl.reset(ControllerContext.from_env(env), seed)
@@ -120,7 +172,7 @@ def evaluate(
     stats = getattr(ctrl, "stats", None)
     if callable(stats):
         res.summary.update(stats())
-    return res
+    return env, res
 
 
 def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, episode_return: float) -> EvalResult:
@@ -148,6 +200,9 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
         for h in range(H)
     ]
     summary: dict[str, Any] = {"scenario": sc.name, "controller": controller_name, "seed": seed}
+    src = _scenario_file(sc)
+    if src is not None:
+        summary["scenario_file"] = src  # a scenario not shipped: where `commitenv attribute` finds it again
     summary.update(summarize(energy, commit, sc.lambda_plus, sc.lambda_minus, slo))
     summary.update(
         {
@@ -172,4 +227,40 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
         "met": pool.finish_t <= pool.deadline,
         "preemptions": pool.preemptions.astype(np.int64),
     }
-    return EvalResult(sc.name, controller_name, seed, hourly, requests, summary, list(env.history))
+    bills = bill_table(env) if getattr(env, "attributor", None) is not None else None
+    return EvalResult(sc.name, controller_name, seed, hourly, requests, summary, list(env.history), bills)
+
+
+def bill_table(env: Any) -> dict[str, np.ndarray]:
+    """Per-request bills of an attributed episode of ``env`` (`BILL_COLUMNS`, aligned with the table's rows)."""
+    from commitenv.attribution.online import token_split_bills
+
+    table, pool = env.table, env.pool
+    b = env.bills()
+    served = pool.replica_of >= 0
+    return {
+        "request_id": table.request_id.astype(np.int64),
+        "tenant": table.tenant.astype(np.int64),
+        "prompt_tokens": table.prompt_tokens.astype(np.int64),
+        "output_tokens": pool.out_tokens.astype(np.int64),
+        "own_j": b["own_j"],
+        "shared_j": b["shared_j"],
+        "total_j": b["total_j"],
+        "token_split_j": token_split_bills(table.prompt_tokens, pool.out_tokens, float(b["total_j"].sum()), served),
+    }
+
+
+def _scenario_file(sc: Scenario) -> str | None:
+    """The file ``sc`` was read from when it is not a shipped scenario (None for shipped or in-memory ones)."""
+    src = sc._source
+    if not src:
+        return None
+    try:
+        from commitenv.scenarios.loader import resolve_scenario
+
+        path, shipped = resolve_scenario(sc.name)
+        if shipped and Path(path).resolve() == Path(src).resolve():
+            return None
+    except (ValueError, OSError):  # no shipped scenario of that name
+        pass
+    return str(Path(src).resolve())

@@ -8,6 +8,15 @@ Typical use on one window served from an idle engine (players are the window tab
     game = ReplayGame(table, profile, layout, clock_mhz=clock_mhz)       # the engine replays every coalition
     res = replay_shapley(game, control=model_game_for(pool.log, table, law), n_pairs=20,
                          total_j=cf.total_j)                             # replay-corrected, sums to the total
+
+Online on a running pool (what `CommitServeEnv(..., attribution=True)` uses; no step log kept)::
+
+    att = PoolAttributor(pool)                 # hooks pool.on_step; pool attached to its table
+    pool.run_until(t); pool.settle(t)
+    split = att.close(t)                       # PeriodSplit: metered = busy (shares) + idle, per tenant
+    att.own_j, att.shared_j                    # per-request bills so far (final once finished)
+
+`windows.replay_correction` applies the scheduler-replay correction to a finished run's bills, window by window.
 """
 
 from commitenv.attribution.baselines import solo_split, time_sharing_split, token_split
@@ -15,6 +24,7 @@ from commitenv.attribution.closed_form import Attribution, closed_form, closed_f
 from commitenv.attribution.law import OwnTracker, StepLaw, StepTable, decompose
 from commitenv.attribution.ledger import Ledger, WindowSettlement, ledger_horizon
 from commitenv.attribution.moe import moe_game, moe_split
+from commitenv.attribution.online import PeriodSplit, PoolAttributor, token_split_bills
 from commitenv.attribution.replay import (
     ReplayGame,
     ReplayResult,
@@ -41,6 +51,8 @@ __all__ = [
     "Ledger",
     "ModelGame",
     "OwnTracker",
+    "PeriodSplit",
+    "PoolAttributor",
     "ReplayGame",
     "ReplayResult",
     "ShapleyEstimate",
@@ -67,4 +79,5 @@ __all__ = [
     "solo_split",
     "time_sharing_split",
     "token_split",
+    "token_split_bills",
 ]

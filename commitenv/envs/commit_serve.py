@@ -41,6 +41,23 @@ end, after the tail runs to completion). Since C(0) = lambda_minus E*, an episod
 
 i.e. minus the score up to the constant ``reward_offset_kwh`` (reported in ``info``). Scores themselves
 are computed by `commitenv.metrics` from the engine's records, never from rewards.
+
+Attribution (``CommitServeEnv(..., attribution=True)``; off by default: it makes a run about 40 % slower, mostly
+because the engine must then report every step, and adds a nested ``info`` entry): StepSplit's closed-form
+Shapley shares of the metered energy, per request and per tenant (`commitenv.attribution.PoolAttributor`).
+Every step's ``info["attribution"]`` then holds
+
+* ``"interval"``: ``start_s``, ``end_s``, ``energy_j`` (metered), ``busy_j`` (the energy of the steps run in the
+  interval, split among the requests in them), ``idle_j`` (``energy_j - busy_j``: the idle floor of the time no
+  step covers; billed to no request) and ``tenant_j`` ({tenant name: joules}, tenants seen so far; sums to
+  ``busy_j``). A step in flight at the boundary is split where the meter splits it.
+* ``"hour"`` (when an hour settles): the same for the hour, plus ``cost_kwh_eq`` (the hour's settlement cost),
+  ``tenant_cost_kwh_eq`` ({tenant: cost x tenant energy / hour energy}) and ``idle_cost_kwh_eq`` (cost x idle /
+  hour energy, the operator's part); tenant and idle costs add up to the settlement cost.
+* ``"tail"`` (at the end): the same for the completion tail after the horizon (not settled).
+
+A request's share spans the periods its steps ran in; ``env.bills()`` gives the per-request totals (final at the
+end of the episode): own energy, shared energy, and their sum, which add up to the run's busy energy.
 """
 
 from __future__ import annotations
@@ -52,6 +69,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, signed_deviation_pct, slo_outcome
 from commitenv.scenarios import commitments_mj, engine_options, load_scenario, scenario_profile, scenario_workload
 from commitenv.scenarios.schema import Scenario
@@ -85,7 +103,10 @@ class CommitServeEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, scenario: str | Scenario = "epact-h200-hour-fixed-a30", render_mode: str | None = None) -> None:
+    def __init__(self, scenario: str | Scenario = "epact-h200-hour-fixed-a30", render_mode: str | None = None,
+                 attribution: bool = False) -> None:
+        self.attribution = bool(attribution)
+        self.attributor: PoolAttributor | None = None
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode: expected one of {self.metadata['render_modes']} or None, got {render_mode!r}")
@@ -134,6 +155,10 @@ class CommitServeEnv(gym.Env):
             pool.set_active(0.0, self._init_active)
         pool.attach(table)
         self.pool = pool
+        self.actions: list[tuple] = []  # ("active" | "clock", t_apply, value): what the controller changed, when
+        self.attributor = PoolAttributor(pool) if self.attribution else None
+        self._attr_hour: list[PeriodSplit] = []
+        self._tenant_seen = np.zeros(len(table.tenant_names), dtype=bool)
         self.k = 0
         self.cfg = (self._init_active, self._init_clock)
         self.e_prev = 0.0
@@ -187,11 +212,14 @@ class CommitServeEnv(gym.Env):
             pool.run_until(t_apply)
             if a != self.cfg[0]:
                 pool.set_active(t_apply, a)
+                self.actions.append(("active", t_apply, a))
             if c != self.cfg[1]:
                 pool.set_clock(t_apply, self.clocks_mhz[c])
+                self.actions.append(("clock", t_apply, self.clocks_mhz[c]))
             self.cfg = (a, c)
         pool.run_until(t1)
         pool.settle(t1)
+        split = self.attributor.close(t1) if self.attributor is not None else None
         e_now = pool.energy_j(t1)
         interval_j = e_now - self.e_prev
         h = self.k // self.K
@@ -218,15 +246,64 @@ class CommitServeEnv(gym.Env):
         if terminated:
             pool.run_until(math.inf)  # completion tails count for SLOs; their energy is not settled
             self.tail_energy_j = pool.energy_j() - e_now
+        attribution = None
+        if split is not None:
+            attribution = self._attribution(split, settlement, terminated)
         new_misses = self._count_misses(math.inf if terminated else t1)
         self.misses += new_misses
         reward = -d_cost - self.scenario.miss_penalty_kwh * new_misses
         self.history.append({"t": t1, "interval_j": interval_j, "active": a, "clock_mhz": self.clocks_mhz[c]})
         info = self._info(interval_j, new_misses=new_misses, settlement=settlement)
         info["stale_decision"] = stale
+        if attribution is not None:
+            info["attribution"] = attribution
         if terminated:
             info["tail_energy_j"] = self.tail_energy_j
         return self._obs(), float(reward), terminated, False, info
+
+    # ------------------------------------------------------------------------------------------ attribution
+    def _period_info(self, splits: list[PeriodSplit]) -> dict[str, Any]:
+        tj = np.sum([p.tenant_j for p in splits], axis=0)
+        metered = math.fsum(p.metered_j for p in splits)
+        busy = math.fsum(p.busy_j for p in splits)
+        names = self.table.tenant_names
+        return {
+            "start_s": float(splits[0].start),
+            "end_s": float(splits[-1].end),
+            "energy_j": metered,
+            "busy_j": busy,
+            "idle_j": metered - busy,
+            "tenant_j": {names[t]: float(tj[t]) for t in np.flatnonzero(self._tenant_seen)},
+        }
+
+    def _attribution(self, split: PeriodSplit, settlement: dict | None, terminated: bool) -> dict[str, Any]:
+        n = self.pool.arrived
+        if n and not self._tenant_seen.all():
+            self._tenant_seen[np.unique(self.table.tenant[:n])] = True
+        self._attr_hour.append(split)
+        out: dict[str, Any] = {"interval": self._period_info([split])}
+        if settlement is not None:
+            hour = self._period_info(self._attr_hour)
+            self._attr_hour = []
+            cost = float(settlement["cost_kwh_eq"])
+            e = hour["energy_j"]
+            f = cost / e if e > 0 else 0.0
+            hour["cost_kwh_eq"] = cost
+            hour["tenant_cost_kwh_eq"] = {k: v * f for k, v in hour["tenant_j"].items()}
+            hour["idle_cost_kwh_eq"] = hour["idle_j"] * f if e > 0 else cost
+            out["hour"] = hour
+        if terminated:
+            tail = self.attributor.close(self.pool.now)
+            out["tail"] = self._period_info([tail])
+        return out
+
+    def bills(self) -> dict[str, np.ndarray]:
+        """Per-request energy shares so far (J, aligned with the table's rows): ``own_j``, ``shared_j``,
+        ``total_j``; final once the episode has ended. Needs ``attribution=True``."""
+        if self.attributor is None:
+            raise RuntimeError("bills() needs CommitServeEnv(..., attribution=True) and reset()")
+        a = self.attributor
+        return {"own_j": a.own_j.copy(), "shared_j": a.shared_j.copy(), "total_j": a.bills_j}
 
     def _count_misses(self, t: float) -> int:
         """Misses that became known by ``t``: deadlines that passed without completion by then."""

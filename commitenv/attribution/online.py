@@ -1,0 +1,270 @@
+"""Closed-form shares of a running `Pool`, period by period (what the environment reports and bills).
+
+`PoolAttributor` hooks ``pool.on_step`` (per segment it only packs the entry's numbers into a bytes buffer; no
+step log is kept) and, whenever a period closes, prices the buffered segments in one vectorised pass:
+
+* every member's own law energy from the segment's ``decode`` flags (no prompt walking): a decode run of ``n``
+  steps ``n*b + kappa*(n*(c+1) + n*(n-1)/2)``, a prefill chunk of ``k`` tokens ``c1*k + c2*(k*c + k(k+1)/2)``;
+  the shared energy ``n*a``; coefficients at the segment's own ``clock_mhz`` and SM ``share``;
+* each segment's *logged* (metered, noisy) energy split in proportion to those terms (Proposition 5.1 with
+  ``scale="step"``): member i of segment k gets ``E_k * (e_ik + n_k*a/m_k) / law_k``, so the parts of a segment
+  add up to its energy exactly.
+
+Periods. ``close(t)`` (call it after ``pool.run_until(t)`` and ``pool.settle(t)``) ends the open period at ``t``.
+A segment still in flight at ``t`` (after `Pool.settle`, one step per replica) is split where the meter splits
+it: the part ``energy_until(t)`` the GPU meter has already counted is attributed to the closing period with the
+segment's term ratios, the rest to the period in which it ends. So a period's shares are final when it closes
+and add up to the energy its steps drew from the meter:
+
+    busy_j  = sum of the (parts of) step energies inside the period  = sum of the requests' shares
+    idle_j  = metered_j - busy_j                                       (the floor over time no step covers)
+
+With one instance per GPU (every `CommitServeEnv` pool) ``idle_j`` is exactly the floor energy of the time no
+step covers, whatever lifecycle or clock changes happened inside the period, because the GPU meter is the floor
+plus each step's energy above it. (On co-located GPUs whose instances' steps overlap, each step carries the floor
+once, so ``idle_j`` is that floor minus the floor counted twice under overlapping steps.) Idle energy is never
+billed to requests.
+
+A request's bill is the sum of its parts over all periods (``own_j + shared_j``), final once it has finished;
+it equals the closed form of the whole log (`closed_form_from_log` with ``scale="step"``) and the bills of a
+run add up to its busy energy.
+
+Reads of engine state at a close (besides the meters): each replica's in-flight segment (``seg``, ``t0``,
+``run_k``, ``seg_log`` and ``energy_until``). Attach before the pool runs its first step.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from commitenv.sim.coeffs import coeffs_for
+from commitenv.sim.replica import SEG_NONE, SEG_RUN
+
+
+@dataclass(frozen=True)
+class PeriodSplit:
+    """The attribution of one closed period ``[start, end)``. Energies in joules; ``tenant_j[t]`` is tenant
+    t's share (index into the table's ``tenant_names``); ``*_gpu`` arrays hold the same per GPU."""
+
+    start: float
+    end: float
+    metered_j: float
+    busy_j: float
+    idle_j: float
+    tenant_j: np.ndarray
+    metered_gpu: np.ndarray
+    busy_gpu: np.ndarray
+    segments: int  # log entries (and in-flight parts) priced in this period
+
+    @property
+    def idle_gpu(self) -> np.ndarray:
+        return self.metered_gpu - self.busy_gpu
+
+
+class PoolAttributor:
+    """Step-sharing shares of ``pool`` (attached to its workload) per period and per request; see the module
+    docstring. ``tenant``: tenant index per request row (default: the attached table's ``tenant``)."""
+
+    def __init__(self, pool, tenant=None, *, n_tenants: int | None = None) -> None:
+        if pool.table is None:
+            raise ValueError("PoolAttributor: attach the pool to its workload first (pool.attach(table))")
+        if pool.on_step is not None:
+            raise ValueError("PoolAttributor: pool.on_step is already in use")
+        if any(r.seg != SEG_NONE for r in pool.replicas):
+            raise ValueError("PoolAttributor: attach before the pool runs a step (a running segment is not logged)")
+        n = len(pool.table)
+        self.pool = pool
+        ten = np.asarray(pool.table.tenant if tenant is None else tenant, dtype=np.int64)
+        if len(ten) != n:
+            raise ValueError(f"PoolAttributor: {len(ten)} tenant indices for {n} requests")
+        self.tenant = ten
+        nt = max(len(pool.table.tenant_names), int(ten.max()) + 1 if n else 1)
+        self.n_tenants = nt if n_tenants is None else int(n_tenants)
+        self.own_j = np.zeros(n)
+        self.shared_j = np.zeros(n)
+        self._rep_gpu = np.array([r.gpu.index for r in pool.replicas], dtype=np.int64)
+        self._rep_model = np.array([r.model for r in pool.replicas], dtype=np.int64)
+        self.n_gpus = len(pool.gpus)
+        self._coef: dict[tuple[int, int, float], tuple[float, float, float, float, float]] = {}
+        self._carry: dict[int, tuple[float, float]] = {}  # replica -> (t0 of in-flight segment, J attributed)
+        self._new_buffers()
+        self._start = pool.now
+        self._meter_prev = pool.gpu_energy_j(pool.now)
+        self.periods = 0
+        self.entries = 0
+        pool.on_step = self._on_step
+
+    def _new_buffers(self) -> None:
+        """The hook packs each booked segment's fields into bytes (float64s): (replica, t0, n_steps, energy,
+        clock, share, m), then the m slots, new tokens, computed-before counts and decode flags. Bytes are not
+        tracked by the garbage collector, so buffering segments between closes triggers no full collections
+        (whose cost grows with the engine's per-request lists), and a close reads them in one
+        ``np.frombuffer``."""
+        self._buf: list[bytes] = []
+        ap = self._buf.append
+        packers = self._packers = {}
+
+        def packer(m: int):
+            p = packers[m] = struct.Struct(f"<{7 + 4 * m}d").pack
+            return p
+
+        one = packer(1)
+
+        def on_step(e) -> None:
+            sl = e.slots
+            m = len(sl)
+            if m == 1:  # the common case, without building argument tuples
+                ap(one(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, 1, sl[0], e.new_tokens[0],
+                       e.computed_before[0], e.decode[0]))
+            else:
+                ap((packers.get(m) or packer(m))(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, m,
+                                                 *sl, *e.new_tokens, *e.computed_before, *e.decode))
+
+        self._on_step = on_step
+        self._packer = packer
+
+    def detach(self) -> None:
+        """Stop listening to the pool (buffered segments not yet closed are dropped)."""
+        if self.pool.on_step is self._on_step:
+            self.pool.on_step = None
+        self._buf.clear()
+
+    @property
+    def bills_j(self) -> np.ndarray:
+        """Per-request shares so far (own + shared), aligned with the table's rows."""
+        return self.own_j + self.shared_j
+
+    # ------------------------------------------------------------------------------------------ pricing
+    def _coeffs(self, model: int, mhz: int, share: float) -> tuple[float, float, float, float, float]:
+        key = (model, mhz, share)
+        c = self._coef.get(key)
+        if c is None:
+            prof = self.pool.profiles[model]
+            k = coeffs_for(prof, prof.clock_index(mhz), share)
+            c = self._coef[key] = (k.a, k.b, k.kappa, k.c1, k.c2)
+        return c
+
+    def _coeff_arrays(self, replica: np.ndarray, mhz: np.ndarray, share: np.ndarray) -> np.ndarray:
+        """(5, E) array of a, b, kappa, c1, c2 per entry."""
+        model = self._rep_model[replica]
+        if (mhz == mhz[0]).all() and (share == share[0]).all() and (model == model[0]).all():
+            c = self._coeffs(int(model[0]), int(mhz[0]), float(share[0]))
+            return np.repeat(np.array(c)[:, None], len(replica), axis=1)
+        keys = list(zip(model.tolist(), mhz.tolist(), share.tolist()))
+        return np.array([self._coeffs(*k) for k in keys]).T
+
+    def _price(self, rows: list[bytes], start: float, nb: int, old: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Price the segments ``rows`` (packed, see `_new_buffers`), add the parts to the per-request totals;
+        returns (per-tenant J, per-GPU J). Of the first ``nb`` rows (booked segments) those that started before
+        ``start`` and were in flight at the last close (``old``: replica -> (t0, J attributed then)) only get
+        the rest of their energy."""
+        ne = len(rows)
+        lens = np.fromiter(map(len, rows), np.int64, ne) // 8
+        vals = np.frombuffer(b"".join(rows), dtype="<f8").copy()
+        off = np.zeros(ne, dtype=np.int64)
+        np.cumsum(lens[:-1], out=off[1:])
+        replica = vals[off].astype(np.int64)
+        t0 = vals[off + 1]
+        n_steps, energy = vals[off + 2], vals[off + 3]
+        mhz = vals[off + 4].astype(np.int64)
+        share = vals[off + 5]
+        m = vals[off + 6].astype(np.int64)
+        if old:
+            for i in np.flatnonzero(t0[:nb] < start).tolist():
+                c = old.get(int(replica[i]))
+                if c is not None and c[0] == t0[i]:
+                    energy[i] -= c[1]
+        if not np.array_equal(lens, 7 + 4 * m):
+            raise ValueError("PoolAttributor: step-log entries without per-member decode flags")
+        nm = int(m.sum())
+        single = nm == ne  # one request per segment (the common case on a lightly loaded replica)
+        if single:
+            pos = off + 7
+            mm = 1
+        else:
+            ent = np.repeat(np.arange(ne), m)
+            first = np.zeros(ne, dtype=np.int64)
+            np.cumsum(m[:-1], out=first[1:])
+            pos = off[ent] + 7 + (np.arange(nm) - first[ent])  # a member's slot in its segment's row
+            mm = m[ent]
+        s = vals[pos].astype(np.int64)
+        k, c0, d = vals[pos + mm], vals[pos + 2 * mm], vals[pos + 3 * mm] != 0
+        a, b, kap, c1, c2 = self._coeff_arrays(replica, mhz, share)
+        if single:
+            n = n_steps
+        else:
+            n = n_steps[ent]
+            b, kap, c1, c2 = b[ent], kap[ent], c1[ent], c2[ent]
+        own = np.where(d, n * b + kap * (n * (c0 + 1.0) + 0.5 * n * (n - 1.0)),
+                       c1 * k + c2 * (k * c0 + 0.5 * k * (k + 1.0)))
+        shared = n_steps * a
+        if single:
+            law = shared + own
+        else:
+            law = shared + np.add.reduceat(own, first)
+        ok = law > 0
+        f = np.divide(energy, law, out=np.zeros(ne), where=ok)
+        sh_each = np.where(ok, shared * f, energy) / m  # a segment without law terms: split equally
+        if single:
+            own_p = own * f
+            sh_p = sh_each
+        else:
+            own_p = own * f[ent]
+            sh_p = sh_each[ent]
+        np.add.at(self.own_j, s, own_p)
+        np.add.at(self.shared_j, s, sh_p)
+        tj = np.bincount(self.tenant[s], weights=own_p + sh_p, minlength=self.n_tenants)
+        gj = np.bincount(self._rep_gpu[replica], weights=energy, minlength=self.n_gpus)
+        self.entries += ne
+        return tj, gj
+
+    # ------------------------------------------------------------------------------------------ periods
+    def close(self, t: float) -> PeriodSplit:
+        """End the open period at ``t`` (after ``pool.run_until(t)`` and ``pool.settle(t)``)."""
+        pool = self.pool
+        if t < self._start - 1e-9:
+            raise ValueError(f"close: t={t} precedes the open period's start {self._start}")
+        start = self._start
+        rows = self._buf
+        nb = len(rows)
+        old = self._carry
+        carry: dict[int, tuple[float, float]] = {}
+        for rep in pool.replicas:  # in flight at t: attribute the part the meter has counted by t
+            if rep.seg != SEG_NONE and rep.t0 < t and rep.seg_log is not None:
+                e_until = rep.energy_until(t)
+                c = old.get(rep.index)
+                done = c[1] if c is not None and c[0] == rep.t0 else 0.0
+                carry[rep.index] = (rep.t0, e_until)
+                sl = rep.seg_log
+                m = len(sl[0])
+                rows.append((self._packers.get(m) or self._packer(m))(
+                    rep.index, rep.t0, rep.run_k if rep.seg == SEG_RUN else 1, e_until - done, sl[4], sl[5], m,
+                    *sl[0], *sl[1], *sl[2], *sl[3]))
+        self._carry = carry
+        nseg = len(rows)
+        if nseg:
+            tj, gj = self._price(rows, start, nb, old)
+        else:
+            tj, gj = np.zeros(self.n_tenants), np.zeros(self.n_gpus)
+        rows.clear()
+        meter = pool.gpu_energy_j(t)
+        metered = meter - self._meter_prev
+        self._meter_prev = meter
+        self._start = t
+        self.periods += 1
+        busy = float(gj.sum())
+        mt = float(metered.sum())
+        return PeriodSplit(start, t, mt, busy, mt - busy, tj, metered, gj, nseg)
+
+
+def token_split_bills(prompt_tokens, output_tokens, total_j: float, served=None, output_weight: float = 5.0):
+    """The Token baseline over a run: ``total_j`` split in proportion to ``p + output_weight * d`` among the
+    ``served`` requests (rows with any step; the others get 0)."""
+    w = np.asarray(prompt_tokens, dtype=np.float64) + output_weight * np.asarray(output_tokens, dtype=np.float64)
+    if served is not None:
+        w = np.where(served, w, 0.0)
+    s = w.sum()
+    return w * (total_j / s) if s > 0 else np.zeros_like(w)
