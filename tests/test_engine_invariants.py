@@ -238,3 +238,27 @@ def test_meter_with_lifecycle_and_clock_changes(seed):
             cur = b
         exp += floor_energy(i, cur, T)
         assert pool.gpu_energy_j(T)[i] == pytest.approx(exp, abs=1e-9)
+
+
+def test_router_counter_matches_queues_after_a_busy_run():
+    """The router's cached unfinished count equals running + waiting on every replica, through arrivals,
+    completions, preemptions and active-set changes."""
+    import numpy as np
+
+    from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+    from commitenv.workload.table import make_table
+
+    rng = np.random.default_rng(11)
+    n = 80
+    arr = np.sort(rng.uniform(0, 2.0, n))
+    pool = Pool(toy_profile(scheduler=dict(kv_capacity_tokens=64)), PoolLayout.single(3),
+                EngineOptions(noise=NoiseSpec(0, 0)))
+    pool.attach(make_table(arr, rng.integers(1, 30, n), rng.integers(1, 20, n)))
+    for k, t in enumerate(np.arange(0.1, 3.0, 0.1)):
+        pool.run_until(t)
+        pool.set_active(t, 1 + k % 3)
+        for rep in pool.replicas:
+            assert rep.unf == len(rep.running) + len(rep.waiting)
+    pool.run_until(float("inf"))
+    assert all(rep.unf == 0 for rep in pool.replicas)
+    assert pool.preemptions.sum() > 0

@@ -301,13 +301,13 @@ class Pool:
             self.unrouted.append(r)
             return
         best = cands[0]
-        bu = len(best.running) + len(best.waiting)
+        bu = best.unf
         for rep in cands:
-            u = len(rep.running) + len(rep.waiting)
-            if u < bu:
-                best, bu = rep, u
+            if rep.unf < bu:
+                best, bu = rep, rep.unf
         r.replica = best.index
         best.waiting.append(r)
+        best.unf += 1
         self._poke(best, t)
 
     def _book(self, rep: Replica, t0: float, t1: float, energy: float, floor_j: float, entry: tuple | None,
@@ -363,6 +363,7 @@ class Pool:
                 moved.extend(r for r in rep.waiting if not r.started)
                 rep.waiting.clear()
                 rep.waiting.extend(keep)
+                rep.unf = len(rep.running) + len(rep.waiting)
         moved.extend(r for r in self.unrouted if r.model == model)
         self.unrouted = [r for r in self.unrouted if r.model != model]
         moved.sort(key=lambda r: r.slot)

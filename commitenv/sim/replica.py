@@ -44,6 +44,7 @@ class Replica:
         self.free_blocks = self.cap_blocks
         self.running: list[Req] = []
         self.waiting: deque[Req] = deque()
+        self.unf = 0  # len(running) + len(waiting), kept up to date for the router
         self.state = ACTIVE
         self.wake_t = 0.0
         self.version = 0  # bumps whenever the pending heap entry of this replica becomes stale
@@ -169,15 +170,17 @@ class Replica:
         n = 0
         L = 0
         all_decode = True
-        flags = []
+        flags = [] if record else None
         for r, k in batch:
             if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:
                 n += 1
                 L += r.computed + 1
-                flags.append(True)
+                if record:
+                    flags.append(True)
             else:
                 all_decode = False
-                flags.append(False)
+                if record:
+                    flags.append(False)
                 P += k
                 A += k * r.computed + k * (k + 1) // 2
         ft, fe = noise.draw(self.index) if noise is not None else (1.0, 1.0)
@@ -340,6 +343,7 @@ class Replica:
         if done:
             ids = {id(r) for r in done}
             self.running = [r for r in self.running if id(r) not in ids]
+            self.unf -= len(done)
             for r in done:
                 self.free_blocks += r.blocks
                 r.blocks = 0
@@ -367,6 +371,7 @@ class Replica:
         other.free_blocks = self.free_blocks
         other.running = [reqmap[r.slot] for r in self.running]
         other.waiting = deque(reqmap[r.slot] for r in self.waiting)
+        other.unf = len(other.running) + len(other.waiting)
         other.state = self.state
         other.share = self.share
         other.seg = self.seg
