@@ -7,6 +7,7 @@ controller that wants what-if prediction uses ``ctx.probe`` (an `EnvProbe`: ``pr
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,8 +97,8 @@ class ControllerContext:
         )
 
 
-class Controller:
-    """Base class: override `act`; `reset` stores the context."""
+class Controller(ABC):
+    """Base class: subclasses implement `act`; `reset` stores the context."""
 
     name = "base"
 
@@ -105,5 +106,6 @@ class Controller:
         self.ctx = ctx
         self.seed = seed
 
-    def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:
+        """The configuration for the coming interval (see `ControllerContext.action`)."""

@@ -50,3 +50,15 @@ def toy_profile(**over) -> Profile:
 @pytest.fixture
 def toy():
     return toy_profile()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_reference_cache(tmp_path_factory):
+    """Every test shares one reference-commitment cache in the session's temp folder, never ~/.cache
+    (tests that exercise the cache itself point COMMITENV_CACHE elsewhere with monkeypatch)."""
+    d = tmp_path_factory.getbasetemp() / "commitenv-cache"
+    d.mkdir(exist_ok=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("COMMITENV_CACHE", str(d))
+    yield d
+    mp.undo()

@@ -27,17 +27,9 @@ from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
 from commitenv.workload.transforms import merge, tag_tenant
 from conftest import toy_profile
-from test_env import run_episode, use_test_cache, varied_policy, write_scenario
+from test_env import run_episode, varied_policy, write_scenario
 
 BOUNDARIES = (599.97, 1199.985, 3599.97, 4199.99, 7199.95)  # bursts just before interval / hour / horizon ends
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
 
 
 def tenant_table(seed: int, name: str, *, rejected: bool = False):

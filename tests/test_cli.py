@@ -9,17 +9,9 @@ import json
 import pytest
 
 from commitenv.cli import main
-from test_env import HOUR_SCENARIO, toy_three_hour, use_test_cache
+from test_env import HOUR_SCENARIO, toy_three_hour
 
 FILES = ["hourly.csv", "overview.png", "requests.csv", "summary.json"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
 
 
 def _last_json(stdout: str) -> dict:

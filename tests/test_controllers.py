@@ -12,17 +12,9 @@ from commitenv.envs import CommitServeEnv
 from controllers import Controller, ControllerContext, available, make, register
 from controllers.fixed_config import FixedConfigController
 from controllers.vllm import VLLMController
-from test_env import HOUR_SCENARIO, toy_three_hour, use_test_cache
+from test_env import HOUR_SCENARIO, toy_three_hour
 
 H20_SCENARIO = "epact-h20-hour-fixed-a30"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
 
 
 # ------------------------------------------------------------------------------------------ registry

@@ -30,17 +30,9 @@ from controllers.dynamollm import (
     plan_replicas,
     transition_energy_j,
 )
-from test_env import HOUR_SCENARIO, use_test_cache
+from test_env import HOUR_SCENARIO
 
 LOW, TOP = 0, 1  # toy profile levels: 500 MHz, 1000 MHz
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
 
 
 class PoolProbe:

@@ -32,13 +32,6 @@ _BASE_TIME = np.datetime64("2023-11-16T18:00:00", "ns")
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def use_test_cache(tmp_path_factory) -> Path:
-    """A reference cache shared by the whole test session (never the user's ~/.cache)."""
-    d = tmp_path_factory.getbasetemp() / "commitenv-cache"
-    d.mkdir(exist_ok=True)
-    return d
-
-
 def write_trace(path: Path, arrival_s, prompt, output) -> Path:
     """An Azure-format trace (``TIMESTAMP,ContextTokens,GeneratedTokens``, 7 fractional digits); the loader
     rebases times to the first row, so ``arrival_s[0]`` should be 0."""
@@ -140,14 +133,6 @@ def varied_policy(k: int) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
-
-
 @pytest.fixture(scope="module")
 def scen_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("scenarios")

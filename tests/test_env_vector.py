@@ -10,17 +10,9 @@ import numpy as np
 import pytest
 
 import commitenv  # noqa: F401  (registers the scenario ids)
-from test_env import HOUR_SCENARIO, toy_three_hour, use_test_cache
+from test_env import HOUR_SCENARIO, toy_three_hour
 
 ENV_ID = f"commitenv/{HOUR_SCENARIO}-v0"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
 
 
 def _actions(n: int, active, clock) -> dict[str, np.ndarray]:

@@ -21,17 +21,9 @@ from controllers import ControllerContext, make
 from controllers.epact import EPACT
 from controllers.epact.planner import check_allocation, equal_allocation, interval_target
 from controllers.epact.selection import Evaluation, admitted, deviation_cost, rank_key, select
-from test_env import HOUR_SCENARIO, use_test_cache
+from test_env import HOUR_SCENARIO
 
 KJ = 1e3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
 
 
 # ========================================================================================== planner (4.2)

@@ -16,18 +16,10 @@ import commitenv.plots as plots_mod
 from commitenv.evaluation import EvalResult, evaluate
 from commitenv.metrics import deviation_cost_kwh
 from controllers import Controller
-from test_env import HOUR_SCENARIO, toy_miss, toy_three_hour, use_test_cache
+from test_env import HOUR_SCENARIO, toy_miss, toy_three_hour
 
 SUMMARY_KEYS = {"scenario", "controller", "seed", "attainment_pct", "mean_abs_dev_pct", "hours_within_5pct",
                 "cost_kwh_eq", "energy_mj", "commitment_mj", "wall_s"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COMMITENV_CACHE", str(use_test_cache(tmp_path_factory)))
-    yield
-    mp.undo()
 
 
 @pytest.fixture(scope="module")
