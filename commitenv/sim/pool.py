@@ -17,6 +17,7 @@ from commitenv.profiles.schema import Profile
 from commitenv.sim.gpu import GPU
 from commitenv.sim.lref import reference_latency
 from commitenv.sim.noise import NoiseSource, NoiseSpec
+from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.replica import ACTIVE, DRAINING, SEG_NONE, SEG_RUN, STANDBY, WAKING, Replica
 from commitenv.sim.request import Req
 from commitenv.workload.table import RequestTable
@@ -85,6 +86,8 @@ class EngineOptions:
     log_steps: bool = False
     length_error_sigma: float = 0.25  # log-normal error of the output-length prediction a controller sees
     oracle_lengths: bool = False
+    prefix_caching: bool = True  # vLLM automatic prefix caching; acts only on workloads with prefix hash blocks
+    prefix_block_tokens: int = 512  # tokens per hash block of the workload (Mooncake traces: 512)
 
 
 class Pool:
@@ -143,6 +146,7 @@ class Pool:
         self._capture_arrivals = False
         self.captured_left = 0
         self.captured_finish: dict[int, float] = {}
+        self._hashes: list[int] | None = None
         for gpu in self.gpus:
             gpu.update_floor(0.0)
 
@@ -182,12 +186,25 @@ class Pool:
             s = self.opt.length_error_sigma
             self.pred_out = np.maximum(1, np.rint(out * np.exp(s * rng.standard_normal(n) - 0.5 * s * s))).astype(np.int64)
         self._n_results = n
+        self._attach_prefixes(table)
         self.finish_t = np.full(n, np.nan)
         self.first_t = np.full(n, np.nan)
         self.replica_of = np.full(n, -1, dtype=np.int32)
         self.preemptions = np.zeros(n, dtype=np.int32)
         self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))
         self.now = max(self.now, t_start)
+
+    def _attach_prefixes(self, table: RequestTable) -> None:
+        """Give every replica a prefix cache when the workload has hash blocks and caching is on."""
+        self._hashes = None
+        if not self.opt.prefix_caching or table.prefix_offsets is None or table.prefix_hashes is None:
+            return
+        bt = self.opt.prefix_block_tokens
+        for rep in self.replicas:
+            if rep.pcache is None:
+                rep.pcache = PrefixCache(bt, rep.bs)
+        self._hashes = table.prefix_hashes.tolist()
+        self._hoff = table.prefix_offsets.tolist()
 
     @property
     def arrived(self) -> int:
@@ -289,6 +306,11 @@ class Pool:
                 self.finish_t[i] = INF
             return
         r = Req(self._slot_base + i, t, self._prompt[i], self._out[i], self._deadline[i], self._model[i])
+        if self._hashes is not None:
+            lo = self._hoff[i]
+            nb = PrefixCache.shareable(self._hoff[i + 1] - lo, r.prompt, self.opt.prefix_block_tokens)
+            if nb > 0:
+                r.hashes = tuple(self._hashes[lo : lo + nb])
         if self._capture_arrivals:
             r.captured = True
             self.captured_left += 1
@@ -536,6 +558,7 @@ class Pool:
         c.live, c.completed, c.events = len(reqmap), 0, 0
         c._pending = []
         c._arr, c._cursor, c._n = [], 0, 0
+        c._hashes = None
         c.table = None
         c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
         c.captured_left, c.captured_finish = 0, {}
@@ -561,6 +584,7 @@ class Pool:
         self._model = [0] * n
         self._cursor = 0
         self._slot_base = REPLAY_SLOT_BASE
+        self._hashes = None  # replayed arrivals carry no prefix blocks
         prof = self.profiles[0]
         lim = prof.scheduler.context_limit
         self.rejected = np.asarray(table.prompt_tokens >= lim)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.coeffs import StepCoeffs, coeffs_for
+from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.request import Req
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +66,7 @@ class Replica:
         self.seg_log: tuple | None = None
         self._coeffs: StepCoeffs | None = None
         self.pending_start = False  # queued to start a step once every event at the current time is in
+        self.pcache: PrefixCache | None = None  # prefix block cache (only when the workload has hash blocks)
 
     # ----------------------------------------------------------------------------------------- helpers
     @property
@@ -89,10 +91,39 @@ class Replica:
         return bool(self.running) or bool(self.waiting)
 
     # ----------------------------------------------------------------------------------------- scheduling
+    def _release(self, r: Req) -> None:
+        """Free a request's KV: private blocks at once, shared prefix entries when their last holder leaves."""
+        if r.prefix:
+            pc = self.pcache
+            self.free_blocks += r.blocks - pc.per_entry * len(r.prefix) + pc.release(r.prefix)
+            r.prefix = []
+        else:
+            self.free_blocks += r.blocks
+        r.blocks = 0
+        r.pfx_next = 0
+
+    def _alloc(self, n: int) -> None:
+        """Take ``n`` free blocks (the caller checked ``n <= free_blocks``), evicting cached free ones."""
+        pc = self.pcache
+        if pc is not None and n > self.free_blocks - pc.evictable:
+            pc.evict_for(self.free_blocks, n)
+        self.free_blocks -= n
+
+    def _register(self, r: Req, upto: int) -> None:
+        """Cache the shareable blocks of ``r`` that the scheduled tokens (up to ``upto``) complete."""
+        hs = r.hashes
+        j = r.pfx_next
+        bt = self.pcache.block_tokens
+        while j < len(hs) and (j + 1) * bt <= upto:
+            e = self.pcache.register(hs[j])
+            if e is not None:
+                r.prefix.append(e)
+            j += 1
+        r.pfx_next = j
+
     def _preempt(self, r: Req) -> None:
         """vLLM recompute preemption: free the request's blocks, drop its computed tokens, queue it first."""
-        self.free_blocks += r.blocks
-        r.blocks = 0
+        self._release(r)
         r.computed = 0
         r.preemptions += 1
         self.waiting.appendleft(r)
@@ -128,8 +159,10 @@ class Replica:
                     break
             if not scheduled:
                 break
-            self.free_blocks -= need
+            self._alloc(need)
             r.blocks += need
+            if r.pfx_next < len(r.hashes):
+                self._register(r, r.computed + k)
             batch.append((r, k))
             budget -= k
             i += 1
@@ -137,21 +170,42 @@ class Replica:
             return batch, True
         waiting = self.waiting
         draining = self.state != ACTIVE
+        pc = self.pcache
         while waiting and budget > 0 and len(running) < self.max_seqs:
             r = waiting[0]
             if draining and not r.started:
                 break  # a draining replica admits no new work (queued ones were moved away)
-            k = r.prompt + r.generated - r.computed
-            if k > budget:
-                k = budget
-            need = -(-(r.computed + k) // bs) - r.blocks
-            if need > self.free_blocks:
-                break
+            hit = None
+            if pc is not None and r.hashes and r.computed == 0:
+                hit, cost = pc.lookup(r.hashes)
+                h = len(hit) * pc.block_tokens
+                k = r.prompt + r.generated - h
+                if k > budget:
+                    k = budget
+                need = -(-(h + k) // bs) - len(hit) * pc.per_entry
+                if need + cost > self.free_blocks:
+                    break
+                if hit:
+                    pc.acquire(hit)
+                    self.free_blocks -= cost
+                    r.prefix = hit
+                    r.computed = h
+                    r.blocks = len(hit) * pc.per_entry
+                    r.pfx_next = len(hit)
+            else:
+                k = r.prompt + r.generated - r.computed
+                if k > budget:
+                    k = budget
+                need = -(-(r.computed + k) // bs) - r.blocks
+                if need > self.free_blocks:
+                    break
             waiting.popleft()
             running.append(r)
             r.started = True
-            self.free_blocks -= need
+            self._alloc(need)
             r.blocks += need
+            if hit is not None and r.pfx_next < len(r.hashes):
+                self._register(r, r.computed + k)
             batch.append((r, k))
             budget -= k
         return batch, False
@@ -300,7 +354,7 @@ class Replica:
             r.computed += m
             r.generated += m
             nb = -(-r.computed // self.bs)
-            self.free_blocks -= nb - r.blocks
+            self._alloc(nb - r.blocks)
             r.blocks = nb
         t_start = self.t0
         t_mid = t_start + dt
@@ -335,7 +389,7 @@ class Replica:
                 r.computed += k
                 r.generated += k
                 nb = -(-r.computed // bs)
-                self.free_blocks -= nb - r.blocks
+                self._alloc(nb - r.blocks)
                 r.blocks = nb
                 if r.generated >= r.out:
                     done.append(r)
@@ -345,8 +399,7 @@ class Replica:
             self.running = [r for r in self.running if id(r) not in ids]
             self.unf -= len(done)
             for r in done:
-                self.free_blocks += r.blocks
-                r.blocks = 0
+                self._release(r)
         self.seg = SEG_NONE
         return done
 
@@ -369,6 +422,11 @@ class Replica:
     def clone_into(self, other: "Replica", reqmap: dict[int, Req]) -> None:
         """Copy queue, KV and segment state into ``other`` (a replica of a what-if pool)."""
         other.free_blocks = self.free_blocks
+        if self.pcache is not None:
+            other.pcache, emap = self.pcache.clone()
+            for r in self.running:
+                if r.prefix:
+                    reqmap[r.slot].prefix = [emap[e.h] for e in r.prefix]
         other.running = [reqmap[r.slot] for r in self.running]
         other.waiting = deque(reqmap[r.slot] for r in self.waiting)
         other.unf = len(other.running) + len(other.waiting)

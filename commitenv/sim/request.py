@@ -25,6 +25,9 @@ class Req:
         "preemptions",
         "model",
         "captured",
+        "hashes",
+        "prefix",
+        "pfx_next",
     )
 
     def __init__(self, slot: int, arrival: float, prompt: int, out: int, deadline: float, model: int = 0) -> None:
@@ -42,11 +45,15 @@ class Req:
         self.preemptions = 0
         self.model = model
         self.captured = False
+        self.hashes: tuple[int, ...] = ()  # shareable prefix-block hash ids (prefix caching), else empty
+        self.prefix: list = []  # cached prefix entries this request references while it holds KV
+        self.pfx_next = 0  # next hash block to register once computed
 
     def copy(self) -> "Req":
         r = Req.__new__(Req)
         for name in Req.__slots__:
             setattr(r, name, getattr(self, name))
+        r.prefix = list(self.prefix)  # a copy's entries are remapped to the copy's cache by the replica
         return r
 
     def __repr__(self) -> str:

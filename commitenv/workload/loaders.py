@@ -136,6 +136,7 @@ def load_mooncake_jsonl(path: str | Path) -> RequestTable:
     hashes: list[int] = []
     offsets = [0]
     any_hash = False
+    where: dict[int, tuple[int, int]] = {}  # hash id -> (block position, first line)
     lineno = 0
     with open_text(path) as f:
         for lineno, raw in enumerate(f, start=1):
@@ -159,6 +160,11 @@ def load_mooncake_jsonl(path: str | Path) -> RequestTable:
             if not isinstance(h, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in h):
                 raise fail(path, lineno, "field 'hash_ids': expected a list of integers")
             any_hash = any_hash or "hash_ids" in obj
+            for pos, hid in enumerate(h):  # an id names a whole prefix, so it has one block position
+                seen = where.setdefault(hid, (pos, lineno))
+                if seen[0] != pos:
+                    raise fail(path, lineno, f"field 'hash_ids': id {hid} at block {pos}, but at block {seen[0]} "
+                                             f"on line {seen[1]} (an id must name the same prefix everywhere)")
             hashes.extend(h)
             offsets.append(len(hashes))
             lines.append(lineno)

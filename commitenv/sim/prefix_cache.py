@@ -1,0 +1,126 @@
+"""Per-replica prefix block cache (vLLM automatic prefix caching at the granularity of the trace's hash blocks).
+
+Requests carry the hash ids of their prompt's full blocks (Mooncake ``hash_ids``: one id per
+``block_tokens`` tokens, an id naming the whole prefix up to its block). Semantics follow vLLM V1:
+
+* a block is *registered* (becomes hittable) when the step that computes it is scheduled, so a request admitted
+  later in the same scheduling pass already hits it;
+* at admission a request skips its longest run of leading cached blocks; at least one prompt token is always
+  computed, so only blocks ending at or before ``prompt - 1`` can hit (``shareable`` below);
+* a block held by no running request stays cached but counts as free memory; when an allocation needs those
+  blocks, cached free blocks are evicted least recently freed first, and a request's blocks are freed tail
+  first so that its deepest blocks are evicted first.
+
+A request only registers and hits its ``shareable`` blocks; a block that ends exactly at the prompt's last token
+is computed privately (vLLM recomputes it on a full hit anyway). This keeps the cost of every block a function
+of which requests hold it, the structure StepSplit's prefix split relies on (section 6.7).
+
+Memory accounting (engine KV blocks of ``block_size`` tokens): a request's ``blocks`` counts every block its
+KV spans; the ``prefix`` entries it references (hit or registered) are shared, so the request's private blocks
+are ``blocks - per_entry * len(prefix)``. The replica's ``free_blocks`` counts unreferenced cached blocks as
+free; ``evictable`` is how many of them the cache still holds.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class PrefixEntry:
+    """One cached prefix block: its hash id and how many live requests reference it."""
+
+    __slots__ = ("h", "ref")
+
+    def __init__(self, h: int) -> None:
+        self.h = h
+        self.ref = 0
+
+
+class PrefixCache:
+    """Hash -> entry map of one replica, with the LRU queue of unreferenced entries."""
+
+    __slots__ = ("block_tokens", "per_entry", "entries", "lru", "evictable", "hit_tokens", "evictions")
+
+    def __init__(self, block_tokens: int, engine_block_size: int) -> None:
+        if block_tokens < 1 or block_tokens % engine_block_size:
+            raise ValueError(
+                f"prefix_block_tokens: expected a positive multiple of the profile's block_size "
+                f"({engine_block_size}), got {block_tokens}"
+            )
+        self.block_tokens = block_tokens
+        self.per_entry = block_tokens // engine_block_size  # engine KV blocks per prefix block
+        self.entries: dict[int, PrefixEntry] = {}
+        self.lru: OrderedDict[int, PrefixEntry] = OrderedDict()  # ref == 0, oldest first
+        self.evictable = 0  # engine blocks held by unreferenced entries (a part of the replica's free blocks)
+        self.hit_tokens = 0  # prompt tokens skipped by cache hits so far (statistics)
+        self.evictions = 0
+
+    @staticmethod
+    def shareable(n_hashes: int, prompt: int, block_tokens: int) -> int:
+        """How many leading hash blocks of a prompt can be shared: full blocks ending before its last token."""
+        return min(n_hashes, (prompt - 1) // block_tokens)
+
+    def lookup(self, hashes: tuple[int, ...]) -> tuple[list[PrefixEntry], int]:
+        """Longest cached run of leading ``hashes``: (entries, engine blocks it takes out of the free pool)."""
+        hit: list[PrefixEntry] = []
+        cost = 0
+        entries = self.entries
+        for h in hashes:
+            e = entries.get(h)
+            if e is None:
+                break
+            hit.append(e)
+            if e.ref == 0:
+                cost += self.per_entry
+        return hit, cost
+
+    def acquire(self, hit: list[PrefixEntry]) -> None:
+        """Reference the entries a request hit (unreferenced ones leave the LRU queue)."""
+        for e in hit:
+            if e.ref == 0:
+                del self.lru[e.h]
+                self.evictable -= self.per_entry
+            e.ref += 1
+        self.hit_tokens += len(hit) * self.block_tokens
+
+    def register(self, h: int) -> PrefixEntry | None:
+        """A request computes block ``h``: cache it, referenced by that request (None if already cached, in
+        which case the request's copy stays private, as vLLM keeps the first cached copy)."""
+        if h in self.entries:
+            return None
+        e = PrefixEntry(h)
+        e.ref = 1
+        self.entries[h] = e
+        return e
+
+    def release(self, prefix: list[PrefixEntry]) -> int:
+        """A request frees its references (tail first); returns the engine blocks that became free."""
+        freed = 0
+        for e in reversed(prefix):
+            e.ref -= 1
+            if e.ref == 0:
+                self.lru[e.h] = e
+                self.evictable += self.per_entry
+                freed += self.per_entry
+        return freed
+
+    def evict_for(self, free_blocks: int, need: int) -> None:
+        """Evict unreferenced entries, oldest first, until ``need`` blocks are free without them."""
+        while free_blocks - self.evictable < need and self.lru:
+            h, _ = self.lru.popitem(last=False)
+            del self.entries[h]
+            self.evictable -= self.per_entry
+            self.evictions += 1
+
+    def clone(self) -> tuple["PrefixCache", dict[int, PrefixEntry]]:
+        """A copy with fresh entries (same LRU order); returns it and the hash -> new entry map."""
+        c = PrefixCache.__new__(PrefixCache)
+        c.block_tokens, c.per_entry = self.block_tokens, self.per_entry
+        c.entries = {}
+        for h, e in self.entries.items():
+            ne = PrefixEntry(h)
+            ne.ref = e.ref
+            c.entries[h] = ne
+        c.lru = OrderedDict((h, c.entries[h]) for h in self.lru)
+        c.evictable, c.hit_tokens, c.evictions = self.evictable, self.hit_tokens, self.evictions
+        return c, c.entries
