@@ -12,6 +12,13 @@ windows of the Azure conversation trace at 10x its rate (StepSplit sections 6.4 
   noise is reported). Compared: Token (p + 5d), Solo (each request served alone), time sharing, the closed form
   on the logged timeline (no replay), and the replay-corrected estimate from few pairs (independent seed).
   Every split is normalised to the window's energy; L1 = sum |x - ref| / total.
+* Prefix caching (section 6.7, Table 5): groups of 8 requests with the engine's prefix cache on (hash blocks of
+  the profile's KV block size): "System prompt" (a common 1,024-token system prompt before 8 conversation
+  prompts) and "Nested" (each prompt a prefix of the next, as in a multi-turn conversation), static (all at
+  t = 0) and continuous (0.5 s apart). Reference: exact Shapley of the engine's replay game (255 coalitions).
+  Compared: Token (cached tokens billed as computed), Solo, First (step sharing on the logged steps, which
+  charges a block to whoever computed it), StepSplit (step sharing plus the equal split of each block) and
+  StepSplit with the replay correction (20 sampled pairs, the prefix model game as control variate).
 
 Prints one JSON object as its last line.
 """
@@ -32,6 +39,7 @@ from commitenv.attribution import (
     StepLaw,
     closed_form_for,
     decompose,
+    exact_shapley,
     l1_distance,
     ledger_horizon,
     model_game_for,
@@ -40,6 +48,7 @@ from commitenv.attribution import (
     time_sharing_split,
     token_split,
 )
+from commitenv.attribution.prefix import prefix_split
 from commitenv.profiles import load_profile
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload import builtin_workload
@@ -148,6 +157,61 @@ def accuracy(profile, window: RequestTable, *, ref_pairs: int, pairs: int, worke
     return out
 
 
+def prefix_group(kind: str, trace: RequestTable, start: int, bt: int, n: int = 8) -> RequestTable:
+    """A Table-5 style group of ``n`` requests with hash blocks of ``bt`` tokens (ids name whole prefixes)."""
+    x = trace.prompt_tokens[start : start + n].astype(np.int64)
+    d = trace.output_tokens[start : start + n].astype(np.int64)
+    if kind == "system":
+        prompts = 1024 + x
+        hashes = [list(range(1024 // bt)) + [10_000 * (i + 1) + j for j in range(int(p) // bt - 1024 // bt)]
+                  for i, p in enumerate(prompts)]
+    elif kind == "nested":  # turn i's prompt: all earlier turns and answers, then its own text
+        x = np.minimum(x, 1024)
+        prompts = np.cumsum(x + np.concatenate([[0], d[:-1]]))
+        hashes = [list(range(int(p) // bt)) for p in prompts]
+    else:
+        raise ValueError(kind)
+    offs = np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64)
+    flat = np.asarray([v for h in hashes for v in h], dtype=np.int64)
+    return RequestTable(np.zeros(n), prompts.astype(np.int64), d, np.zeros(n, dtype=np.int32), np.arange(n),
+                        ("default",), offs, flat, f"prefix-{kind}")
+
+
+def prefix_accuracy(profile, group: RequestTable, spacing: float) -> dict:
+    n = len(group)
+    bt = profile.scheduler.block_size
+    table = RequestTable(np.arange(n) * spacing, group.prompt_tokens, group.output_tokens, group.tenant,
+                         group.request_id, group.tenant_names, group.prefix_offsets, group.prefix_hashes, group.source)
+    opts = dict(noise=NoiseSpec(0, 0), log_steps=True, prefix_block_tokens=bt)
+    pool = Pool(profile, PoolLayout.single(1), EngineOptions(**opts))
+    pool.attach(table)
+    pool.run_until(math.inf)
+    off = Pool(profile, PoolLayout.single(1), EngineOptions(**opts, prefix_caching=False))
+    off.attach(table)
+    off.run_until(math.inf)
+    law = StepLaw.from_profiles(profile)
+    total = sum(e.energy_j for e in pool.log)
+    game = ReplayGame(table, profile, law=law, prefix_block_tokens=bt)
+    t0 = time.perf_counter()
+    ref = exact_shapley(game)
+    wall = time.perf_counter() - t0
+    ref = ref * total / ref.sum()
+    splits = {
+        "token": token_split(table.prompt_tokens, pool.out_tokens, total).shares,
+        "solo": solo_split(game, total).shares,
+        "first": closed_form_for(pool.log, table, law, total_j=total).shares,
+        "stepsplit": prefix_split(pool.log, table, law, bt, players=range(n), total_j=total).shares,
+    }
+    # StepSplit with the replay correction: 20 sampled pairs, the prefix model game as control variate
+    control = model_game_for(pool.log, table, law, prefix_block_tokens=bt)
+    est = sample_shapley(game, 20, seed=1, control=control)
+    splits["stepsplit_replay"] = est.phi * total / est.phi.sum()
+    out = {f"l1_{k}": l1_distance(v, ref, total) for k, v in splits.items()}
+    out["cache_saving"] = 1.0 - total / sum(e.energy_j for e in off.log)
+    out["exact_wall_s"] = wall
+    return out
+
+
 def replay_cost(profile, window: RequestTable, pairs: int) -> float:
     game = ReplayGame(window, profile)
     sample_shapley(game, pairs, seed=1)
@@ -205,6 +269,15 @@ def main() -> None:
               f"ms/coalition, full window {a['full_window_replay_ms']:.2f} ms, {a['replay_wall_s']:.1f} s wall")
     print("replay ms per coalition: " + ", ".join(f"{n}: {c:.2f}" for n, c in sorted(costs.items()))
           + " (paper 0.23-7.74 ms)")
+    prefix = {}
+    for kind in ("system", "nested"):
+        group = prefix_group(kind, trace, args.start + 200, prof.scheduler.block_size)
+        for batching, spacing in (("static", 0.0), ("continuous", 0.5)):
+            prefix[f"{kind}_{batching}"] = q = prefix_accuracy(prof, group, spacing)
+            print(f"prefix {kind:6s} {batching:10s}: cache saves {100 * q['cache_saving']:.1f} % of the group energy; "
+                  f"L1 token {q['l1_token']:.3f} solo {q['l1_solo']:.3f} first {q['l1_first']:.4f} "
+                  f"stepsplit {q['l1_stepsplit']:.4f} stepsplit+replay(20 pairs) {q['l1_stepsplit_replay']:.4f} "
+                  f"(exact reference, {q['exact_wall_s']:.2f} s)")
     big = max(sizes)
     res = {
         "profile": prof.name,
@@ -221,6 +294,10 @@ def main() -> None:
         f"l1_solo_{big}": acc[big]["l1_solo"],
         f"l1_noreplay_{big}": acc[big]["l1_noreplay"],
         f"l1_replay_{big}": acc[big]["l1_replay"],
+        "prefix": prefix,
+        "l1_prefix_first_max": max(q["l1_first"] for q in prefix.values()),
+        "l1_prefix_stepsplit_max": max(q["l1_stepsplit"] for q in prefix.values()),
+        "l1_prefix_stepsplit_replay_max": max(q["l1_stepsplit_replay"] for q in prefix.values()),
         "wall_s": time.perf_counter() - t_all,
     }
     print(json.dumps(res))

@@ -16,6 +16,10 @@ Online on a running pool (what `CommitServeEnv(..., attribution=True)` uses; no 
     split = att.close(t)                       # PeriodSplit: metered = busy (shares) + idle, per tenant
     att.own_j, att.shared_j                    # per-request bills so far (final once finished)
 
+Prefix caching (section 6.7): `prefix_split` adds the equal split of every cached block's prefill to step sharing;
+`ReplayGame` serves tables with prefix hash blocks through the engine's prefix cache, and `model_game_for` then
+returns the matching `PrefixModelGame` as control variate.
+
 `windows.replay_correction` applies the scheduler-replay correction to a finished run's bills, window by window.
 """
 
@@ -24,6 +28,7 @@ from commitenv.attribution.closed_form import Attribution, closed_form, closed_f
 from commitenv.attribution.law import OwnTracker, StepLaw, StepTable, decompose
 from commitenv.attribution.ledger import Ledger, WindowSettlement, ledger_horizon
 from commitenv.attribution.moe import moe_game, moe_split
+from commitenv.attribution.prefix import PrefixModelGame, prefix_split
 from commitenv.attribution.online import PeriodSplit, PoolAttributor, token_split_bills
 from commitenv.attribution.replay import (
     ReplayGame,
@@ -53,6 +58,7 @@ __all__ = [
     "OwnTracker",
     "PeriodSplit",
     "PoolAttributor",
+    "PrefixModelGame",
     "ReplayGame",
     "ReplayResult",
     "ShapleyEstimate",
@@ -70,6 +76,7 @@ __all__ = [
     "ledger_horizon",
     "marginals",
     "model_game_for",
+    "prefix_split",
     "moe_game",
     "moe_split",
     "replay_shapley",

@@ -8,7 +8,9 @@ controller actions) serves it, so with several replicas the router is replayed t
 is re-implemented here. ``e_i`` is each request's own energy under the law, fixed across coalitions as in the
 paper's Eq. (6) (by default taken from the full window served alone; pass the attributed run's values to use
 those). With ``own="replayed"`` the own terms are instead summed over S's replayed steps, which differs only
-when a coalition changes preemptions (recompute).
+when a coalition changes preemptions (recompute). A table with prefix hash blocks is served with the engine's
+prefix cache (``prefix_block_tokens`` per hash block) and then defaults to ``own="replayed"``: which blocks a
+coalition computes depends on who is in it (section 6.7).
 
 Exact Shapley values enumerate the ``2**N - 1`` coalitions (N <= 12 is quick); larger windows sample
 antithetic permutation pairs, replay every prefix of each order, and use the model game of the logged timeline
@@ -63,9 +65,13 @@ class ReplayGame:
         actions: Sequence[Action] = (),
         law: StepLaw | None = None,
         own: np.ndarray | None = None,
-        own_mode: str = "fixed",
+        own_mode: str | None = None,
         cache_size: int = 1 << 16,
+        prefix_block_tokens: int = 512,
     ) -> None:
+        has_prefix = table.prefix_offsets is not None and table.prefix_hashes is not None
+        if own_mode is None:
+            own_mode = "replayed" if has_prefix else "fixed"
         if own_mode not in ("fixed", "replayed"):
             raise ValueError(f"own_mode: expected 'fixed' or 'replayed', got {own_mode!r}")
         self.table = table
@@ -83,7 +89,8 @@ class ReplayGame:
         self.cache_size = cache_size
         self._cache: dict[int, float] = {}
         self.counters = {"replays": 0, "replay_s": 0.0, "replayed_requests": 0}
-        self._opts = EngineOptions(noise=NoiseSpec(0.0, 0.0), log_steps=True, closed_form=True)
+        self._opts = EngineOptions(noise=NoiseSpec(0.0, 0.0), log_steps=True, closed_form=True,
+                                   prefix_block_tokens=prefix_block_tokens)
         if own is None and own_mode == "fixed":
             own = self.own_of_full()
         self.own = None if own is None else np.asarray(own, dtype=np.float64)
@@ -204,9 +211,16 @@ def replay_shapley(
     return ReplayResult(att, phi, bool(exact), est, dr, 1e3 * ds / dr if dr else float("nan"))
 
 
-def model_game_for(log: Sequence, table: RequestTable, law: StepLaw, scale: str = "none") -> ModelGame:
-    """The model game of a logged run of ``table`` (slots = rows), players aligned with `ReplayGame`."""
-    return ModelGame(decompose(log, table.prompt_tokens, law, players=range(len(table))), scale=scale)
+def model_game_for(log: Sequence, table: RequestTable, law: StepLaw, scale: str = "none",
+                   prefix_block_tokens: int = 512) -> ModelGame:
+    """The model game of a logged run of ``table`` (slots = rows), players aligned with `ReplayGame`; with the
+    prefix blocks priced in (`PrefixModelGame`) when the table has them."""
+    steps = decompose(log, table.prompt_tokens, law, players=range(len(table)))
+    if table.prefix_offsets is not None and table.prefix_hashes is not None:
+        from commitenv.attribution.prefix import PrefixModelGame
+
+        return PrefixModelGame(log, table, law, prefix_block_tokens, steps, scale)
+    return ModelGame(steps, scale=scale)
 
 
 def closed_form_for(log: Sequence, table: RequestTable, law: StepLaw, *, scale: str = "step",

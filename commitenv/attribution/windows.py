@@ -102,6 +102,7 @@ def replay_correction(
     seed: int = 0,
     max_windows: int | None = None,
     progress: Callable[[int], None] | None = None,
+    prefix_block_tokens: int = 512,
 ) -> WindowCorrection:
     """Replay-correct ``bills`` (closed-form J per row of ``table``) over the run's attribution windows (see the
     module docstring). ``replica_of``: serving replica per row; ``finish_s``: completion times (bounds the
@@ -125,7 +126,7 @@ def replay_correction(
         t_lo = float(sub.arrival_s[0])
         t_hi = float(np.max(finish_s[rows])) if finish_s is not None else math.inf
         clock, plan = _clock_plan(actions, init, t_lo, t_hi)
-        game = ReplayGame(sub, profile, clock_mhz=clock, actions=plan)
+        game = ReplayGame(sub, profile, clock_mhz=clock, actions=plan, prefix_block_tokens=prefix_block_tokens)
         m = len(rows)
         exact = (1 << m) - 1 <= 2 * n_pairs * m
         total = float(bills[rows].sum())
@@ -136,7 +137,7 @@ def replay_correction(
             se[rows] = 0.0
         else:
             full = game.serve(range(m))
-            control = model_game_for(full.log, full.table, game.law)
+            control = model_game_for(full.log, full.table, game.law, prefix_block_tokens=prefix_block_tokens)
             res = replay_shapley(game, control=control, n_pairs=n_pairs, seed=seed + w_idx, exact=False,
                                  total_j=total)
             shares[rows] = res.attribution.shares
