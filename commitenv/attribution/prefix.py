@@ -158,6 +158,9 @@ class PrefixModelGame(ModelGame):
             out[who[np.argmin(rank[who])]] += ej
         return out
 
+    def _first_pays(self) -> list[tuple[int, float]]:
+        return list(super()._first_pays()) + [(bm, ej) for bm, _, ej in self._blocks]
+
     def shapley(self) -> np.ndarray:
         return prefix_split(self._log, self._table, self._law, self._bt, scale=self.scale_mode,
                             steps=self.steps).shares

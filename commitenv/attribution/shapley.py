@@ -167,6 +167,57 @@ class ModelGame:
         """The closed form (Proposition 5.1) — the game's exact Shapley value."""
         return closed_form(self.steps, scale=self.scale_mode).shares
 
+    def _first_pays(self) -> list[tuple[int, float]]:
+        """The game's shared costs as (member mask, energy) groups paid once when any member is present."""
+        if self._a_tab is not None:
+            raise NotImplementedError("a state held fixed needs a constant shared energy a (not a(m))")
+        return self._groups
+
+    def shapley_fixed(self, n_fixed: int) -> np.ndarray:
+        """Shapley value of the players ``n_fixed..`` when players ``0..n_fixed-1`` are always present
+        (`FixedStateGame`): own energy, plus an equal part of every shared cost that no fixed player holds
+        (a cost some fixed player holds is paid by the state)."""
+        fixed = (1 << n_fixed) - 1
+        phi = self._own.copy()
+        for gm, w in self._first_pays():
+            if gm & fixed:
+                continue
+            who = members_of(gm, self.n)
+            phi[list(who)] += w / len(who)
+        return phi[n_fixed:]
+
+
+class FixedStateGame:
+    """The players ``n_fixed..`` of ``inner`` with players ``0..n_fixed-1`` always present: the engine state at a
+    window's start (requests still running, their cached prefixes) held fixed, StepSplit section 7,
+    ``v(S) = inner(S | F) - inner(F)``. Player ``i`` here is player ``n_fixed + i`` of ``inner``."""
+
+    def __init__(self, inner, n_fixed: int) -> None:
+        if not 0 <= n_fixed <= inner.n:
+            raise ValueError(f"n_fixed: expected 0..{inner.n}, got {n_fixed}")
+        self.inner = inner
+        self.n_fixed = n_fixed
+        self.n = inner.n - n_fixed
+        self._fmask = (1 << n_fixed) - 1
+        self._base = inner.value(self._fmask) if n_fixed else 0.0
+
+    @property
+    def counters(self) -> dict | None:
+        return getattr(self.inner, "counters", None)
+
+    def value(self, mask: int) -> float:
+        if mask == 0:
+            return 0.0
+        return self.inner.value((mask << self.n_fixed) | self._fmask) - self._base
+
+    def marginals(self, perm: np.ndarray) -> np.ndarray:
+        order = np.concatenate([np.arange(self.n_fixed), np.asarray(perm, dtype=np.int64) + self.n_fixed])
+        return marginals(self.inner, order)[self.n_fixed:]
+
+    def shapley(self) -> np.ndarray:
+        """Closed form when ``inner`` offers ``shapley_fixed`` (the model games)."""
+        return self.inner.shapley_fixed(self.n_fixed)
+
 
 # ================================================================================================ exact
 def _popcount(x: np.ndarray) -> np.ndarray:

@@ -11,9 +11,16 @@ alone, priced by the closed form) as control variate, or computed exactly when t
 The corrected shares are then scaled to the window's closed-form total, so the correction only moves energy
 *within* a window and the bills still add up to the run's busy energy.
 
-Approximations, by construction: requests of other windows that shared steps with a window's requests are
-absent from its game (their shared energy is split by the closed form), and a window's law is the profile's
-at the clock in force at its first arrival.
+The state at a window's start is held fixed (section 7, "bills of a continuous service"): the requests of
+the same replica that arrived before the window and were still unfinished at its first arrival are served in
+every coalition (players of no game here), so ``v(S) = E(state + S) - E(state)`` and the window's requests pay
+what they add to the steps that run anyway (`FixedStateGame`). That state is rebuilt by serving those requests
+from their own arrivals on the fresh engine, not copied from the run: their progress at the window start is
+approximate (they meet no earlier competition). ``hold_state=False`` serves each window from an idle engine.
+
+Approximations, by construction: requests of other replicas never share a step with a window's requests (one
+replica per window), requests of later windows are absent from its game (their shared energy is split by the
+closed form), and a window's law is the profile's at the clock in force at its first served arrival.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commitenv.attribution.replay import ReplayGame, model_game_for, replay_shapley
+from commitenv.attribution.shapley import FixedStateGame
 from commitenv.profiles.schema import Profile
 from commitenv.workload.table import RequestTable
 
@@ -103,10 +111,12 @@ def replay_correction(
     max_windows: int | None = None,
     progress: Callable[[int], None] | None = None,
     prefix_block_tokens: int = 512,
+    hold_state: bool = True,
 ) -> WindowCorrection:
     """Replay-correct ``bills`` (closed-form J per row of ``table``) over the run's attribution windows (see the
     module docstring). ``replica_of``: serving replica per row; ``finish_s``: completion times (bounds the
-    clock changes replayed); ``actions``: the run's ``("clock", t, mhz)`` changes (other kinds are ignored);
+    clock changes replayed, and tells which earlier requests were still running when a window started: the state
+    held fixed with ``hold_state``); ``actions``: the run's ``("clock", t, mhz)`` changes (other kinds are ignored);
     ``max_windows``: replay only the first windows (by first arrival). ``progress(k)`` is called per window."""
     if n_pairs < 2:
         raise ValueError(f"pairs: need at least 2 antithetic pairs for an error bar, got {n_pairs}")
@@ -121,12 +131,19 @@ def replay_correction(
     se = np.full(n, np.nan)
     t_start = time.perf_counter()
     replays = exact_n = 0
+    rep_of = np.asarray(replica_of)
     for w_idx, rows in enumerate(todo):
-        sub = table.take(rows)
-        t_lo = float(sub.arrival_s[0])
+        t_lo = float(table.arrival_s[rows[0]])
+        state = np.zeros(0, dtype=np.int64)
+        if hold_state and finish_s is not None:
+            prior = np.flatnonzero(rep_of[: rows[0]] == rep_of[rows[0]])
+            state = prior[~(finish_s[prior] <= t_lo)]  # NaN: never finished, still running
+        sub = table.take(np.concatenate([state, rows]))
         t_hi = float(np.max(finish_s[rows])) if finish_s is not None else math.inf
-        clock, plan = _clock_plan(actions, init, t_lo, t_hi)
-        game = ReplayGame(sub, profile, clock_mhz=clock, actions=plan, prefix_block_tokens=prefix_block_tokens)
+        clock, plan = _clock_plan(actions, init, float(sub.arrival_s[0]), t_hi)
+        inner = ReplayGame(sub, profile, clock_mhz=clock, actions=plan, prefix_block_tokens=prefix_block_tokens)
+        nf = len(state)
+        game = FixedStateGame(inner, nf) if nf else inner
         m = len(rows)
         exact = (1 << m) - 1 <= 2 * n_pairs * m
         total = float(bills[rows].sum())
@@ -136,13 +153,15 @@ def replay_correction(
             shares[rows] = res.attribution.shares
             se[rows] = 0.0
         else:
-            full = game.serve(range(m))
-            control = model_game_for(full.log, full.table, game.law, prefix_block_tokens=prefix_block_tokens)
+            full = inner.serve(range(nf + m))
+            control = model_game_for(full.log, full.table, inner.law, prefix_block_tokens=prefix_block_tokens)
+            if nf:
+                control = FixedStateGame(control, nf)
             res = replay_shapley(game, control=control, n_pairs=n_pairs, seed=seed + w_idx, exact=False,
                                  total_j=total)
             shares[rows] = res.attribution.shares
             se[rows] = res.attribution.se
-        replays += game.counters["replays"]
+        replays += inner.counters["replays"]
         if progress is not None:
             progress(w_idx + 1)
     done = ~np.isnan(shares)
