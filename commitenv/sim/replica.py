@@ -259,7 +259,7 @@ class Replica:
                 self.t1 = t + ft * (kmax * self.T0 + self.D * kmax * (kmax - 1) / 2)
                 self.seg_energy = fe * (kmax * self.E0 + self.F * kmax * (kmax - 1) / 2)
                 if record:
-                    self.seg_log = (tuple(r.slot for r in reqs), tuple(1 for _ in reqs), tuple(r.computed for r in reqs),
+                    self.seg_log = (tuple([r.slot for r in reqs]), (1,) * len(reqs), tuple([r.computed for r in reqs]),
                                     tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
                 return True
         dt = ft * c.step_time(P, n, L, A)
@@ -268,8 +268,9 @@ class Replica:
         self.t1 = t + dt
         self.seg_energy = fe * c.step_energy(P, n, L, A)
         if record:
-            self.seg_log = (tuple(r.slot for r, _ in batch), tuple(k for _, k in batch), tuple(r.computed for r, _ in batch),
-                            tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
+            self.seg_log = (tuple([r.slot for r, _ in batch]), tuple([k for _, k in batch]),
+                            tuple([r.computed for r, _ in batch]), tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz,
+                            self.share)
         return True
 
     def _kv_steps(self, batch: list[tuple[Req, int]], kmax: int) -> int:
