@@ -139,6 +139,7 @@ class Replica:
         """
         budget = self.budget
         bs = self.bs
+        pc = self.pcache
         batch: list[tuple[Req, int]] = []
         running = self.running
         preempted = False
@@ -159,7 +160,10 @@ class Replica:
                     break
             if not scheduled:
                 break
-            self._alloc(need)
+            if pc is None:
+                self.free_blocks -= need
+            else:
+                self._alloc(need)
             r.blocks += need
             if r.pfx_next < len(r.hashes):
                 self._register(r, r.computed + k)
@@ -170,7 +174,6 @@ class Replica:
             return batch, True
         waiting = self.waiting
         draining = self.state != ACTIVE
-        pc = self.pcache
         while waiting and budget > 0 and len(running) < self.max_seqs:
             r = waiting[0]
             if draining and not r.started:
@@ -202,7 +205,10 @@ class Replica:
             waiting.popleft()
             running.append(r)
             r.started = True
-            self._alloc(need)
+            if pc is None:
+                self.free_blocks -= need
+            else:
+                self._alloc(need)
             r.blocks += need
             if hit is not None and r.pfx_next < len(r.hashes):
                 self._register(r, r.computed + k)
@@ -355,7 +361,10 @@ class Replica:
             r.computed += m
             r.generated += m
             nb = -(-r.computed // self.bs)
-            self._alloc(nb - r.blocks)
+            if self.pcache is None:
+                self.free_blocks -= nb - r.blocks
+            else:
+                self._alloc(nb - r.blocks)
             r.blocks = nb
         t_start = self.t0
         t_mid = t_start + dt
@@ -390,7 +399,10 @@ class Replica:
                 r.computed += k
                 r.generated += k
                 nb = -(-r.computed // bs)
-                self._alloc(nb - r.blocks)
+                if self.pcache is None:
+                    self.free_blocks -= nb - r.blocks
+                else:
+                    self._alloc(nb - r.blocks)
                 r.blocks = nb
                 if r.generated >= r.out:
                     done.append(r)
