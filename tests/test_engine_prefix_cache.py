@@ -113,17 +113,25 @@ def test_shared_blocks_count_once_in_kv_memory():
     assert rep.free_blocks == 16 - 4
     assert [e.ref for e in rep.pcache.entries.values()] == [2, 2]
     pool.run_until(100.0)
-    assert rep.free_blocks == 16 and rep.pcache.evictable == 2 and len(rep.pcache.lru) == 2
+    assert rep.free_blocks == 16 and rep.pcache.evictable == 2 and rep.pcache.free_entries() == [2, 1]
 
 
-def test_freed_blocks_are_evicted_least_recent_first_tail_first():
-    # A (prompt 30, 7 shareable blocks) finishes: its 7 blocks stay cached as free memory. C (prompt 40, no
-    # hashes) needs 10 blocks of the 9 truly free ones plus 1 evicted: A's deepest block (hash 17) goes first.
-    # B then hits A's first 6 blocks (24 tokens) and computes the rest.
+def test_freed_blocks_are_evicted_in_free_queue_order_tail_first():
+    # vLLM's single FIFO free queue, traced by hand (16 blocks of 4 tokens, queue [0..15]):
+    # A (p=9, hashes [1,2]) takes blocks 0,1,2 and frees them tail first -> [3..15, 2, 1(h2), 0(h1)];
+    # C (p=52) takes 3..15 and frees them -> [2, 1(h2), 0(h1), 15..3]; D (p=8) takes 2 blocks: pops block 2
+    # and block 1, evicting hash 2; B (hashes [1,2]) then hits only hash 1: 5 tokens after 4 cached.
+    pool = serve([0.0, 1.0, 2.0, 3.0], [9, 52, 8, 9], [1, 1, 1, 1], [[1, 2], [], [], [1, 2]])
+    rep = pool.replicas[0]
+    assert chunk_of(pool, 3) == (5, 4)
+    assert rep.pcache.evictions == 1
+
+
+def test_a_run_of_cached_blocks_is_evicted_deepest_first():
+    # A (prompt 30, 7 shareable blocks) frees its tail block, then blocks 17..11; C (prompt 40) takes the 9
+    # blocks before them and 1 more: the deepest cached block (hash 17). B hits A's first 6 blocks.
     ha = [11, 12, 13, 14, 15, 16, 17]
     pool = serve([0.0, 1.0, 2.0], [30, 40, 30], [1, 1, 1], [ha, [], ha])
-    rep = pool.replicas[0]
-    assert rep.pcache.evictions == 1  # (B re-registers block 17 after computing it again)
     assert chunk_of(pool, 2) == (6, 24)
 
 
@@ -135,17 +143,22 @@ def _check_kv(rep):
     for r in live:
         for e in r.prefix:
             held[e.h] = held.get(e.h, 0) + 1
+    free = pc.free_entries()
     for h, e in pc.entries.items():
         assert e.ref == held.get(h, 0)
-        assert (e.ref == 0) == (h in pc.lru)
-    assert pc.evictable == pc.per_entry * len(pc.lru)
+        assert (e.ref == 0) == (h in free)
+    assert pc.evictable == pc.per_entry * len(free)
+    assert rep.free_blocks == sum(pc.per_entry if k[0] == "e" else v for k, v in pc.queue.items())
     referenced = pc.per_entry * sum(1 for e in pc.entries.values() if e.ref > 0)
     assert rep.free_blocks + private + referenced == rep.cap_blocks
     assert 0 <= pc.evictable <= rep.free_blocks
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_prefix_trees_keep_kv_invariants_and_match_step_by_step(seed):
+@pytest.mark.parametrize("bt,budget", [(4, 16), (8, 12), (16, 12)])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_prefix_trees_keep_kv_invariants_and_match_step_by_step(seed, bt, budget):
+    # hash blocks of 1, 2 or 4 KV blocks; budgets that cap admitted chunks, tight KV: preemptions, evictions
+    # inside closed-form decode runs, admissions that depend on which cached blocks survive
     rng = np.random.default_rng(seed)
     n = 40
     arrivals = np.sort(rng.uniform(0, 1.0, n))
@@ -157,12 +170,12 @@ def test_random_prefix_trees_keep_kv_invariants_and_match_step_by_step(seed):
         root = roots[rng.integers(3)]
         keep = rng.integers(0, 11)
         hs = root[:keep] + [10_000 + int(rng.integers(1 << 30)) + j for j in range(10 - keep)]
-        hashes.append(hs[: -(-int(p) // 4)])
-    sched = dict(BIG, token_budget=16, kv_capacity_tokens=96)  # tight KV: preemptions happen
+        hashes.append(hs[: -(-int(p) // bt)])
+    sched = dict(BIG, token_budget=budget, kv_capacity_tokens=80)
     runs = []
     for cf in (True, False):
         prof = toy_profile(scheduler=sched)
-        opts = EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, prefix_block_tokens=4, closed_form=cf)
+        opts = EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, prefix_block_tokens=bt, closed_form=cf)
         pool = Pool(prof, PoolLayout.single(1), opts)
         pool.attach(with_hashes(make_table(arrivals, prompts, outputs), hashes))
         pool.on_step = lambda e, rep=pool.replicas[0]: _check_kv(rep)
@@ -177,7 +190,7 @@ def test_random_prefix_trees_keep_kv_invariants_and_match_step_by_step(seed):
     pc = a.replicas[0].pcache
     assert pc.hit_tokens > 0 and pc.evictions > 0 and a.preemptions.sum() > 0  # every path was exercised
     # caching only ever saves prefill: the same workload without it computes more tokens
-    off = serve(arrivals, prompts, outputs, hashes, caching=False, sched=sched, t_end=1e6)
+    off = serve(arrivals, prompts, outputs, hashes, caching=False, sched=sched, t_end=1e6, bt=bt)
     computed = lambda p: sum(k for e in p.log for k, d in zip(e.new_tokens, e.decode) if not d)
     assert computed(off) > computed(a)
 
@@ -215,3 +228,16 @@ def test_mooncake_hash_id_at_two_positions_is_rejected(tmp_path):
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(WorkloadError, match=r"m.jsonl: line 2: .*id 2 at block 0, but at block 1 on line 1"):
         load_mooncake_jsonl(p)
+
+
+def test_decode_run_ends_before_an_eviction_that_changes_an_admission():
+    # hash blocks of 16 tokens (4 KV blocks). A computes and frees blocks 1-3; D decodes 50 tokens; B (same
+    # prefix as A, chunk capped by the budget of 12) waits for KV until D's growth evicts A's block 3, which
+    # lowers the cost of B's hit: step by step B is admitted right then; a closed-form run must not skip it
+    sched = dict(BIG, token_budget=12, max_seqs=8, context_limit=128, kv_capacity_tokens=128)
+    runs = [serve([0.0, 1.0, 1.0], [49, 72, 61], [1, 50, 1], [[1, 2, 3], [], [1, 2, 3]], bt=16, sched=sched,
+                  closed_form=cf, t_end=1e6) for cf in (True, False)]
+    a, b = runs
+    assert chunk_of(a, 2) == chunk_of(b, 2)
+    np.testing.assert_allclose(a.finish_t, b.finish_t, rtol=0, atol=1e-9)
+    assert a.energy_j() == pytest.approx(b.energy_j(), rel=1e-12)

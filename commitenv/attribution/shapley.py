@@ -216,7 +216,11 @@ class FixedStateGame:
 
     def shapley(self) -> np.ndarray:
         """Closed form when ``inner`` offers ``shapley_fixed`` (the model games)."""
-        return self.inner.shapley_fixed(self.n_fixed)
+        f = getattr(self.inner, "shapley_fixed", None)
+        if f is None:
+            raise TypeError(f"{type(self.inner).__name__} has no closed-form Shapley value: use exact_shapley or "
+                            "sample_shapley on this game")
+        return f(self.n_fixed)
 
 
 # ================================================================================================ exact

@@ -14,9 +14,12 @@ The corrected shares are then scaled to the window's closed-form total, so the c
 The state at a window's start is held fixed (section 7, "bills of a continuous service"): the requests of
 the same replica that arrived before the window and were still unfinished at its first arrival are served in
 every coalition (players of no game here), so ``v(S) = E(state + S) - E(state)`` and the window's requests pay
-what they add to the steps that run anyway (`FixedStateGame`). That state is rebuilt by serving those requests
-from their own arrivals on the fresh engine, not copied from the run: their progress at the window start is
-approximate (they meet no earlier competition). ``hold_state=False`` serves each window from an idle engine.
+what they add to the steps that run anyway (`FixedStateGame`). With prefix blocks, the state also holds the
+latest earlier request of the replica that cached each block a window request holds, so the window finds those
+blocks cached. That state is rebuilt by serving those requests from their own arrivals on the fresh engine,
+not copied from the run: their progress at the window start is approximate (they meet no earlier competition)
+and the cache of the replay keeps blocks the run may have evicted. ``hold_state=False`` serves each window
+from an idle engine. Steps are priced at the clock in force at the window's first arrival.
 
 Approximations, by construction: requests of other replicas never share a step with a window's requests (one
 replica per window), requests of later windows are absent from its game (their shared energy is split by the
@@ -32,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from commitenv.attribution.law import StepLaw
+from commitenv.attribution.prefix import shareable_hashes
 from commitenv.attribution.replay import ReplayGame, model_game_for, replay_shapley
 from commitenv.attribution.shapley import FixedStateGame
 from commitenv.profiles.schema import Profile
@@ -79,6 +84,22 @@ def attribution_windows(replica_of: np.ndarray, window: int) -> list[np.ndarray]
         rows = np.flatnonzero(rep == r)
         out.extend(rows[i : i + window] for i in range(0, len(rows), window))
     out.sort(key=lambda w: int(w[0]))
+    return out
+
+
+def _prefix_providers(table: RequestTable, rep_of: np.ndarray, block_tokens: int) -> list[set[int]] | None:
+    """For every row, the latest earlier rows of its replica that hold one of its shareable prefix blocks (the
+    requests that put those blocks in the cache it found), or None for a table without prefix blocks."""
+    if table.prefix_offsets is None or table.prefix_hashes is None:
+        return None
+    last: dict[tuple[int, int], int] = {}
+    out: list[set[int]] = []
+    for i in range(len(table)):
+        r = int(rep_of[i])
+        hs = shareable_hashes(table, i, block_tokens).tolist() if r >= 0 else []
+        out.append({last[(r, h)] for h in hs if (r, h) in last})
+        for h in hs:
+            last[(r, h)] = i
     return out
 
 
@@ -132,16 +153,25 @@ def replay_correction(
     t_start = time.perf_counter()
     replays = exact_n = 0
     rep_of = np.asarray(replica_of)
+    providers = _prefix_providers(table, rep_of, prefix_block_tokens) if hold_state else None
     for w_idx, rows in enumerate(todo):
         t_lo = float(table.arrival_s[rows[0]])
         state = np.zeros(0, dtype=np.int64)
-        if hold_state and finish_s is not None:
+        if hold_state:
             prior = np.flatnonzero(rep_of[: rows[0]] == rep_of[rows[0]])
-            state = prior[~(finish_s[prior] <= t_lo)]  # NaN: never finished, still running
+            keep = np.zeros(len(prior), dtype=bool)
+            if finish_s is not None:
+                keep |= ~(finish_s[prior] <= t_lo)  # still running at the window start (NaN: never finished)
+            if providers is not None:
+                cached = {j for r in rows.tolist() for j in providers[r] if j < rows[0]}
+                keep |= np.isin(prior, np.fromiter(cached, dtype=np.int64, count=len(cached)))
+            state = prior[keep]
         sub = table.take(np.concatenate([state, rows]))
         t_hi = float(np.max(finish_s[rows])) if finish_s is not None else math.inf
         clock, plan = _clock_plan(actions, init, float(sub.arrival_s[0]), t_hi)
-        inner = ReplayGame(sub, profile, clock_mhz=clock, actions=plan, prefix_block_tokens=prefix_block_tokens)
+        law = StepLaw.from_profiles(profile, clock_mhz=_clock_plan(actions, init, t_lo, t_lo)[0])
+        inner = ReplayGame(sub, profile, clock_mhz=clock, actions=plan, law=law,
+                           prefix_block_tokens=prefix_block_tokens)
         nf = len(state)
         game = FixedStateGame(inner, nf) if nf else inner
         m = len(rows)

@@ -202,7 +202,7 @@ class Pool:
         bt = self.opt.prefix_block_tokens
         for rep in self.replicas:
             if rep.pcache is None:
-                rep.pcache = PrefixCache(bt, rep.bs)
+                rep.pcache = PrefixCache(bt, rep.bs, rep.free_blocks)
         self._hashes = table.prefix_hashes.tolist()
         self._hoff = table.prefix_offsets.tolist()
 

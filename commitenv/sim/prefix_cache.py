@@ -7,9 +7,10 @@ Requests carry the hash ids of their prompt's full blocks (Mooncake ``hash_ids``
   later in the same scheduling pass already hits it;
 * at admission a request skips its longest run of leading cached blocks; at least one prompt token is always
   computed, so only blocks ending at or before ``prompt - 1`` can hit (``shareable`` below);
-* a block held by no running request stays cached but counts as free memory; when an allocation needs those
-  blocks, cached free blocks are evicted least recently freed first, and a request's blocks are freed tail
-  first so that its deepest blocks are evicted first.
+* freed blocks join the tail of one FIFO queue of free blocks (a request's blocks tail first, so its deepest
+  block leaves the queue first); a freed block keeps its cached content (it can still be hit, which takes it
+  out of the queue) until an allocation pops it from the head, which evicts it. vLLM's free-block queue works
+  the same way; here it holds runs of uncached blocks and whole hash blocks (``per_entry`` KV blocks each).
 
 A request only registers and hits its ``shareable`` blocks; a block that ends exactly at the prompt's last token
 is computed privately (vLLM recomputes it on a full hit anyway). This keeps the cost of every block a function
@@ -17,13 +18,14 @@ of which requests hold it, the structure StepSplit's prefix split relies on (sec
 
 Memory accounting (engine KV blocks of ``block_size`` tokens): a request's ``blocks`` counts every block its
 KV spans; the ``prefix`` entries it references (hit or registered) are shared, so the request's private blocks
-are ``blocks - per_entry * len(prefix)``. The replica's ``free_blocks`` counts unreferenced cached blocks as
-free; ``evictable`` is how many of them the cache still holds.
+are ``blocks - per_entry * len(prefix)``. The replica's ``free_blocks`` is the length of the free queue, cached
+free blocks included; ``evictable`` is how many of them the cache still holds.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import count
 
 
 class PrefixEntry:
@@ -37,11 +39,12 @@ class PrefixEntry:
 
 
 class PrefixCache:
-    """Hash -> entry map of one replica, with the LRU queue of unreferenced entries."""
+    """Hash -> entry map of one replica, and its FIFO queue of free KV blocks (runs of uncached blocks and
+    unreferenced cached entries, oldest first)."""
 
-    __slots__ = ("block_tokens", "per_entry", "entries", "lru", "evictable", "hit_tokens", "evictions")
+    __slots__ = ("block_tokens", "per_entry", "entries", "queue", "evictable", "hit_tokens", "evictions", "_ids")
 
-    def __init__(self, block_tokens: int, engine_block_size: int) -> None:
+    def __init__(self, block_tokens: int, engine_block_size: int, free_blocks: int = 0) -> None:
         if block_tokens < 1 or block_tokens % engine_block_size:
             raise ValueError(
                 f"prefix_block_tokens: expected a positive multiple of the profile's block_size "
@@ -50,7 +53,10 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.per_entry = block_tokens // engine_block_size  # engine KV blocks per prefix block
         self.entries: dict[int, PrefixEntry] = {}
-        self.lru: OrderedDict[int, PrefixEntry] = OrderedDict()  # ref == 0, oldest first
+        # free queue: ("r", n) -> block count of an uncached run, ("e", hash) -> an unreferenced cached entry
+        self.queue: OrderedDict[tuple, int | PrefixEntry] = OrderedDict()
+        self._ids = count()
+        self.give(free_blocks)
         self.evictable = 0  # engine blocks held by unreferenced entries (a part of the replica's free blocks)
         self.hit_tokens = 0  # prompt tokens skipped by cache hits so far (statistics)
         self.evictions = 0
@@ -61,7 +67,7 @@ class PrefixCache:
         return min(n_hashes, (prompt - 1) // block_tokens)
 
     def lookup(self, hashes: tuple[int, ...]) -> tuple[list[PrefixEntry], int]:
-        """Longest cached run of leading ``hashes``: (entries, engine blocks it takes out of the free pool)."""
+        """Longest cached run of leading ``hashes``: (entries, engine blocks it takes out of the free queue)."""
         hit: list[PrefixEntry] = []
         cost = 0
         entries = self.entries
@@ -75,10 +81,10 @@ class PrefixCache:
         return hit, cost
 
     def acquire(self, hit: list[PrefixEntry]) -> None:
-        """Reference the entries a request hit (unreferenced ones leave the LRU queue)."""
+        """Reference the entries a request hit (unreferenced ones leave the free queue)."""
         for e in hit:
             if e.ref == 0:
-                del self.lru[e.h]
+                del self.queue[("e", e.h)]
                 self.evictable -= self.per_entry
             e.ref += 1
         self.hit_tokens += len(hit) * self.block_tokens
@@ -93,27 +99,56 @@ class PrefixCache:
         self.entries[h] = e
         return e
 
+    def give(self, n: int) -> None:
+        """``n`` uncached blocks join the tail of the free queue."""
+        if n > 0:
+            self.queue[("r", next(self._ids))] = n
+
     def release(self, prefix: list[PrefixEntry]) -> int:
-        """A request frees its references (tail first); returns the engine blocks that became free."""
+        """A request drops its references, deepest block first; returns the engine blocks that became free."""
         freed = 0
         for e in reversed(prefix):
             e.ref -= 1
             if e.ref == 0:
-                self.lru[e.h] = e
+                self.queue[("e", e.h)] = e
                 self.evictable += self.per_entry
                 freed += self.per_entry
         return freed
 
-    def evict_for(self, free_blocks: int, need: int) -> None:
-        """Evict unreferenced entries, oldest first, until ``need`` blocks are free without them."""
-        while free_blocks - self.evictable < need and self.lru:
-            h, _ = self.lru.popitem(last=False)
-            del self.entries[h]
-            self.evictable -= self.per_entry
-            self.evictions += 1
+    def take(self, n: int) -> None:
+        """Allocate ``n`` blocks from the head of the free queue (the caller checked they are free), evicting
+        every cached entry popped; a partly used run or entry leaves its rest, uncached, at the head."""
+        q = self.queue
+        while n > 0:
+            key, item = q.popitem(last=False)
+            if key[0] == "e":
+                del self.entries[key[1]]
+                self.evictable -= self.per_entry
+                self.evictions += 1
+                size = self.per_entry
+            else:
+                size = item
+            if size > n:
+                rest = ("r", next(self._ids))
+                q[rest] = size - n
+                q.move_to_end(rest, last=False)
+            n -= size
+
+    def head_free(self) -> int:
+        """Blocks that can be allocated before the first cached entry in the queue would be evicted."""
+        total = 0
+        for key, item in self.queue.items():
+            if key[0] == "e":
+                break
+            total += item
+        return total
+
+    def free_entries(self) -> list[int]:
+        """Hashes of the unreferenced cached entries, in queue order (next evicted first)."""
+        return [k[1] for k in self.queue if k[0] == "e"]
 
     def clone(self) -> tuple["PrefixCache", dict[int, PrefixEntry]]:
-        """A copy with fresh entries (same LRU order); returns it and the hash -> new entry map."""
+        """A copy with fresh entries and the same queue; returns it and the hash -> new entry map."""
         c = PrefixCache.__new__(PrefixCache)
         c.block_tokens, c.per_entry = self.block_tokens, self.per_entry
         c.entries = {}
@@ -121,6 +156,7 @@ class PrefixCache:
             ne = PrefixEntry(h)
             ne.ref = e.ref
             c.entries[h] = ne
-        c.lru = OrderedDict((h, c.entries[h]) for h in self.lru)
+        c.queue = OrderedDict((k, c.entries[k[1]] if k[0] == "e" else v) for k, v in self.queue.items())
+        c._ids = count(next(self._ids))
         c.evictable, c.hit_tokens, c.evictions = self.evictable, self.hit_tokens, self.evictions
         return c, c.entries

@@ -92,21 +92,24 @@ class Replica:
 
     # ----------------------------------------------------------------------------------------- scheduling
     def _release(self, r: Req) -> None:
-        """Free a request's KV: private blocks at once, shared prefix entries when their last holder leaves."""
-        if r.prefix:
-            pc = self.pcache
-            self.free_blocks += r.blocks - pc.per_entry * len(r.prefix) + pc.release(r.prefix)
-            r.prefix = []
+        """Free a request's KV: private (tail) blocks at once, then shared prefix entries (deepest first) whose
+        last holder leaves."""
+        pc = self.pcache
+        if pc is not None:
+            private = r.blocks - pc.per_entry * len(r.prefix)
+            pc.give(private)
+            self.free_blocks += private
+            if r.prefix:
+                self.free_blocks += pc.release(r.prefix)
+                r.prefix = []
         else:
             self.free_blocks += r.blocks
         r.blocks = 0
         r.pfx_next = 0
 
     def _alloc(self, n: int) -> None:
-        """Take ``n`` free blocks (the caller checked ``n <= free_blocks``), evicting cached free ones."""
-        pc = self.pcache
-        if pc is not None and n > self.free_blocks - pc.evictable:
-            pc.evict_for(self.free_blocks, n)
+        """Take ``n`` free blocks from the prefix cache's free queue (the caller checked ``n <= free_blocks``)."""
+        self.pcache.take(n)
         self.free_blocks -= n
 
     def _register(self, r: Req, upto: int) -> None:
@@ -282,7 +285,13 @@ class Replica:
     def _kv_steps(self, batch: list[tuple[Req, int]], kmax: int) -> int:
         """Largest j <= kmax such that the batch's KV blocks after j decode steps fit in the cache."""
         bs = self.bs
-        cap = self.free_blocks + sum(r.blocks for r, _ in batch)
+        free = self.free_blocks
+        pc = self.pcache
+        if pc is not None and pc.evictable and self.waiting and self.waiting[0].hashes:
+            # an eviction inside the run could change the waiting head's cache hit and so its admission:
+            # end the run before the first allocation that would evict
+            free = pc.head_free()
+        cap = free + sum(r.blocks for r, _ in batch)
         comp = [r.computed for r, _ in batch]
 
         def fits(j: int) -> bool:
@@ -290,7 +299,9 @@ class Replica:
 
         if fits(kmax):
             return kmax
-        lo, hi = 1, kmax  # fits(1) holds: the scheduler allocated step 1
+        if not fits(2):
+            return 1
+        lo, hi = 2, kmax
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if fits(mid):
