@@ -47,6 +47,18 @@ def toy_profile(**over) -> Profile:
     return Profile.model_validate(raw)
 
 
+def attn_toy_profile(**over) -> Profile:
+    """The toy profile whose clocks also charge the prefill attention term (top clock: tau4 = 1e-6 s,
+    c2 = 1e-4 J per attention pair)."""
+    low = dict(mhz=500, time=dict(tau0=0.012, tau1=0.002, tau2=0.0001, tau3=0.000012, tau4=2e-6),
+               energy=dict(a=0.8, c1=0.12, c2=0.0002, b=0.008, kappa=0.0009), active_idle_w=40.0,
+               draining_idle_w=40.0)
+    top = dict(mhz=1000, time=dict(tau0=0.01, tau1=0.001, tau2=0.0001, tau3=0.00001, tau4=1e-6),
+               energy=dict(a=1.0, c1=0.1, c2=0.0001, b=0.01, kappa=0.001), active_idle_w=50.0,
+               draining_idle_w=50.0)
+    return toy_profile(clocks=[low, top], **over)
+
+
 @pytest.fixture
 def toy():
     return toy_profile()

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from conftest import attn_toy_profile, toy_profile
 
 from commitenv.attribution import (
     PrefixModelGame,
@@ -29,12 +29,7 @@ SCHED = dict(token_budget=512, max_seqs=16, context_limit=128, block_size=4, kv_
 
 
 def attn_profile():
-    low = dict(mhz=500, time=dict(tau0=0.012, tau1=0.002, tau2=0.0001, tau3=0.000012, tau4=2e-6),
-               energy=dict(a=0.8, c1=0.12, c2=0.0002, b=0.008, kappa=0.0009), active_idle_w=40.0,
-               draining_idle_w=40.0)
-    top = dict(mhz=1000, time=dict(tau0=0.01, tau1=0.001, tau2=0.0001, tau3=0.00001, tau4=1e-6),
-               energy=dict(a=1.0, c1=0.1, c2=0.0001, b=0.01, kappa=0.001), active_idle_w=50.0, draining_idle_w=50.0)
-    return toy_profile(clocks=[low, top], scheduler=SCHED)
+    return attn_toy_profile(scheduler=SCHED)
 
 
 def table_with(arrivals, prompts, outputs, hashes):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from conftest import attn_toy_profile, toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.loaders import load_mooncake_jsonl
@@ -93,12 +93,7 @@ def test_chunked_prefill_registers_blocks_chunk_by_chunk():
 
 
 def test_hit_with_attention_term_prices_the_context():
-    low = dict(mhz=500, time=dict(tau0=0.012, tau1=0.002, tau2=0.0001, tau3=0.000012, tau4=2e-6),
-               energy=dict(a=0.8, c1=0.12, c2=0.0002, b=0.008, kappa=0.0009), active_idle_w=40.0,
-               draining_idle_w=40.0)
-    top = dict(mhz=1000, time=dict(tau0=0.01, tau1=0.001, tau2=0.0001, tau3=0.00001, tau4=1e-6),
-               energy=dict(a=1.0, c1=0.1, c2=0.0001, b=0.01, kappa=0.001), active_idle_w=50.0, draining_idle_w=50.0)
-    prof = toy_profile(clocks=[low, top], scheduler=BIG)
+    prof = attn_toy_profile(scheduler=BIG)
     pool = serve([0.0, 1.0], [10, 10], [1, 1], [[1, 2], [1, 2]], profile=prof)
     e = first_entry(pool, 1)
     # 2 new tokens after 8 cached ones: A = 2*8 + 2*3/2 = 19
