@@ -201,7 +201,8 @@ def _cmd_attribute(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ValueError(f"{spath}: cannot re-run the episode: {e}"
                          + ("" if args.scenario else " (give the scenario with --scenario NAME_OR_FILE)")) from None
-    env, res = run_episode(controller, scenario, seed, progress=not args.quiet, attribution=True)
+    env, res = run_episode(controller, scenario, seed, progress=not args.quiet, attribution=True,
+                           controller_kwargs=summary.get("controller_kwargs"))
     for k in _REPRODUCED:
         if k in summary and not _close(summary[k], res.summary.get(k)):
             raise ValueError(

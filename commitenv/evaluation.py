@@ -18,8 +18,7 @@ token_split_j      the Token baseline: the run's busy energy split by prompt + 5
 Every step's metered energy is split (tail after the horizon included), so ``total_j`` sums to the run's busy
 energy; idle energy (the floor while no step runs) is billed to no request. A run folder without bills gets
 them from ``commitenv attribute RUN_DIR``, which re-runs the deterministic episode (scenario, controller and seed
-from summary.json; controller arguments are not recorded, so the controller runs with its defaults, as
-``commitenv run`` runs it) and checks that it reproduces the recorded scores, rather than storing a step log.
+and the controller's arguments from summary.json) and checks that it reproduces the recorded scores, rather than storing a step log.
 """
 
 from __future__ import annotations
@@ -142,6 +141,7 @@ def run_episode(
     from commitenv.envs import CommitServeEnv
     from controllers import ControllerContext, make
 
+    recorded = _jsonable(controller_kwargs) if controller_kwargs else None
     ctrl = make(controller, **(controller_kwargs or {})) if isinstance(controller, str) else controller
     env = CommitServeEnv(scenario, attribution=attribution)
     t_start = time.perf_counter()
@@ -169,10 +169,21 @@ def run_episode(
             close()
     wall = time.perf_counter() - t_start
     res = score_episode(env, ctrl.name, seed, wall, ret)
+    if recorded:
+        res.summary["controller_kwargs"] = recorded
     stats = getattr(ctrl, "stats", None)
     if callable(stats):
         res.summary.update(stats())
     return env, res
+
+
+def _jsonable(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Controller arguments as recorded in summary.json (refused when they are not plain JSON values, since
+    `commitenv attribute` must be able to pass them back)."""
+    try:
+        return json.loads(json.dumps(kwargs))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"controller_kwargs: expected plain JSON values to record with the run ({e})") from None
 
 
 def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, episode_return: float) -> EvalResult:

@@ -248,6 +248,25 @@ def test_cli_attribute_reproduces_bills(two_tenants, tmp_path, capsys):
     assert (run2 / "bills.csv").read_bytes() == want
 
 
+def test_cli_attribute_reuses_recorded_controller_arguments(two_tenants, tmp_path, capsys):
+    # fixed_config on both toy GPUs at the low clock: the run records the arguments and `attribute` passes them
+    # back, so the re-run reproduces the recorded scores; at the default clock it would not, and is refused
+    out = tmp_path / "run"
+    kw = {"active": 2, "clock_mhz": 500}
+    res = evaluate("fixed_config", str(two_tenants), seed=0, controller_kwargs=kw)
+    assert res.summary["controller_kwargs"] == kw
+    res.write(out, figure=False, requests=False)
+    assert main(["attribute", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    summary["controller_kwargs"] = {"active": 2}
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert main(["attribute", str(out), "--quiet"]) != 0
+    assert "would not belong to this run" in capsys.readouterr()[1]
+    with pytest.raises(ValueError, match="controller_kwargs: expected plain JSON"):
+        evaluate("fixed_config", str(two_tenants), controller_kwargs={"active": object()})
+
+
 def test_cli_attribute_replay_correction(two_tenants, tmp_path, capsys):
     out = tmp_path / "run"
     evaluate("vllm", str(two_tenants), seed=0).write(out, figure=False, requests=False)
