@@ -510,8 +510,8 @@ def runs(controllers_used):
 
 
 def _strip(summary):
-    """The summary without wall-clock timings (wall_s, planning-time statistics)."""
-    return {k: v for k, v in summary.items() if k != "wall_s" and not k.startswith("plan_s")}
+    """The summary without wall-clock timings (wall_s, planning-time statistics) and recorded arguments."""
+    return {k: v for k, v in summary.items() if k not in ("wall_s", "controller_kwargs") and not k.startswith("plan_s")}
 
 
 def test_registry_names():
