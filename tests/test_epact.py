@@ -20,7 +20,7 @@ from commitenv.sim.whatif import simulate
 from controllers import ControllerContext, make
 from controllers.epact import EPACT
 from controllers.epact.planner import check_allocation, equal_allocation, interval_target
-from controllers.epact.selection import Evaluation, admitted, deviation_cost, rank_key, select
+from controllers.epact.selection import Evaluation, admitted, best_admitted_cost, deviation_cost, rank_key, select
 from test_env import HOUR_SCENARIO
 
 KJ = 1e3
@@ -143,6 +143,9 @@ def test_controller_rejects_bad_options():
         EPACT(planning_delay="soon")
     with pytest.raises(ValueError):
         EPACT(slo_scope="everything")
+    for bad in ("median", -0.01, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            EPACT(energy_band=bad)
 
 
 # ========================================================================================== selection (4.3)
@@ -254,6 +257,65 @@ def test_empty_snapshot_is_pure_cost_ranking():
 def test_negative_target_prefers_lowest_energy():
     cands = [ev(50.0, active=1), ev(10.0, active=4), ev(30.0, active=2)]
     assert select(cands, -20.0, 2.0, 1.0, 0, 0.0) is cands[1]
+
+
+# ------------------------------------------------------------------------------ energy band (extension)
+def _band_set():
+    """T = 100, lambda+ = 2, lambda- = 1, |I| = 200, eps = 0.01 (<= 2 predicted misses admitted).
+    J by hand: A 1, B 3, C 5, D 100; X has J = 0 but 3 misses (not admitted)."""
+    A = ev(99.0, misses=2, margin=-0.5, active=1)   # J = 1, admitted at the limit
+    B = ev(97.0, misses=0, margin=1.0, active=2)    # J = 3
+    C = ev(95.0, misses=0, margin=5.0, active=3)    # J = 5, roomier than B
+    D = ev(150.0, misses=0, margin=9.0, active=4)   # J = 100
+    X = ev(100.0, misses=3, margin=-2.0, active=5)  # J = 0, fails eq. 2
+    return A, B, C, D, X
+
+
+def test_energy_band_zero_is_eq3():
+    A, B, C, D, X = _band_set()
+    assert select([A, B, C, D, X], 100.0, 2.0, 1.0, 200, 0.01) is A
+    assert select([A, B, C, D, X], 100.0, 2.0, 1.0, 200, 0.01, band=0.0) is A
+
+
+def test_energy_band_breaks_near_ties_by_service():
+    A, B, C, D, X = _band_set()
+    cands = [X, D, C, B, A]
+    # band 1.5: only J <= 1 + 1.5 = 2.5 is an equal match -> A alone
+    assert select(cands, 100.0, 2.0, 1.0, 200, 0.01, band=1.5) is A
+    # band 2.5: A (2 misses) and B (0 misses) match equally -> B, the fewer predicted misses
+    assert select(cands, 100.0, 2.0, 1.0, 200, 0.01, band=2.5) is B
+    # band 5: A, B, C; B and C both have no predicted miss -> lower J (B), not the larger margin (C)
+    assert select(cands, 100.0, 2.0, 1.0, 200, 0.01, band=5.0) is B
+    # the non-admitted X (J = 0) never enters the band, and a band does not rescue it
+    assert select(cands, 100.0, 2.0, 1.0, 200, 0.01, band=1000.0) is not X
+
+
+def test_energy_band_key_orders_like_select():
+    A, B, C, D, X = _band_set()
+    cands = [A, B, C, D, X]
+    assert best_admitted_cost(cands, 100.0, 2.0, 1.0, 200, 0.01) == pytest.approx(1.0)
+    assert best_admitted_cost([X], 100.0, 2.0, 1.0, 200, 0.01) is None
+    k = lambda e: rank_key(e, 100.0, 2.0, 1.0, 200, 0.01, best_j=1.0, band=2.5)  # noqa: E731
+    # in band: B (0 misses) < A (2 misses); beyond the band by J: C < D; not admitted last
+    assert sorted(cands, key=k) == [B, A, C, D, X]
+    k0 = lambda e: rank_key(e, 100.0, 2.0, 1.0, 200, 0.01)  # noqa: E731
+    assert sorted(cands, key=k0) == [A, B, C, D, X]
+
+
+def test_measured_energy_band_is_median_relative_error():
+    ctrl = EPACT(workers=0, energy_band="measured")
+    ctrl.reset(_ctx(K=4))
+    assert ctrl._band_rel({"interval_energy_j": 0.0}) == 0.0  # no prediction applied yet
+    for predicted, metered in ((100.0, 103.0), (200.0, 190.0), (50.0, 50.5), (80.0, 88.0)):
+        ctrl._predicted_j = predicted
+        band = ctrl._band_rel({"interval_energy_j": metered})
+    # errors 0.03, 0.05, 0.01, 0.10 -> median 0.04
+    assert band == pytest.approx(0.04)
+    ctrl._predicted_j = 100.0
+    assert ctrl._band_rel({"interval_energy_j": 100.0}) == pytest.approx(0.03)  # last K = 4: .05 .01 .10 0
+    fixed = EPACT(workers=0, energy_band=0.02)
+    fixed.reset(_ctx(K=4))
+    assert fixed._band_rel({"interval_energy_j": 5.0}) == 0.02
 
 
 # ========================================================================================== causality (4.3)
