@@ -571,6 +571,14 @@ def runs(controllers_used):
     }
 
 
+def test_energy_band_is_off_in_the_last_interval_of_each_hour(controllers_used, runs):
+    # the band is measured from the second decision on and applied everywhere but the hour's last interval
+    dec = controllers_used["epact"].decisions
+    K = len(dec)  # the single-hour scenario: one decision per interval
+    assert dec[-1]["band_j"] == 0.0 and dec[-1]["band_rel"] > 0
+    assert all(d["band_j"] > 0 for d in dec[2 : K - 1])
+
+
 def _strip(summary):
     """The summary without wall-clock timings (wall_s, planning-time statistics) and recorded arguments."""
     return {k: v for k, v in summary.items() if k not in ("wall_s", "controller_kwargs") and not k.startswith("plan_s")}

@@ -43,7 +43,8 @@ class EPACT(Controller):
     attainment 99.83 %, deviation 0.06 %. Set ``slo_scope="captured"`` for the paper-literal gate.
 
     ``energy_band``: how close two admitted candidates' deviation costs must be to count as equal matches of
-    the target, which the paper's eq. 3 then breaks by service (`selection.rank_key`). ``0`` is eq. 3 as
+    the target, which the paper's eq. 3 then breaks by service (`selection.rank_key`); never in the hour's last
+    interval, whose deviation no later target can pay back (it is chosen by eq. 3 alone). ``0`` is eq. 3 as
     printed (exact ties only). ``"measured"`` (default) sets it at each decision from the controller's own
     energy predictor: the median of |metered - predicted| / |predicted| interval energy of the applied
     candidates over the last hour's decisions, times |T_k| and the smaller of the two rates; a number fixes
@@ -127,7 +128,10 @@ class EPACT(Controller):
         target = interval_target(commitment, float(info["hour_energy_j"]), self._nominal(commitment), k,
                                  static=self.static_target)
         band_rel = self._band_rel(info)
-        band = band_rel * abs(target) * min(ctx.lambda_plus, ctx.lambda_minus)
+        # the band trades a little deviation for service, which the next intervals' targets pay back; the
+        # hour's last interval has none after it, so it is chosen by eq. 3 alone
+        last = k == ctx.intervals_per_hour - 1
+        band = 0.0 if last else band_rel * abs(target) * min(ctx.lambda_plus, ctx.lambda_minus)
         snap = ctx.probe.snapshot()
         replay = ctx.probe.recent_arrivals(self.replay_window_s or ctx.interval_s)
         track = self.slo_scope == "captured+forecast"
@@ -179,7 +183,7 @@ class EPACT(Controller):
         self.decisions.append({
             "t": float(info["t"]), "target_j": target, "evaluated": len(search.order), "captured": n_cap,
             "chosen": None if chosen is None else chosen.config, "fallback": search.fallback, "plan_s": wall,
-            "band_rel": band_rel,
+            "band_rel": band_rel, "band_j": band,
         })
         return action
 
