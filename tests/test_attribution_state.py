@@ -58,6 +58,19 @@ def test_model_game_with_fixed_state_closed_form_equals_enumeration(seed):
     np.testing.assert_allclose(fixed.marginals(perm), marg, rtol=1e-9, atol=1e-12)
 
 
+def test_fixed_state_closed_form_with_a_shared_energy_that_grows_with_the_step():
+    # a(m) = 1 + 0.2 m (mixture-of-experts style): a cost's non-fixed members split what they add on top of
+    # the fixed members, a(f + p) - a(f); checked against enumeration
+    rng = np.random.default_rng(4)
+    n = 9
+    prof = toy_profile(scheduler=SCHED)
+    table = make_table(np.sort(rng.uniform(0, 0.1, n)), rng.integers(1, 30, n), rng.integers(2, 25, n))
+    pool = serve(table, prof)
+    law = StepLaw.from_profiles(prof, shared_fn=lambda m: 1.0 + 0.2 * m)
+    fixed = FixedStateGame(model_game_for(pool.log, table, law), 3)
+    np.testing.assert_allclose(fixed.shapley(), exact_shapley(fixed), rtol=1e-9)
+
+
 def test_request_joining_steps_that_run_anyway_pays_only_its_own_energy():
     # B (background) decodes 50 tokens from t = 0; P arrives at 0.1 s, prefills 4 tokens inside one of B's
     # steps and decodes 2 more tokens alongside B: it adds no step. Toy law: c1 = 0.1, b = 0.01, kappa = 0.001.

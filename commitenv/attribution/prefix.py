@@ -158,8 +158,8 @@ class PrefixModelGame(ModelGame):
             out[who[np.argmin(rank[who])]] += ej
         return out
 
-    def _first_pays(self) -> list[tuple[int, float]]:
-        return list(super()._first_pays()) + [(bm, ej) for bm, _, ej in self._blocks]
+    def _cost_groups(self) -> list[tuple[int, float, np.ndarray | None]]:
+        return super()._cost_groups() + [(bm, ej, None) for bm, _, ej in self._blocks]
 
     def shapley(self) -> np.ndarray:
         return prefix_split(self._log, self._table, self._law, self._bt, scale=self.scale_mode,

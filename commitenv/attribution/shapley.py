@@ -167,23 +167,25 @@ class ModelGame:
         """The closed form (Proposition 5.1) — the game's exact Shapley value."""
         return closed_form(self.steps, scale=self.scale_mode).shares
 
-    def _first_pays(self) -> list[tuple[int, float]]:
-        """The game's shared costs as (member mask, energy) groups paid once when any member is present."""
-        if self._a_tab is not None:
-            raise NotImplementedError("a state held fixed needs a constant shared energy a (not a(m))")
-        return self._groups
+    def _cost_groups(self) -> list[tuple[int, float, np.ndarray | None]]:
+        """The game's shared costs as (member mask, weight, a-table): a group adds ``w * a[c]`` when ``c`` of its
+        members are present (a-table None: ``w`` once any member is present)."""
+        return [(gm, w, self._a_tab) for gm, w in self._groups]
 
     def shapley_fixed(self, n_fixed: int) -> np.ndarray:
         """Shapley value of the players ``n_fixed..`` when players ``0..n_fixed-1`` are always present
-        (`FixedStateGame`): own energy, plus an equal part of every shared cost that no fixed player holds
-        (a cost some fixed player holds is paid by the state)."""
+        (`FixedStateGame`): own energy, plus for every shared cost an equal part of what its non-fixed members
+        add on top of its fixed ones, ``w * (a(f + p) - a(f)) / p`` (so a cost a fixed player holds is paid by
+        the state when ``a`` is constant)."""
         fixed = (1 << n_fixed) - 1
         phi = self._own.copy()
-        for gm, w in self._first_pays():
-            if gm & fixed:
+        for gm, w, tab in self._cost_groups():
+            who = members_of(gm & ~fixed, self.n)
+            if not who:
                 continue
-            who = members_of(gm, self.n)
-            phi[list(who)] += w / len(who)
+            f, p = (gm & fixed).bit_count(), len(who)
+            rise = (tab[f + p] - tab[f]) if tab is not None else (0.0 if f else 1.0)
+            phi[list(who)] += w * rise / p
         return phi[n_fixed:]
 
 

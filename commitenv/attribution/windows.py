@@ -154,18 +154,22 @@ def replay_correction(
     replays = exact_n = 0
     rep_of = np.asarray(replica_of)
     providers = _prefix_providers(table, rep_of, prefix_block_tokens) if hold_state else None
+    # per replica: its earlier rows not known to have finished by its latest window start (windows of one
+    # replica come in arrival order, so a row that has finished by one window start stays out)
+    unfinished: dict[int, list[int]] = {}
     for w_idx, rows in enumerate(todo):
         t_lo = float(table.arrival_s[rows[0]])
         state = np.zeros(0, dtype=np.int64)
         if hold_state:
-            prior = np.flatnonzero(rep_of[: rows[0]] == rep_of[rows[0]])
-            keep = np.zeros(len(prior), dtype=bool)
-            if finish_s is not None:
-                keep |= ~(finish_s[prior] <= t_lo)  # still running at the window start (NaN: never finished)
-            if providers is not None:
-                cached = {j for r in rows.tolist() for j in providers[r] if j < rows[0]}
-                keep |= np.isin(prior, np.fromiter(cached, dtype=np.int64, count=len(cached)))
-            state = prior[keep]
+            r = int(rep_of[rows[0]])
+            held: set[int] = set()
+            if finish_s is not None:  # still running at the window start (NaN: never finished)
+                cand = unfinished.get(r, [])
+                unfinished[r] = [j for j in cand if not finish_s[j] <= t_lo] + rows.tolist()
+                held.update(unfinished[r][: -len(rows)])
+            if providers is not None:  # the latest earlier requests that cached the window's prefix blocks
+                held.update(j for i in rows.tolist() for j in providers[i] if j < rows[0])
+            state = np.asarray(sorted(held), dtype=np.int64)
         sub = table.take(np.concatenate([state, rows]))
         t_hi = float(np.max(finish_s[rows])) if finish_s is not None else math.inf
         clock, plan = _clock_plan(actions, init, float(sub.arrival_s[0]), t_hi)

@@ -108,8 +108,10 @@ class Replica:
         r.pfx_next = 0
 
     def _alloc(self, n: int) -> None:
-        """Take ``n`` free blocks from the prefix cache's free queue (the caller checked ``n <= free_blocks``)."""
-        self.pcache.take(n)
+        """Take ``n`` free blocks (the caller checked ``n <= free_blocks``), from the prefix cache's free queue
+        when there is one (the scheduler inlines the no-cache case)."""
+        if self.pcache is not None:
+            self.pcache.take(n)
         self.free_blocks -= n
 
     def _register(self, r: Req, upto: int) -> None:
@@ -372,10 +374,7 @@ class Replica:
             r.computed += m
             r.generated += m
             nb = -(-r.computed // self.bs)
-            if self.pcache is None:
-                self.free_blocks -= nb - r.blocks
-            else:
-                self._alloc(nb - r.blocks)
+            self._alloc(nb - r.blocks)
             r.blocks = nb
         t_start = self.t0
         t_mid = t_start + dt
@@ -410,10 +409,7 @@ class Replica:
                 r.computed += k
                 r.generated += k
                 nb = -(-r.computed // bs)
-                if self.pcache is None:
-                    self.free_blocks -= nb - r.blocks
-                else:
-                    self._alloc(nb - r.blocks)
+                self._alloc(nb - r.blocks)
                 r.blocks = nb
                 if r.generated >= r.out:
                     done.append(r)

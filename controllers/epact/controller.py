@@ -153,14 +153,11 @@ class EPACT(Controller):
                 else:
                     results[r] = Evaluation(a, c, w.energy_j, w.misses, w.worst_margin_s, w.complete)
 
-        best_j: list[float | None] = [None, 0]  # lowest admitted J and the number of results it covers
-
-        def key(r: Rank) -> tuple:
-            if band > 0 and best_j[1] != len(results):
-                best_j[:] = [best_admitted_cost(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus,
-                                                n_cap, ctx.epsilon), len(results)]
+        def key(r: Rank) -> tuple:  # the band's reference (lowest admitted J) moves as results come in
+            best_j = (best_admitted_cost(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus, n_cap,
+                                         ctx.epsilon) if band > 0 else None)
             return rank_key(results[r], target, ctx.lambda_plus, ctx.lambda_minus, n_cap, ctx.epsilon,
-                            best_j=best_j[0], band=band)
+                            best_j=best_j, band=band)
 
         search = adaptive_search(self.catalog, evaluate, key, lambda r: results[r].valid, current, list(self.warm))
         chosen = select(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus, n_cap, ctx.epsilon,
