@@ -1,54 +1,103 @@
-"""Environment speed: steps per second on a single-hour H200 scenario with the vLLM controller, a full H20
-day with vLLM, and the time of gym.make. Prints one JSON object as its last line."""
+"""Environment speed: reset time with a new trace every episode and steps per second on the single-hour H200
+benchmark scenario (realism 'paper') with the vLLM controller, the same on the ideal reproduction hour, a full H20
+day, and the time of gym.make. ``--envs 2`` also steps two envs in a Gymnasium AsyncVectorEnv. The machine factor
+of ../shared/tools/machine_factor.py is printed beside the figures (1.0 = the reference machine). Prints one JSON
+object as its last line.
+
+    python benchmarks/bench_env.py [--episodes 5] [--envs 2] [--no-day]
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 
 import commitenv  # noqa: F401  (registers the scenarios)
 from controllers import ControllerContext, make
 
+HOUR = "commitenv/bench-h200-hour-fixed-a30-v0"
+IDEAL_HOUR = "commitenv/epact-h200-hour-fixed-a30-v0"
+DAY = "commitenv/epact-h20-day-v0"
 
-def episode(env_id: str, controller: str, seed: int = 0) -> tuple[int, float]:
+
+def machine_factor() -> float | None:
+    tool = Path(__file__).resolve().parents[2] / "shared" / "tools" / "machine_factor.py"
+    if not tool.is_file():
+        return None
+    out = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def episodes(env_id: str, controller: str, seeds: list[int]) -> dict[str, float]:
+    """Run one env over ``seeds`` (a new trace each time where the scenario draws one); reset and step times."""
     env = gym.make(env_id)
-    t0 = time.perf_counter()
-    obs, info = env.reset(seed=seed)
-    ctrl = make(controller)
-    ctrl.reset(ControllerContext.from_env(env), seed)
-    steps = 0
-    done = False
-    while not done:
-        obs, r, done, trunc, info = env.step(ctrl.act(obs, info))
-        steps += 1
-    wall = time.perf_counter() - t0
+    env.reset(seed=seeds[0] - 1)  # warm: reference cache, length tables
+    resets, steps, wall = [], 0, 0.0
+    for seed in seeds:
+        t0 = time.perf_counter()
+        obs, info = env.reset(seed=seed)
+        resets.append(time.perf_counter() - t0)
+        ctrl = make(controller)
+        ctrl.reset(ControllerContext.from_env(env), seed)
+        done = False
+        t1 = time.perf_counter()
+        while not done:
+            obs, r, done, trunc, info = env.step(ctrl.act(obs, info))
+            steps += 1
+        wall += time.perf_counter() - t1
     env.close()
-    return steps, wall
+    total = wall + sum(resets)
+    return {"reset_ms": round(1000 * statistics.median(resets), 2), "steps_per_s": round(steps / wall, 1),
+            "steps_per_s_with_reset": round(steps / total, 1), "episodes": len(seeds)}
+
+
+def vector_steps(env_id: str, n_envs: int, n_steps: int) -> float:
+    """Steps per second (summed over envs) of an AsyncVectorEnv of ``n_envs`` subprocess envs taking the vLLM action
+    (all replicas, reference clock); episodes restart with new traces automatically."""
+    envs = gym.vector.AsyncVectorEnv([lambda: gym.make(env_id) for _ in range(n_envs)])
+    envs.reset(seed=list(range(n_envs)))
+    e = gym.make(env_id).unwrapped
+    act = {"active": np.full(n_envs, e.n_replicas), "clock": np.full(n_envs, e.profile.reference_clock_index)}
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        envs.step(act)
+    wall = time.perf_counter() - t0
+    envs.close()
+    return round(n_envs * n_steps / wall, 1)
 
 
 def main() -> None:
-    hour_id = "commitenv/epact-h200-hour-fixed-a30-v0"
-    day_id = "commitenv/epact-h20-day-v0"
-    gym.make(hour_id).close()  # warm the reference cache so make_s measures make itself
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--episodes", type=int, default=5)
+    ap.add_argument("--envs", type=int, default=0, help="also measure an AsyncVectorEnv of this many envs")
+    ap.add_argument("--no-day", action="store_true", help="skip the full-day episode")
+    args = ap.parse_args()
+    factor = machine_factor()
+    gym.make(HOUR).close()  # warm the reference cache so make_s measures make itself
     t0 = time.perf_counter()
-    gym.make(hour_id).close()
+    gym.make(HOUR).close()
     make_s = time.perf_counter() - t0
-    first_steps, first_wall = episode(hour_id, "vllm")  # includes building the workload
-    runs = [episode(hour_id, "vllm", seed) for seed in range(1, 6)]
-    steps = sum(r[0] for r in runs)
-    wall = sum(r[1] for r in runs)
-    gym.make(day_id).close()
-    day_steps, day_wall = episode(day_id, "vllm")
-    print(f"hour: first episode {first_steps} steps in {first_wall:.2f} s; next 5 episodes {steps} steps in "
-          f"{wall:.2f} s; day: {day_steps} steps in {day_wall:.1f} s; make {make_s:.3f} s")
-    print(json.dumps({
-        "hour_steps_per_s": round(steps / wall, 1),
-        "hour_first_episode_steps_per_s": round(first_steps / first_wall, 1),
-        "day_wall_s": round(day_wall, 2),
-        "make_s": round(make_s, 4),
-    }))
+    seeds = list(range(100, 100 + args.episodes))
+    out: dict[str, object] = {"machine_factor": factor, "make_s": round(make_s, 4)}
+    out["bench_hour"] = episodes(HOUR, "vllm", seeds)
+    out["ideal_hour"] = episodes(IDEAL_HOUR, "vllm", seeds)
+    if args.envs:
+        out[f"bench_hour_vector_{args.envs}_steps_per_s"] = vector_steps(HOUR, args.envs, 240)
+    if not args.no_day:
+        gym.make(DAY).close()
+        day = episodes(DAY, "vllm", [0])
+        out["day_wall_s"] = round(1440 / day["steps_per_s"], 2)
+    print(f"machine factor {factor} (1.0 = reference); bench hour: reset {out['bench_hour']['reset_ms']} ms, "
+          f"{out['bench_hour']['steps_per_s']} steps/s; ideal hour: {out['ideal_hour']['steps_per_s']} steps/s")
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from commitenv.workload import builtin_workload, list_builtin, load_trace
 
     prof = load_profile(args.profile)
+    _check_out(args.out)
     if Path(args.workload).exists():
         table = load_trace(args.workload)
     elif args.workload in list_builtin():
@@ -72,32 +75,92 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 DEFAULT_COMPARE_SCENARIO = "epact-h200-hour-fixed-a30"
 
 
+_TABLE = [  # (summary key, header, width)
+    ("controller", "controller", 12), ("attainment_pct", "attain_%", 12), ("mean_abs_dev_pct", "|dev|_%", 12),
+    ("hours_within_5pct", "h<=5%", 12), ("cost_kwh_eq", "cost_kWh", 12), ("energy_mj", "energy_MJ", 12),
+    ("commitment_mj", "commit_MJ", 12), ("misses", "misses", 8), ("rejected", "rejected", 8),
+    ("slo_gate_pass", "gate", 5), ("wall_s", "wall_s", 12),
+]
+
+
+def _gate_word(passed: bool | None) -> str:
+    return "-" if passed is None else ("pass" if passed else "FAIL")
+
+
 def _print_table(rows: list[dict]) -> None:
-    cols = ["controller", "attainment_pct", "mean_abs_dev_pct", "hours_within_5pct", "cost_kwh_eq", "energy_mj",
-            "commitment_mj", "wall_s"]
-    head = ["controller", "attain_%", "|dev|_%", "h<=5%", "cost_kWh", "energy_MJ", "commit_MJ", "wall_s"]
-    print("  ".join(f"{h:>12}" for h in head))
+    """One line per run; ``gate`` is the scenario's SLO gate (every arrival hour attains >= 100 (1 - epsilon) %),
+    followed by a note for every run with rejected requests."""
+    print("  ".join(f"{h:>{w}}" for _, h, w in _TABLE))
     for r in rows:
         cells = []
-        for c in cols:
-            v = r[c]
-            cells.append(f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}")
+        for c, _, w in _TABLE:
+            v = r.get(c)
+            if c == "slo_gate_pass":
+                cells.append(f"{_gate_word(v):>{w}}")
+            elif v is None:
+                cells.append(f"{'-':>{w}}")
+            else:
+                cells.append(f"{v:>{w}.3f}" if isinstance(v, float) else f"{v!s:>{w}}")
         print("  ".join(cells))
+    eps = {r["slo_gate_epsilon"] for r in rows if "slo_gate_epsilon" in r}
+    if eps:
+        print("gate: every arrival hour attains >= " + " / ".join(f"{100 * (1 - e):g} %" for e in sorted(eps))
+              + " (epsilon " + " / ".join(f"{e:g}" for e in sorted(eps)) + ")")
+    for r in rows:
+        if r.get("rejected"):
+            print(f"{r['controller']}: {r['rejected']} of {r['requests']} requests rejected ({r['rejected_reason']}), "
+                  f"counted as misses")
 
 
-def _check_out(out: str | None) -> Path | None:
-    """Fail early (before any run) when ``out`` cannot become a writable folder; create nothing yet."""
+def _check_out(out: str | None, *, beside: bool = False) -> Path | None:
+    """Fail early (before any run) when ``out`` cannot become a writable folder: create it (and any missing
+    parents) and a temporary file in it, then remove all that was created, so nothing is left behind. With
+    ``beside`` also create a temporary folder next to ``out`` (where `EvalResult.write` builds its files)."""
     if out is None:
         return None
     p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
     probe = p
-    while not probe.exists():
+    while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    if not probe.is_dir():
+    if probe.exists() and not probe.is_dir():
         raise ValueError(f"--out {out}: cannot create folder ({probe} is a file)")
-    if not os.access(probe, os.W_OK):
-        raise ValueError(f"--out {out}: cannot create folder ({probe} is not writable)")
+    made: list[Path] = []
+    step = "cannot create folder"
+    try:
+        for d in reversed([p, *p.parents]):
+            if not d.exists():
+                step = f"cannot create folder {d}" if d != p else "cannot create folder"
+                d.mkdir()
+                made.append(d)
+        step = "cannot write a file in it"
+        fd, f = tempfile.mkstemp(prefix=".commitenv-probe-", dir=p)
+        os.close(fd)
+        os.unlink(f)
+        if beside:
+            step = f"cannot write beside it in {p.parent}"
+            os.rmdir(tempfile.mkdtemp(prefix=".commitenv-probe-", dir=p.parent))
+    except OSError as e:
+        raise ValueError(f"--out {out}: {step} ({e.strerror or type(e).__name__})") from None
+    finally:
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
     return p
+
+
+def _write_run(res, dest: Path, out: Path, **kw) -> None:
+    """``res.write(dest)`` (``dest`` is ``out`` or a sub-folder of it), an OSError restated about the user's
+    ``--out`` folder."""
+    try:
+        res.write(dest, **kw)
+    except OSError as e:
+        msg = (e.strerror or str(e)).removeprefix(f"{dest}: ")
+        where = "" if dest == out else f" ({dest.name}/)"
+        raise ValueError(f"--out {out}{where}: {msg}") from None
 
 
 def _resolve_names(scenario: str, controllers: list[str]) -> None:
@@ -114,11 +177,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from commitenv.evaluation import evaluate
 
     _resolve_names(args.scenario, [args.controller])
-    out = _check_out(args.out)
+    out = _check_out(args.out, beside=True)
     res = evaluate(args.controller, args.scenario, seed=args.seed, progress=not args.quiet)
     _print_table([res.summary])
     if out is not None:
-        res.write(out)
+        _write_run(res, out, out)
         print(f"wrote {out}/summary.json, hourly.csv, requests.csv, overview.png")
     print(json.dumps(res.summary))
     return 0
@@ -143,13 +206,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             continue
         rows.append(res.summary)
         if out is not None:
-            res.write(out / name, requests=False)
+            _write_run(res, out / name, out, requests=False)
     _print_table(rows)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        doc = {"scenario": args.scenario, "seed": args.seed,
+               "gate": {r["controller"]: _gate_word(r.get("slo_gate_pass")) for r in rows}, "results": rows}
         tmp = out / "compare.json.tmp"
-        tmp.write_text(json.dumps({"scenario": args.scenario, "seed": args.seed, "results": rows}, indent=2) + "\n")
-        tmp.replace(out / "compare.json")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(doc, indent=2) + "\n")
+            tmp.replace(out / "compare.json")
+        except OSError as e:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise ValueError(f"--out {out}: cannot write compare.json ({e.strerror or e})") from None
         print(f"wrote {out}/compare.json")
     return 0
 
@@ -351,8 +423,36 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes ``level: message`` to whatever ``sys.stderr`` is when a record comes (not the stream of the
+    moment the handler was made)."""
+
+    @property
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def _log_to_stderr() -> None:
+    """Show the package's warnings (logger ``commitenv``, e.g. rejected requests) on stderr, unless the caller
+    has configured logging already (root handlers present)."""
+    lg = logging.getLogger("commitenv")
+    if logging.getLogger().handlers or any(isinstance(h, _StderrHandler) for h in lg.handlers):
+        return
+    h = _StderrHandler()
+    h.setLevel(logging.WARNING)
+    lg.addHandler(h)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _log_to_stderr()
     try:
         return args.func(args)
     except (ValueError, OSError) as e:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -35,8 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from commitenv.metrics import deviation_cost_kwh, signed_deviation_pct, slo_outcome, summarize
+from commitenv.metrics import deviation_cost_kwh, signed_deviation_pct, slo_gate, slo_outcome, summarize
+from commitenv.scenarios.build import derived_seed
 from commitenv.scenarios.schema import Scenario
+
+log = logging.getLogger("commitenv")
 
 
 @dataclass
@@ -60,8 +64,11 @@ class EvalResult:
         if out.exists() and not out.is_dir():
             raise NotADirectoryError(f"{out}: exists and is not a folder")
         parent = out.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=parent))
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=parent))
+        except OSError as e:  # name the folder asked for, not the temporary one beside it
+            raise _out_error(e, out) from None
         try:
             (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
             _write_csv(tmp / "hourly.csv", self.hourly)
@@ -80,9 +87,20 @@ class EvalResult:
                     raise IsADirectoryError(f"{dest}: a folder is in the way of the output file")
             for f in tmp.iterdir():
                 os.replace(f, out / f.name)
+        except IsADirectoryError:
+            raise
+        except OSError as e:
+            raise _out_error(e, out) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out
+
+
+def _out_error(e: OSError, out: Path) -> OSError:
+    """``e`` restated about the output folder ``out`` (the errno, hence the OSError subclass, is kept)."""
+    reason = e.strerror or str(e)
+    msg = f"{out}: cannot write the results there ({reason})"
+    return OSError(e.errno, msg) if e.errno is not None else OSError(msg)
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -146,7 +164,8 @@ def run_episode(
     env = CommitServeEnv(scenario, attribution=attribution)
     t_start = time.perf_counter()
     obs, info = env.reset(seed=seed)
-    ctrl.reset(ControllerContext.from_env(env), seed)
+    # the controller gets a seed derived one way from the run seed: the run seed would regenerate the trace
+    ctrl.reset(ControllerContext.from_env(env), derived_seed(seed, "controller"))
     steps = env.H * env.K
     bar = None
     if progress:
@@ -194,10 +213,12 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     H = env.H
     energy = env.hour_energy_j.copy()
     commit = np.asarray(env.commit_j, dtype=np.float64)
-    slo = slo_outcome(table.arrival_s, pool.finish_t, pool.deadline, H)
+    rejected = np.asarray(pool.rejected, dtype=bool)
+    slo = slo_outcome(table.arrival_s, pool.finish_t, pool.deadline, H, rejected=rejected)
     dev = signed_deviation_pct(energy, commit)
     cost = deviation_cost_kwh(energy, commit, sc.lambda_plus, sc.lambda_minus)
     att = slo.by_hour_pct
+    gate, gate0 = slo_gate(slo, sc.epsilon), slo_gate(slo, 0.0)
     hourly = [
         {
             "hour": h,
@@ -207,9 +228,17 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
             "deviation_pct": float(dev[h]),
             "cost_kwh_eq": float(cost[h]),
             "attainment_pct": float(att[h]),
+            "late": int(slo.late[h]),
+            "unfinished": int(slo.unfinished[h]),
+            "rejected": int(slo.rejected[h]),
         }
         for h in range(H)
     ]
+    n_rejected = int(rejected.sum())
+    reason = rejection_reason(pool, rejected) if n_rejected else None
+    if n_rejected:
+        log.warning("%s / %s: %d of %d requests rejected (%s); they never ran and count as SLO misses",
+                    sc.name, controller_name, n_rejected, len(table), reason)
     summary: dict[str, Any] = {"scenario": sc.name, "controller": controller_name, "seed": seed}
     src = _scenario_file(sc)
     if src is not None:
@@ -218,7 +247,16 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     summary.update(
         {
             "misses": int(len(table) - slo.met.sum()),
+            "late": int(slo.late.sum()),
+            "unfinished": int(slo.unfinished.sum()),
+            "rejected": n_rejected,
+            "rejected_reason": reason,
             "requests": int(len(table)),
+            "slo_gate_pass": gate.passed,
+            "slo_gate_epsilon": gate.epsilon,
+            "slo_gate_worst_hour_pct": gate.worst_hour_pct,
+            "slo_gate_worst_hour": gate.worst_hour,
+            "slo_gate_pass_eps0": gate0.passed,
             "tail_energy_mj": float(env.tail_energy_j / 1e6),
             "episode_return": float(episode_return),
             "reward_offset_kwh": float(env.reward_offset_kwh),
@@ -235,11 +273,24 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
         "ttft_s": ttft,
         "finish_s": pool.finish_t,
         "deadline_s": pool.deadline,
-        "met": pool.finish_t <= pool.deadline,
+        "met": (pool.finish_t <= pool.deadline) & ~rejected,
+        "rejected": rejected.copy(),
         "preemptions": pool.preemptions.astype(np.int64),
     }
     bills = bill_table(env) if getattr(env, "attributor", None) is not None else None
     return EvalResult(sc.name, controller_name, seed, hourly, requests, summary, list(env.history), bills)
+
+
+def rejection_reason(pool: Any, rejected: np.ndarray) -> str:
+    """Why the engine refused the ``rejected`` requests of ``pool``: their prompt reached the context limit of
+    the profile serving them (`Pool.attach`: prompt >= ``scheduler.context_limit``)."""
+    profiles = list(getattr(pool, "profiles", []) or [])
+    limits = sorted({int(p.scheduler.context_limit) for p in profiles})
+    if len(limits) == 1:
+        return f"prompt >= context limit {limits[0]} tokens"
+    if limits:
+        return f"prompt >= the serving model's context limit ({', '.join(map(str, limits))} tokens)"
+    return "prompt >= context limit"
 
 
 def bill_table(env: Any) -> dict[str, np.ndarray]:

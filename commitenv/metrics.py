@@ -30,26 +30,83 @@ def signed_deviation_pct(energy_j, commit_j):
 
 @dataclass(frozen=True)
 class SloOutcome:
-    """Deadline outcomes, pooled and by arrival hour (requests belong to the hour they arrive in)."""
+    """Deadline outcomes, pooled and by arrival hour (requests belong to the hour they arrive in).
+
+    Per hour, ``arrivals = met + late + unfinished + rejected``: late requests finished after their deadline,
+    unfinished ones have no finish time (NaN), rejected ones were never served (the engine's context-limit
+    rejections; their finish time is inf)."""
 
     arrivals: np.ndarray  # per hour
     met: np.ndarray  # per hour
     pooled_pct: float
+    late: np.ndarray | None = None  # per hour; None when built by hand without the split
+    unfinished: np.ndarray | None = None
+    rejected: np.ndarray | None = None
 
     @property
     def by_hour_pct(self) -> np.ndarray:
         return np.divide(100.0 * self.met, self.arrivals, out=np.full(len(self.met), 100.0), where=self.arrivals > 0)
 
+    @property
+    def misses(self) -> int:
+        return int(np.sum(self.arrivals) - np.sum(self.met))
 
-def slo_outcome(arrival_s: np.ndarray, finish_s: np.ndarray, deadline_s: np.ndarray, hours: int) -> SloOutcome:
+
+def slo_outcome(arrival_s: np.ndarray, finish_s: np.ndarray, deadline_s: np.ndarray, hours: int,
+                rejected: np.ndarray | None = None) -> SloOutcome:
     """A request meets its SLO when it finishes at or before its deadline; unfinished (NaN) or rejected
-    (inf) requests miss. Requests arriving at or after the horizon are counted in the last hour."""
+    requests miss. ``rejected`` (bool, aligned with the requests) marks the requests the engine refused; without
+    it a request whose finish time is +inf counts as rejected (the engine's mark). Requests arriving at or after
+    the horizon are counted in the last hour."""
     hour = np.minimum((np.asarray(arrival_s) // 3600.0).astype(np.int64), hours - 1)
-    ok = np.asarray(finish_s) <= np.asarray(deadline_s)  # NaN compares False
+    finish = np.asarray(finish_s, dtype=np.float64)
+    deadline = np.asarray(deadline_s, dtype=np.float64)
+    rej = np.isposinf(finish) if rejected is None else np.asarray(rejected, dtype=bool)
+    ok = (finish <= deadline) & ~rej  # NaN compares False
+    late = np.isfinite(finish) & (finish > deadline) & ~rej
+    unfinished = ~ok & ~late & ~rej
+
+    def per_hour(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(hour, weights=mask.astype(np.float64), minlength=hours)[:hours].astype(np.int64)
+
     arrivals = np.bincount(hour, minlength=hours)[:hours].astype(np.int64)
-    met = np.bincount(hour, weights=ok.astype(np.float64), minlength=hours)[:hours].astype(np.int64)
     pooled = 100.0 * float(ok.sum()) / len(ok) if len(ok) else 100.0
-    return SloOutcome(arrivals, met, pooled)
+    return SloOutcome(arrivals, per_hour(ok), pooled, per_hour(late), per_hour(unfinished), per_hour(rej))
+
+
+@dataclass(frozen=True)
+class SloGate:
+    """The scenario's SLO gate: every arrival hour attains at least ``100 (1 - epsilon)`` % (hours without
+    arrivals pass)."""
+
+    passed: bool
+    epsilon: float
+    threshold_pct: float  # 100 (1 - epsilon)
+    worst_hour: int | None  # the hour with the lowest attainment among hours with arrivals (first if tied)
+    worst_hour_pct: float  # its attainment; 100 when no hour has arrivals
+    failed_hours: tuple[int, ...]
+
+
+def slo_gate(slo: SloOutcome, epsilon: float) -> SloGate:
+    """Check ``slo`` against the miss tolerance ``epsilon`` hour by hour. An hour passes when its misses are at
+    most ``epsilon x arrivals`` (i.e. attainment >= 100 (1 - epsilon) %, the boundary included); the comparison
+    is made on request counts with a 1e-9 slack so that float rounding of ``epsilon x arrivals`` cannot fail an
+    hour exactly on the boundary (a miss count is an integer, so the slack never admits one more miss)."""
+    eps = float(epsilon)
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"epsilon: expected a share in [0, 1], got {epsilon}")
+    arrivals = np.asarray(slo.arrivals, dtype=np.int64)
+    misses = arrivals - np.asarray(slo.met, dtype=np.int64)
+    ok = misses <= eps * arrivals + 1e-9
+    failed = tuple(int(h) for h in np.flatnonzero(~ok))
+    att = slo.by_hour_pct
+    busy = np.flatnonzero(arrivals > 0)
+    if len(busy):
+        worst = int(busy[np.argmin(att[busy])])
+        worst_pct = float(att[worst])
+    else:
+        worst, worst_pct = None, 100.0
+    return SloGate(not failed, eps, 100.0 * (1.0 - eps), worst, worst_pct, failed)
 
 
 def summarize(

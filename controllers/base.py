@@ -69,7 +69,16 @@ class ControllerContext:
     probe: Probe | None = None
 
     def action(self, active: int, clock_mhz: int) -> dict[str, int]:
-        """The env action for ``active`` replicas at ``clock_mhz``."""
+        """The env action for ``active`` replicas (a whole number in 1..n_replicas, as the env accepts; bools,
+        NaN and fractions are refused) at ``clock_mhz`` (one of ``clocks_mhz``); raises ValueError otherwise."""
+        whole = isinstance(active, (int, np.integer)) or (
+            isinstance(active, (float, np.floating)) and float(active).is_integer()
+        )
+        if isinstance(active, (bool, np.bool_)) or not whole:
+            raise ValueError(f"action: active must be a whole number of replicas in 1..{self.n_replicas}, "
+                             f"got {active.item() if isinstance(active, np.generic) else active!r}")
+        if not 1 <= active <= self.n_replicas:
+            raise ValueError(f"action: active must be in 1..{self.n_replicas} (the pool's replicas), got {int(active)}")
         if clock_mhz not in self.clocks_mhz:
             raise ValueError(f"clock {clock_mhz} MHz not one of {self.clocks_mhz}")
         return {"active": int(active), "clock": self.clocks_mhz.index(clock_mhz)}

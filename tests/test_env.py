@@ -59,6 +59,7 @@ def write_scenario(folder: Path, name: str, **fields) -> Path:
         "description": f"test scenario {name}",
         "pool": {"profile": str(write_toy_profile(folder)), "gpus": 2},
         "interval_s": 600,
+        "realism": "ideal",  # the exact engine: these tests compute their expectations by hand
     }
     raw.update(fields)
     path = folder / f"{name}.yaml"

@@ -48,7 +48,9 @@ HOUR_NAMES = {
     for scale in ("25", "30", "35")
 }
 DAY_NAMES = {"epact-h20-day", "epact-h200-day"}
-ALL_NAMES = DAY_NAMES | HOUR_NAMES
+REPRO_NAMES = DAY_NAMES | HOUR_NAMES
+BENCH_NAMES = {n.replace("epact-", "bench-", 1) for n in REPRO_NAMES}  # realism 'paper' twins
+ALL_NAMES = REPRO_NAMES | BENCH_NAMES
 PROFILE = {"h20": "h20-qwen3.8-27b-fp8", "h200": "h200-qwen3.8-27b-fp8"}
 EXPECTED_FRACTION = {
     ("h20", "fixed"): {"25": 0.85, "30": 0.85, "35": 0.85},
@@ -87,7 +89,7 @@ def _forbid_run_fixed(monkeypatch) -> None:
 # ------------------------------------------------------------------------------------------ shipped files
 def test_shipped_names_and_ids_are_exactly_the_required_set():
     assert set(list_scenarios()) == ALL_NAMES
-    assert len(list_scenarios()) == 14
+    assert len(list_scenarios()) == 28
     desc = describe_scenarios()
     assert {eid for eid, _ in desc} == {f"commitenv/{n}-v0" for n in ALL_NAMES}
     for eid, line in desc:
@@ -106,9 +108,13 @@ def test_every_shipped_file_validates(name):
     assert sc.interval_s == 60 and sc.intervals_per_hour == 60
     assert (sc.lambda_plus, sc.lambda_minus) == (2.0, 1.0)
     assert sc.epsilon == 0.01
-    assert sc.workload.builtin == "azure-code-day" and sc.workload.seed == 0
+    bench = name in BENCH_NAMES
+    assert sc.workload.builtin == "azure-code-day" and sc.workload.seed == (None if bench else 0)
+    assert sc.realism.level == ("paper" if bench else "ideal")
+    assert (sc.seeds is not None) == bench
+    assert sc.miss_penalty_kwh > 0  # deadlines cost on every shipped scenario
     assert sc.commitment.fractions is not None and sc.commitment.mj is None
-    for key in ("pool", "workload", "commitment", "reference", "lambdas", "alpha", "epsilon"):
+    for key in ("pool", "workload", "commitment", "reference", "lambdas", "alpha", "epsilon", "miss_penalty", "realism"):
         assert sc.paper.get(key), f"{name}: paper.{key} missing"
     assert "does not print" in sc.paper["epsilon"]
     assert scenario_profile(sc).name == sc.pool.profile
@@ -116,7 +122,7 @@ def test_every_shipped_file_validates(name):
 
 def test_generated_single_hour_files_equal_the_script_rendering():
     rendered = render_all()
-    assert {Path(f).stem for f in rendered} == HOUR_NAMES
+    assert {Path(f).stem for f in rendered} == HOUR_NAMES | {n.replace("epact-", "bench-", 1) for n in HOUR_NAMES}
     for fname, text in rendered.items():
         assert (data_dir("scenarios") / fname).read_text() == text, f"{fname} is stale: run make_epact_files"
     assert make_main(["--check"]) == 0
@@ -126,14 +132,14 @@ def test_make_epact_files_writes_and_checks(tmp_path, capsys):
     out = tmp_path / "sc"
     assert make_main(["--check", "--out", str(out)]) == 1
     assert make_main(["--out", str(out)]) == 0
-    assert sorted(p.stem for p in out.glob("*.yaml")) == sorted(HOUR_NAMES)
+    assert sorted(p.stem for p in out.glob("*.yaml")) == sorted(HOUR_NAMES | {n.replace("epact-", "bench-", 1) for n in HOUR_NAMES})
     assert make_main(["--check", "--out", str(out)]) == 0
     assert not list(out.glob(".*tmp"))
 
 
-@pytest.mark.parametrize("name", sorted(HOUR_NAMES))
+@pytest.mark.parametrize("name", sorted(HOUR_NAMES | {n.replace("epact-", "bench-", 1) for n in HOUR_NAMES}))
 def test_single_hour_settings(name):
-    _, gpu, _, setting, a = name.split("-")
+    kind, gpu, _, setting, a = name.split("-")
     scale = a[1:]
     sc = load_scenario(name)
     assert sc.pool.profile == PROFILE[gpu]
@@ -141,7 +147,8 @@ def test_single_hour_settings(name):
     assert sc.workload.start_hour == 12
     assert sc.alpha == {"25": 2.5, "30": 3.0, "35": 3.5}[scale]
     assert sc.commitment.fractions == [EXPECTED_FRACTION[(gpu, setting)][scale]]
-    assert sc.commitment.reference.workload_seed is None
+    # the reproduction serves its reference hour; a benchmark episode is measured against the historical hour
+    assert sc.commitment.reference.workload_seed == (None if kind == "epact" else 0)
 
 
 @pytest.mark.parametrize("gpu", ["h20", "h200"])

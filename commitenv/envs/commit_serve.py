@@ -71,7 +71,9 @@ from gymnasium import spaces
 
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, signed_deviation_pct, slo_outcome
+from commitenv.envs.meters import ControllerMeter
 from commitenv.scenarios import commitments_mj, engine_options, load_scenario, scenario_profile, scenario_workload
+from commitenv.scenarios.build import realism_of
 from commitenv.scenarios.schema import Scenario
 from commitenv.sim import Pool, PoolLayout, Snapshot, observed_arrivals, take_snapshot
 from commitenv.workload.table import RequestTable
@@ -122,6 +124,9 @@ class CommitServeEnv(gym.Env):
         if len(self.commit_j) == 1:
             self.commit_j = np.full(self.H, self.commit_j[0])
         self.lp, self.lm = sc.lambda_plus, sc.lambda_minus
+        self.realism = realism_of(sc)
+        self._settle_factor = 1.0 + self.realism.meters.pool_overhead  # settlement meter / GPU boards
+        self._misses_at_completion = self.realism.deadlines == "predicted"  # true deadlines are not known earlier
         self.reward_offset_kwh = float(self.lm * self.commit_j.sum() / J_PER_KWH)
         self._e_scale = self.n_replicas * self.profile.gpu.tdp_w * 3600.0
         self.action_space = spaces.Dict(
@@ -138,7 +143,9 @@ class CommitServeEnv(gym.Env):
 
     # ------------------------------------------------------------------------------------------ episode
     def _workload(self, seed: int) -> RequestTable:
-        key = self.scenario.workload.seed if self.scenario.workload.seed is not None else seed
+        if self.scenario.workload.seed is None:
+            return scenario_workload(self.scenario, seed)  # a new trace every episode
+        key = self.scenario.workload.seed
         if key not in self._tables:
             self._tables = {key: scenario_workload(self.scenario, seed)}
         return self._tables[key]
@@ -155,6 +162,10 @@ class CommitServeEnv(gym.Env):
             pool.set_active(0.0, self._init_active)
         pool.attach(table)
         self.pool = pool
+        self.meter = ControllerMeter(self.realism.meters, self.n_replicas, pool.opt.seed)
+        self.meter_prev = 0.0  # controller-meter reading at the last boundary, and at the hour's start
+        self.meter_hour_start = 0.0
+        self._pending_done: list[int] = []
         self.actions: list[tuple] = []  # ("active" | "clock", t_apply, value): what the controller changed, when
         self.attributor = PoolAttributor(pool) if self.attribution else None
         self._attr_hour: list[PeriodSplit] = []
@@ -205,7 +216,9 @@ class CommitServeEnv(gym.Env):
         pool = self.pool
         t0 = self.k * self.dt
         t1 = t0 + self.dt
-        t_apply = t0 + self.scenario.actuation_delay_s + self._planning_delay
+        pd = self.realism.planning_delay
+        delay = pd.seconds if pd.mode == "fixed" else self._planning_delay
+        t_apply = t0 + self.scenario.actuation_delay_s + delay
         self._planning_delay = 0.0
         stale = t_apply >= t1
         if (a, c) != self.cfg and not stale:
@@ -220,8 +233,10 @@ class CommitServeEnv(gym.Env):
         pool.run_until(t1)
         pool.settle(t1)
         split = self.attributor.close(t1) if self.attributor is not None else None
-        e_now = pool.energy_j(t1)
-        interval_j = e_now - self.e_prev
+        e_now = pool.energy_j(t1) * self._settle_factor  # the settlement meter
+        reading = self.meter.read(pool, t1, self.dt)  # what the controller's counters say
+        interval_j = reading - self.meter_prev
+        self.meter_prev = reading
         h = self.k // self.K
         m_old = self.e_prev - self.e_hour_start
         m_new = e_now - self.e_hour_start
@@ -243,9 +258,10 @@ class CommitServeEnv(gym.Env):
                 "cost_kwh_eq": float(self.hour_cost_kwh[h]),
             }
             self.e_hour_start = e_now
+            self.meter_hour_start = reading
         if terminated:
             pool.run_until(math.inf)  # completion tails count for SLOs; their energy is not settled
-            self.tail_energy_j = pool.energy_j() - e_now
+            self.tail_energy_j = pool.energy_j() * self._settle_factor - e_now
         attribution = None
         if split is not None:
             attribution = self._attribution(split, settlement, terminated)
@@ -306,7 +322,11 @@ class CommitServeEnv(gym.Env):
         return {"own_j": a.own_j.copy(), "shared_j": a.shared_j.copy(), "total_j": a.bills_j}
 
     def _count_misses(self, t: float) -> int:
-        """Misses that became known by ``t``: deadlines that passed without completion by then."""
+        """Misses that became known by ``t``. With visible (true) deadlines: deadlines that passed without
+        completion by then. When the true deadline depends on the unknown output length (realism levels): late
+        completions seen by ``t``, and at the end every request not finished in time."""
+        if self._misses_at_completion:
+            return self._count_misses_at_completion(t)
         q = int(np.searchsorted(self._dl_sorted, t, side="left")) if t < math.inf else len(self._dl_sorted)
         if q <= self._dl_ptr:
             return 0
@@ -315,6 +335,25 @@ class CommitServeEnv(gym.Env):
         ok = self.pool.finish_t[idx] <= self.pool.deadline[idx]
         return int(len(idx) - np.count_nonzero(ok))
 
+    def _count_misses_at_completion(self, t: float) -> int:
+        pool = self.pool
+        if t == math.inf:
+            fin, dl = pool.finish_t, pool.deadline
+            total = int(np.count_nonzero(~(fin <= dl)))  # NaN (never finished) and rejected (inf) miss
+            new = total - self.misses
+            self._pending_done = []
+            pool.done_slots.clear()
+            return new
+        cand = self._pending_done + pool.done_slots
+        pool.done_slots.clear()
+        if not cand:
+            return 0
+        idx = np.asarray(cand, dtype=np.int64)
+        fin = pool.finish_t[idx]
+        seen = fin <= t  # the client has the answer (overheads can carry it past the boundary)
+        self._pending_done = idx[~seen].tolist()
+        return int(np.count_nonzero(fin[seen] > pool.deadline[idx[seen]]))
+
     # ------------------------------------------------------------------------------------------ views
     def _obs(self) -> np.ndarray:
         pool = self.pool
@@ -322,16 +361,18 @@ class CommitServeEnv(gym.Env):
         h = min(k // K, self.H - 1)
         kin = k - h * K
         ec = self.commit_j[h]
-        m = self.e_prev - self.e_hour_start
+        m = self.meter_prev - self.meter_hour_start  # the controller's meter, not the settled energy
         target = (ec - m) / (K - kin) if kin < K else 0.0
         now = pool.now
         live = pool.live_requests()
         wait_tokens = 0
         slack = np.empty(len(live))
         overdue = 0
+        vis = pool.visible_deadline
+        n_res = len(vis)
         for i, r in enumerate(live):
             wait_tokens += max(r.prompt + r.generated - r.computed - (1 if r.generated else 0), 0)
-            slack[i] = r.deadline - now
+            slack[i] = (vis[r.slot] if r.slot < n_res else r.deadline) - now
         if len(live):
             overdue = int(np.count_nonzero(slack < 0))
         cnt = pool.counts()
@@ -363,7 +404,7 @@ class CommitServeEnv(gym.Env):
     def _info(self, interval_j: float, *, new_misses: int, settlement: dict | None = None) -> dict[str, Any]:
         k, K = self.k, self.K
         h = min(k // K, self.H - 1)
-        m = self.e_prev - self.e_hour_start
+        m = self.meter_prev - self.meter_hour_start  # the controller's meter (settled energy comes with settlement)
         kin = k - h * K
         info: dict[str, Any] = {
             "t": self.pool.now,

@@ -1,5 +1,10 @@
 """Turn a :class:`Scenario` into the engine's inputs: the profile, the request table served, and the
-engine options (SLO scale, noise, what the controller sees, seed)."""
+engine options (SLO scale, realism, what the controller sees, seed).
+
+Seeds: a run seed ``s`` is what `reset(seed=s)` receives. Everything random in an episode comes from seeds
+derived from it one way (`derived_seed`): the workload of a scenario whose ``workload.seed`` is null, the engine's
+truth, and the seed a controller is given, so a controller's seed tells it nothing about the trace.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,45 @@ from commitenv._paths import data_dir
 from commitenv.profiles import ProfileError, load_profile
 from commitenv.profiles.schema import Profile
 from commitenv.scenarios.loader import ScenarioError
+from commitenv.scenarios.realism import Realism
 from commitenv.scenarios.schema import Scenario
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions
+from commitenv.sim.truth import TruthSpec
 from commitenv.workload import RequestTable, WorkloadError, builtin_workload, load_trace, scale_rate, time_window
+from commitenv.workload.builtin import builtin_window
+
+_TAGS = {"workload": 0x776C, "controller": 0x6374, "arrivals": 0x6172}
+
+
+def derived_seed(run_seed: int, purpose: str) -> int:
+    """A 63-bit seed for ``purpose`` ('workload', 'controller', 'arrivals') derived one way from the run seed."""
+    st = np.random.SeedSequence([int(run_seed), _TAGS[purpose]]).generate_state(2, dtype=np.uint32)
+    return int((int(st[0]) << 31) ^ int(st[1])) & ((1 << 63) - 1)
+
+
+def realism_of(sc: Scenario) -> Realism:
+    """The scenario's realism with every component filled in (level preset + the file's overrides)."""
+    return sc.realism.resolved()
+
+
+def truth_spec(sc: Scenario, profile: Profile | None = None) -> TruthSpec | None:
+    """The engine's truth model for the scenario's realism, or None when it adds nothing (``ideal``). The request
+    overhead is ``overhead_s`` plus ``overhead_prefill_tokens`` at the profile's reference-clock prefill rate."""
+    r = realism_of(sc)
+    lat, gv = r.latency, r.gpu_variation
+    overhead = lat.overhead_s
+    if lat.overhead_prefill_tokens > 0:
+        prof = profile or scenario_profile(sc)
+        overhead += lat.overhead_prefill_tokens * prof.clocks[prof.reference_clock_index].time.tau1
+    spec = TruthSpec(
+        cell_s=lat.cell_s, time_sigma=lat.time_sigma, energy_sigma=lat.energy_sigma, speed_sigma=gv.speed_sigma,
+        power_sigma=gv.power_sigma, power_bias=r.energy_model.bias, drift_time_sigma=gv.drift_time_sigma,
+        drift_energy_sigma=gv.drift_energy_sigma, drift_tau_s=gv.drift_tau_s, straggler_prob=lat.straggler_prob,
+        straggler_factor=lat.straggler_factor, overhead_s=overhead, overhead_cv=lat.overhead_cv,
+    )
+    null = TruthSpec(cell_s=spec.cell_s, drift_tau_s=spec.drift_tau_s, straggler_factor=spec.straggler_factor)
+    return None if spec == null else spec
 
 
 def _is_path(ref: str) -> bool:
@@ -81,11 +121,71 @@ def _source_table(sc: Scenario, seed: int) -> RequestTable:
         raise ScenarioError(f"{sc.source}: {field}: {e}") from None
 
 
+def minute_modulation(r: Realism, hours: int, seed: int) -> np.ndarray | None:
+    """Per-minute arrival-rate factors of an episode (log-normal, mean one, AR(1) over minutes), or None."""
+    a = r.arrivals
+    if a.minute_sigma <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(60 * hours)
+    x = np.empty_like(z)
+    prev = rng.standard_normal()
+    c = np.sqrt(1.0 - a.minute_corr ** 2)
+    for i, zi in enumerate(z):
+        prev = a.minute_corr * prev + c * zi
+        x[i] = prev
+    return np.exp(a.minute_sigma * x - 0.5 * a.minute_sigma ** 2)
+
+
+def episode_workload(sc: Scenario, run_seed: int) -> RequestTable:
+    """A fresh workload for one episode of a scenario whose ``workload.seed`` is null (see `WorkloadSpec`)."""
+    wl = sc.workload
+    ws = derived_seed(run_seed, "workload")
+    rng = np.random.default_rng(ws)
+    H = sc.horizon_hours
+    shape = minute_modulation(realism_of(sc), H, derived_seed(run_seed, "arrivals"))
+    try:
+        if wl.builtin is not None:
+            factors = rng.uniform(1 - wl.rate_spread, 1 + wl.rate_spread, H) * wl.rate_scale
+            table = builtin_window(wl.builtin, ws, wl.start_hour, H, rate_factors=factors, minute_shape=shape)
+        else:
+            start = wl.start_hour + float(rng.uniform(0.0, wl.window_slack_h))
+            src = _source_table(sc, 0)
+            table = time_window(src, start * 3600.0, (start + H) * 3600.0, rebase=True)
+            if len(table) == 0:
+                raise ScenarioError(f"{sc.source}: workload: the trace window starting at {start:g} h is empty")
+            if wl.rate_scale != 1.0:
+                table = scale_rate(table, wl.rate_scale, seed=ws & 0x7FFF_FFFF)
+    except WorkloadError as e:
+        raise ScenarioError(f"{sc.source}: workload: {e}") from None
+    table.meta["scenario"] = sc.name
+    table.meta["workload_seed"] = "derived from the run seed"
+    return table
+
+
 def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
-    """The requests the scenario serves: the built-in generator (seeded by ``workload.seed``, or ``seed`` when
-    that is null) or the trace, windowed to ``[start_hour, start_hour + horizon_hours)`` and rebased so the
-    window starts at time 0, then rate-scaled by ``workload.rate_scale`` (seeded the same way)."""
+    """The requests the scenario serves: the built-in generator (seeded by ``workload.seed``) or the trace,
+    windowed to ``[start_hour, start_hour + horizon_hours)`` and rebased so the window starts at time 0, then
+    rate-scaled by ``workload.rate_scale``; when ``workload.seed`` is null, a fresh episode workload drawn from
+    the run seed ``seed`` (`episode_workload`)."""
+    if sc.workload.seed is None:
+        if seed is None:
+            raise ScenarioError(f"{sc.source}: workload.seed: null (a new workload per run seed), but no run seed was given")
+        return episode_workload(sc, seed)
     s = workload_seed(sc, seed)
+    r = realism_of(sc)
+    wl = sc.workload
+    if wl.builtin is not None and r.level != "ideal":
+        # a pinned window drawn as an episode's would be (minute modulation included), seeded by workload.seed
+        H = sc.horizon_hours
+        try:
+            table = builtin_window(wl.builtin, s, wl.start_hour, H, rate_factors=[wl.rate_scale] * H,
+                                   minute_shape=minute_modulation(r, H, derived_seed(s, "arrivals")))
+        except WorkloadError as e:
+            raise ScenarioError(f"{sc.source}: workload: {e}") from None
+        table.meta["scenario"] = sc.name
+        table.meta["workload_seed"] = s
+        return table
     src = _source_table(sc, s)
     wl = sc.workload
     t0 = wl.start_hour * 3600.0
@@ -108,12 +208,19 @@ def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
 
 
 def engine_options(sc: Scenario, seed: int = 0) -> EngineOptions:
-    """Engine options of a run with run seed ``seed``: SLO scale, truth-vs-prediction noise, what the controller
-    sees (oracle lengths or predictions with log-normal error)."""
+    """Engine options of a run with run seed ``seed``: SLO scale, the realism level's truth model (``ideal``: the
+    legacy per-segment noise), what the controller sees (oracle lengths or predictions with log-normal error and
+    bias; deadlines from true or predicted lengths)."""
+    r = realism_of(sc)
+    ideal = r.level == "ideal"
+    noise = NoiseSpec(time_sigma=sc.noise.time_sigma, energy_sigma=sc.noise.energy_sigma) if ideal else NoiseSpec(0.0, 0.0)
     return EngineOptions(
         alpha=float(sc.alpha),
-        noise=NoiseSpec(time_sigma=sc.noise.time_sigma, energy_sigma=sc.noise.energy_sigma),
+        noise=noise,
         seed=int(seed),
-        length_error_sigma=float(sc.observation.length_error_sigma),
+        length_error_sigma=float(sc.observation.length_error_sigma if ideal else r.lengths.sigma),
+        length_bias=float(r.lengths.bias),
         oracle_lengths=sc.observation.lengths == "oracle",
+        truth=truth_spec(sc),
+        visible_deadlines=r.deadlines,
     )

@@ -29,6 +29,7 @@ import numpy as np
 
 from commitenv.scenarios.build import (
     engine_options,
+    realism_of,
     scenario_profile,
     scenario_profile_path,
     scenario_workload,
@@ -89,7 +90,19 @@ def reference_inputs(sc: Scenario) -> dict:
         "alpha": float(sc.alpha),
         "noise": {"time_sigma": float(sc.noise.time_sigma), "energy_sigma": float(sc.noise.energy_sigma)},
         "engine_seed": REFERENCE_ENGINE_SEED,
+        **_realism_inputs(sc),
     }
+
+
+def _realism_inputs(sc: Scenario) -> dict:
+    """The realism components a reference run depends on (none at ``ideal``, so its cache keys stay as they were)."""
+    from commitenv.scenarios.build import realism_of
+
+    r = realism_of(sc)
+    if r.level == "ideal" and sc.realism.model_dump(exclude_unset=True).keys() <= {"level"}:
+        return {}
+    return {"realism": {k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v)
+                        for k, v in r.model_dump(mode="json").items() if k != "planning_delay"}}
 
 
 def _hash(inputs: dict) -> str:
@@ -160,6 +173,7 @@ def compute_reference(sc: Scenario, *, progress: bool = False) -> dict:
     t = time.perf_counter()
     res = run_fixed(prof, table, n_gpus=sc.pool.gpus, active=None, clock_mhz=None, options=opts,
                     hours=sc.horizon_hours, interval_s=sc.interval_s, progress=progress)
+    settle = 1.0 + realism_of(sc).meters.pool_overhead  # commitments are bought on the meter that settles them
     return {
         "cache_format": CACHE_FORMAT,
         "scenario": sc.name,
@@ -167,7 +181,7 @@ def compute_reference(sc: Scenario, *, progress: bool = False) -> dict:
         "clock_mhz": prof.reference_clock_mhz,
         "active": sc.pool.gpus,
         "requests": int(len(table)),
-        "hourly_energy_j": [float(v) for v in res.hourly_energy_j],
+        "hourly_energy_j": [float(v) * settle for v in res.hourly_energy_j],
         "hourly_attainment": [float(v) for v in res.hourly_attainment],
         "attainment": float(res.attainment),
         "wall_s": round(time.perf_counter() - t, 3),

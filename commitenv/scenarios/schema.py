@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from commitenv.scenarios.realism import Realism
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -22,8 +24,10 @@ class PoolSpec(_Strict):
 class WorkloadSpec(_Strict):
     """Where requests come from: a built-in generator or a trace file, and the window served.
 
-    ``start_hour``/``hours`` select a window of the source (rebased to time 0); ``seed`` seeds a
-    built-in generator (null: use the run seed).
+    ``start_hour``/``hours`` select a window of the source (rebased to time 0); ``seed`` pins the workload
+    (a built-in generator's seed); null draws a new one every episode from the run seed: a built-in generator
+    with every hour's count scaled by a factor uniform in ``1 +- rate_spread``, or a window of a trace file
+    starting at a uniform offset in ``[start_hour, start_hour + window_slack_h]`` hours.
     """
 
     builtin: str | None = None
@@ -31,11 +35,36 @@ class WorkloadSpec(_Strict):
     seed: int | None = 0
     start_hour: float = Field(default=0.0, ge=0)
     rate_scale: float = Field(default=1.0, gt=0)
+    rate_spread: float = Field(default=0.0, ge=0, lt=1)
+    window_slack_h: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadSpec":
         if (self.builtin is None) == (self.trace is None):
             raise ValueError("workload: give exactly one of 'builtin' or 'trace'")
+        if self.seed is not None and (self.rate_spread or self.window_slack_h):
+            raise ValueError("workload.rate_spread / window_slack_h: only used when workload.seed is null "
+                             "(a new workload every episode)")
+        if self.builtin is not None and self.window_slack_h:
+            raise ValueError("workload.window_slack_h: only for trace files; a built-in draws its window anew per seed")
+        return self
+
+
+class SeedRanges(_Strict):
+    """Disjoint half-open ranges [lo, hi) of run seeds for training and for testing."""
+
+    train: tuple[int, int]
+    test: tuple[int, int]
+
+    @model_validator(mode="after")
+    def _check(self) -> "SeedRanges":
+        for name in ("train", "test"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo < hi:
+                raise ValueError(f"seeds.{name}: expected [lo, hi) with 0 <= lo < hi, got [{lo}, {hi})")
+        (a, b), (c, d) = self.train, self.test
+        if a < d and c < b:
+            raise ValueError(f"seeds: train [{a}, {b}) and test [{c}, {d}) overlap; expected disjoint ranges")
         return self
 
 
@@ -110,6 +139,8 @@ class Scenario(_Strict):
     actuation_delay_s: float = Field(default=0.0, ge=0)
     observation: ObservationSpec = ObservationSpec()
     noise: NoiseSpecModel = NoiseSpecModel()
+    realism: Realism = Realism(level="paper")
+    seeds: SeedRanges | None = None
     initial: InitialConfig = InitialConfig()
     paper: dict[str, str] = Field(default_factory=dict)  # where the setting comes from
 
@@ -140,6 +171,13 @@ class Scenario(_Strict):
                 "commitment.reference.workload_seed: expected an integer when workload.seed is null (the evaluation "
                 "workload then changes with the run seed, so it cannot be the frozen reference)"
             )
+        if self.realism.level != "ideal":
+            if "noise" in self.model_fields_set:
+                raise ValueError(f"noise: the legacy per-segment noise is for realism 'ideal' only; at "
+                                 f"'{self.realism.level}' set realism.latency.time_sigma / energy_sigma")
+            if "length_error_sigma" in self.observation.model_fields_set:
+                raise ValueError(f"observation.length_error_sigma: for realism 'ideal' only; at "
+                                 f"'{self.realism.level}' set realism.lengths.sigma")
         if self.actuation_delay_s >= self.interval_s:
             raise ValueError("actuation_delay_s: must be shorter than interval_s")
         if self.initial.active is not None and self.initial.active > self.pool.gpus:

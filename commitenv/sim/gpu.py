@@ -24,6 +24,7 @@ class GPU:
         self.t_floor = 0.0
         self.e_floor = 0.0
         self.e_dyn = 0.0
+        self.power_factor = 1.0  # this part's power relative to the profile (realism: per-GPU spread)
 
     def floor_power(self) -> float:
         """Idle power implied by the hosted instances' states (the most awake one sets it)."""
@@ -33,10 +34,10 @@ class GPU:
         lvl = prof.clocks[self.clock_idx]
         states = {r.state for r in self.replicas}
         if ACTIVE in states or WAKING in states:
-            return lvl.active_idle_w
+            return lvl.active_idle_w * self.power_factor
         if DRAINING in states:
-            return lvl.draining_idle_w
-        return prof.standby_w
+            return lvl.draining_idle_w * self.power_factor
+        return prof.standby_w * self.power_factor
 
     def update_floor(self, t: float) -> None:
         """Close the floor meter at ``t`` and continue at the power the current states imply."""

@@ -49,3 +49,8 @@ class NoiseSource:
             fe = np.exp(se * z[:, 1] - 0.5 * se * se)
             buf.extend(zip(ft[::-1].tolist(), fe[::-1].tolist()))
         return buf.pop()
+
+    def draw_for(self, rep, t: float) -> tuple[float, float, float]:
+        """Factors of a segment of replica ``rep`` starting at ``t``; they never change mid-segment (inf)."""
+        ft, fe = self.draw(rep.index)
+        return ft, fe, float("inf")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from commitenv.sim.noise import NoiseSource, NoiseSpec
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.replica import ACTIVE, DRAINING, SEG_NONE, SEG_RUN, STANDBY, WAKING, Replica
 from commitenv.sim.request import Req
+from commitenv.sim.truth import NominalModel, TruthSource, TruthSpec
 from commitenv.workload.table import RequestTable
 
 EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2
@@ -88,6 +89,17 @@ class EngineOptions:
     oracle_lengths: bool = False
     prefix_caching: bool = True  # vLLM automatic prefix caching; acts only on workloads with prefix hash blocks
     prefix_block_tokens: int = 512  # tokens per hash block of the workload (Mooncake traces: 512)
+    truth: TruthSpec | None = None  # realism: per-GPU factors, drift, grid noise, overheads (replaces `noise`)
+    length_bias: float = 0.0  # relative bias of the output-length prediction (0.1: predicts 10 % long on average)
+    visible_deadlines: str = "true"  # deadline a controller sees: "true" (a + alpha L_ref) or "predicted" lengths
+
+    def __post_init__(self) -> None:
+        if self.visible_deadlines not in ("true", "predicted"):
+            raise ValueError(f"visible_deadlines: expected 'true' or 'predicted', got {self.visible_deadlines!r}")
+        if not -0.9 < self.length_bias < 10:
+            raise ValueError(f"length_bias: expected a value in (-0.9, 10), got {self.length_bias}")
+        if self.truth is not None and not self.noise.off:
+            raise ValueError("engine options: give either the legacy per-segment `noise` or `truth`, not both")
 
 
 class Pool:
@@ -127,7 +139,12 @@ class Pool:
         self.heap: list[tuple] = []
         self._seq = 0
         noise = self.opt.noise
-        self.noise = None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas))
+        self.truth: TruthSource | None = None
+        if self.opt.truth is not None:
+            self.truth = TruthSource(self.opt.truth, self.opt.seed, len(self.gpus))
+            for g in self.gpus:
+                g.power_factor = float(self.truth.power[g.index])
+        self.noise = self.truth if self.truth is not None else (None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas)))
         self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
         self.on_step = None  # optional callable(StepLogEntry), called as each segment (or part) is booked
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
@@ -179,12 +196,24 @@ class Pool:
         self.deadline = table.arrival_s + self.opt.alpha * self.lref
         self._out = out.tolist()
         self._deadline = self.deadline.tolist()
-        if self.opt.oracle_lengths or self.opt.length_error_sigma == 0:
+        s = self.opt.length_error_sigma
+        if self.opt.oracle_lengths or (s == 0 and self.opt.length_bias == 0):
             self.pred_out = out.copy()
         else:
             rng = np.random.default_rng(np.random.SeedSequence([self.opt.seed, 7919]))
-            s = self.opt.length_error_sigma
-            self.pred_out = np.maximum(1, np.rint(out * np.exp(s * rng.standard_normal(n) - 0.5 * s * s))).astype(np.int64)
+            f = np.exp(s * rng.standard_normal(n) - 0.5 * s * s) * (1.0 + self.opt.length_bias)
+            self.pred_out = np.maximum(1, np.rint(out * f)).astype(np.int64)
+        self.visible_deadline = self.deadline
+        if self.opt.visible_deadlines == "predicted" and not self.opt.oracle_lengths:
+            # what an operator can state at arrival: the SLO of the predicted length (scoring keeps the true one)
+            vis = np.empty(n)
+            for m, prof in enumerate(self.profiles):
+                sel = tm == m
+                p_out = np.minimum(self.pred_out[sel], np.maximum(prof.scheduler.context_limit - table.prompt_tokens[sel], 1))
+                vis[sel] = table.arrival_s[sel] + self.opt.alpha * reference_latency(prof, table.prompt_tokens[sel], p_out)
+            self.visible_deadline = vis
+        self.overhead_s = self.truth.request_overheads(n) if self.truth is not None else None
+        self.done_slots: list[int] = []  # result slots completed since the environment last looked
         self._n_results = n
         self._attach_prefixes(table)
         self.finish_t = np.full(n, np.nan)
@@ -353,8 +382,10 @@ class Pool:
         self.completed += 1
         s = r.slot
         if s < self._n_results:
-            self.finish_t[s] = t
-            self.first_t[s] = r.first_t
+            oh = self.overhead_s[s] if self.overhead_s is not None else 0.0
+            self.finish_t[s] = t + oh  # as the client sees it: serving overheads outside the engine included
+            self.first_t[s] = r.first_t + oh
+            self.done_slots.append(s)
             self.replica_of[s] = r.replica
             self.preemptions[s] = r.preemptions
         if r.captured:
@@ -516,14 +547,24 @@ class Pool:
     # ================================================================================ copies
     def clone(self, *, hide_lengths: bool) -> "Pool":
         """A copy of the serving state at ``now`` holding only arrived, unfinished requests; with
-        ``hide_lengths`` each request runs to its predicted output length instead of the true one.
-        The copy has no workload, no noise and no step log; its meters start at zero."""
+        ``hide_lengths`` each request runs to its predicted output length (and carries its visible deadline)
+        instead of the true one. The copy has no workload, no noise and no step log; its meters start at zero.
+        It shares no mutable object with this pool; under a truth model (realism levels) it is nominal: the
+        step in flight runs at nominal speed and power, and the GPUs draw the profile's idle power."""
         c = Pool.__new__(Pool)
-        c.profiles, c.layout, c.n_models = self.profiles, self.layout, self.n_models
-        c.opt = self.opt
+        c.profiles, c.layout, c.n_models = list(self.profiles), self.layout, self.n_models
+        c.opt = replace(self.opt, log_steps=False, truth=None)
+        nominal = self.truth is not None
         c.now = self.now
         c.heap, c._seq = [], 0
         c.noise = None
+        if nominal and self.opt.truth.power_bias != 0.0:
+            c.noise = NominalModel(1.0 / (1.0 + self.opt.truth.power_bias))
+        elif isinstance(self.noise, NominalModel):
+            c.noise = self.noise
+        c.truth = None
+        c.overhead_s = None
+        c.done_slots = []
         c.log = None
         c.on_step = None
         c.gpus, c.replicas = [], []
@@ -541,9 +582,11 @@ class Pool:
             cr = r.copy()
             if hide_lengths and r.slot < self._n_results:
                 cr.out = max(int(self.pred_out[r.slot]), r.generated + 1)
+                cr.deadline = float(self.visible_deadline[r.slot])
             reqmap[r.slot] = cr
         for rep, nr in zip(self.replicas, c.replicas):
-            rep.clone_into(nr, reqmap)
+            rep.clone_into(nr, reqmap, nominal=nominal, now=self.now,
+                           energy_factor=c.noise.energy_factor if isinstance(c.noise, NominalModel) else 1.0)
             if nr.seg:
                 nr.version += 1
                 c._push(nr.t1, EV_SEG, nr.index, nr.version)
@@ -553,6 +596,12 @@ class Pool:
         for g in c.gpus:
             if g.pending_clock is not None:
                 c._push(g.pending_t, EV_CLOCK, g.index, g.version)
+        if isinstance(c.noise, NominalModel):
+            for g in c.gpus:
+                g.power_factor = c.noise.energy_factor
+        if nominal:
+            for g in c.gpus:
+                g.floor_w = g.floor_power()
         c.routable = [[r for r in c.replicas if r.model == m and r.state == ACTIVE] for m in range(c.n_models)]
         c.unrouted = [reqmap[r.slot] for r in self.unrouted]
         c.live, c.completed, c.events = len(reqmap), 0, 0

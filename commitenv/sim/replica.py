@@ -248,7 +248,7 @@ class Replica:
                     flags.append(False)
                 P += k
                 A += k * r.computed + k * (k + 1) // 2
-        ft, fe = noise.draw(self.index) if noise is not None else (1.0, 1.0)
+        ft, fe, t_next = noise.draw_for(self, t) if noise is not None else (1.0, 1.0, math.inf)
         self.ft, self.fe = ft, fe
         self.t0 = t
         self.seg_floor_w = self.gpu.floor_w
@@ -269,6 +269,8 @@ class Replica:
                 self.F = c.kappa * n
                 self.t1 = t + ft * (kmax * self.T0 + self.D * kmax * (kmax - 1) / 2)
                 self.seg_energy = fe * (kmax * self.E0 + self.F * kmax * (kmax - 1) / 2)
+                if self.t1 > t_next:
+                    self.cut(t_next)  # the truth's factors change at the next cell: a step engine redraws there
                 if record:
                     self.seg_log = (tuple([r.slot for r in reqs]), (1,) * len(reqs), tuple([r.computed for r in reqs]),
                                     tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
@@ -439,8 +441,11 @@ class Replica:
         return e + step_e * (t - ts) / step_t
 
     # ----------------------------------------------------------------------------------------- copies
-    def clone_into(self, other: "Replica", reqmap: dict[int, Req]) -> None:
-        """Copy queue, KV and segment state into ``other`` (a replica of a what-if pool)."""
+    def clone_into(self, other: "Replica", reqmap: dict[int, Req], *, nominal: bool = False, now: float = 0.0,
+                   energy_factor: float = 1.0) -> None:
+        """Copy queue, KV and segment state into ``other`` (a replica of a what-if pool). With ``nominal`` the
+        segment in flight is restated at the nominal profile (time and energy factors one; it cannot end before
+        ``now``), so a copy carries none of the truth's factors."""
         other.free_blocks = self.free_blocks
         if self.pcache is not None:
             other.pcache, emap = self.pcache.clone()
@@ -464,3 +469,9 @@ class Replica:
         other.seg_floor_t = self.seg_floor_t
         other.seg_floor_acc = self.seg_floor_acc
         other._coeffs = None
+        if nominal and self.seg != SEG_NONE:
+            other.ft, other.fe = 1.0, energy_factor
+            other.seg_energy = self.seg_energy / self.fe * energy_factor
+            other.t1 = max(self.t0 + (self.t1 - self.t0) / self.ft, now)
+            other.seg_floor_w = self.seg_floor_w / self.gpu.power_factor * energy_factor
+            other.seg_floor_acc = self.seg_floor_acc / self.gpu.power_factor * energy_factor

@@ -1,8 +1,9 @@
 """Low-level, chunked and mostly vectorised parsing shared by the trace loaders.
 
-Every helper raises :class:`WorkloadError` with ``"<file>: line <n>: <problem>"``. The fast paths parse a
-whole chunk at once with numpy; only when a chunk fails do the slow paths walk it row by row to find and name
-the first bad line, so a clean multi-million-row file never pays the per-row cost.
+Every helper raises :class:`WorkloadError` with ``"<file>: line <n>: <problem>"``; a broken gzip stream
+raises ``"<file>: gzip stream is truncated or corrupt after line <n> ..."`` (see :func:`open_text`). The fast
+paths parse a whole chunk at once with numpy; only when a chunk fails do the slow paths walk it row by row to
+find and name the first bad line, so a clean multi-million-row file never pays the per-row cost.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import gzip
 import io
 import re
 import warnings
+import zlib
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from itertools import islice
 from pathlib import Path
@@ -23,6 +26,8 @@ from .table import WorkloadError
 
 CHUNK_LINES = 200_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ESCAPED = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as decoded with errors="surrogateescape"
+_GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 _ISO_RE = re.compile(
     r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9})\d*)?\s*(Z|[+-]\d{2}:?\d{2})?$"
 )
@@ -33,12 +38,56 @@ def fail(path: str | Path, line: int, problem: str) -> WorkloadError:
     return WorkloadError(f"{path}: line {line}: {problem}")
 
 
-def open_text(path: str | Path) -> io.TextIOBase:
-    """Open a text trace, transparently decompressing ``*.gz``."""
+def _open(path: Path) -> io.TextIOBase:
+    """The raw text stream: undecodable bytes become surrogate escapes so `check_utf8` can name them."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="surrogateescape", newline="")
+    return open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+def complete_lines(path: Path) -> int:
+    """How many whole lines a broken gzip file yields before it fails (re-read on the error path only)."""
+    n = 0
+    try:
+        with _open(path) as f:
+            for line in f:
+                n += line.endswith(("\n", "\r"))
+    except _GZIP_ERRORS:
+        pass
+    return n
+
+
+@contextmanager
+def open_text(path: str | Path) -> Iterator[io.TextIOBase]:
+    """Open a text trace, transparently decompressing ``*.gz``; a truncated or corrupt gzip stream, however
+    deep in the file, raises :class:`WorkloadError` naming the file and the last complete line."""
     p = Path(path)
-    if p.suffix == ".gz":
-        return gzip.open(p, "rt", encoding="utf-8-sig", newline="")
-    return open(p, encoding="utf-8-sig", newline="")
+    try:
+        with _open(p) as f:
+            yield f
+    except _GZIP_ERRORS as e:
+        if p.suffix != ".gz":
+            raise
+        n = complete_lines(p)
+        where = f"after line {n} (the last complete line)" if n else "before the first complete line"
+        raise WorkloadError(f"{p}: gzip stream is truncated or corrupt {where}: {e}; "
+                            "re-download or re-compress the file") from None
+
+
+def check_utf8(path: str | Path, lines: Sequence[str], first: int) -> None:
+    """Raise naming the line, column and value of the first byte that is not UTF-8 (``lines`` start at line
+    ``first``); a clean chunk costs one C-level encode."""
+    try:
+        "".join(lines).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    for k, line in enumerate(lines):
+        m = _ESCAPED.search(line)
+        if m:
+            byte = ord(m.group()) - 0xDC00
+            raise fail(path, first + k, f"not valid UTF-8 (byte 0x{byte:02x} at column {m.start() + 1}); "
+                                        "traces must be UTF-8 text")
 
 
 def _split_fast(chunk: list[str], ncols: int) -> list[str] | None:
@@ -67,6 +116,7 @@ def csv_chunks(path: str | Path, required: Sequence[str]) -> Iterator[tuple[dict
     """
     with open_text(path) as f:
         header_line = f.readline()
+        check_utf8(path, [header_line], 1)
         if not header_line.strip():
             raise fail(path, 1, "empty file: expected a header line with columns " + ", ".join(required))
         cols = [c.strip() for c in next(csv.reader([header_line]))]
@@ -82,6 +132,7 @@ def csv_chunks(path: str | Path, required: Sequence[str]) -> Iterator[tuple[dict
                 break
             first = lineno + 1
             lineno += len(chunk)
+            check_utf8(path, chunk, first)
             flat = _split_fast(chunk, ncols)
             if flat is not None:
                 yield {c: flat[j::ncols] for c, j in idx.items()}, np.arange(first, first + len(chunk))

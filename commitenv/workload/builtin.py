@@ -24,11 +24,15 @@ file is near Poisson (CV ~1.05 within 5-minute windows), which ``azure-conv-hour
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from .lengths import builtin_lengths
 from .synthetic import synthesize
 from .table import RequestTable, WorkloadError
+from .transforms import time_window
 
 CONTEXT_LIMIT = 16_384  # vLLM context limit in the ePACT setup
 AZURE_CODE_DAY_TOTAL = 969_781
@@ -65,6 +69,62 @@ _REGISTRY: dict[str, Callable[[int], RequestTable]] = {
     "azure-code-day": azure_code_day,
     "azure-conv-hour": azure_conv_hour,
 }
+
+
+@dataclass(frozen=True)
+class BuiltinShape:
+    """What a built-in generator is made of, so that a window of it can be drawn without the whole source."""
+
+    hourly_counts: tuple[int, ...]
+    lengths: str
+    burstiness_cv: float
+    smooth: bool
+
+
+SHAPES: dict[str, BuiltinShape] = {
+    "azure-code-day": BuiltinShape(AZURE_CODE_DAY_HOURLY_COUNTS, "azure_code", AZURE_CODE_DAY_CV, True),
+    "azure-conv-hour": BuiltinShape((AZURE_CONV_HOUR_COUNT,), "azure_conv", AZURE_CONV_HOUR_CV, False),
+}
+
+
+def builtin_window(name: str, seed: int, start_hour: float, hours: int, *, rate_factors: Sequence[float] | None = None,
+                   minute_shape: Sequence[float] | None = None) -> RequestTable:
+    """Hours ``[start_hour, start_hour + hours)`` of a built-in generator's shape, drawn afresh from ``seed``
+    (not a window of the whole day under that seed: only the hours needed are generated, plus one on either side
+    so that a smooth within-hour shape is the day's: their levels shape the edges, no arrivals are drawn for them).
+    ``rate_factors`` scales every hour's count (one factor per hour of the window, neighbours take their window
+    edge's), ``minute_shape`` (60 weights per hour of the window) modulates arrivals within each hour. Rebased so
+    the window starts at time 0."""
+    try:
+        shape = SHAPES[name]
+    except KeyError:
+        raise WorkloadError(f"unknown built-in workload {name!r} (have: {', '.join(list_builtin())})") from None
+    n = len(shape.hourly_counts)
+    h0, h1 = int(np.floor(start_hour)), int(np.ceil(start_hour + hours - 1e-9))
+    if h0 < 0 or h1 > n:
+        raise WorkloadError(f"built-in {name!r}: window [{start_hour:g} h, {start_hour + hours:g} h) runs past its {n} h")
+    counts = np.asarray(shape.hourly_counts[h0:h1], dtype=np.float64)
+    f = np.ones(h1 - h0)
+    if rate_factors is not None:
+        f = np.asarray(rate_factors, dtype=np.float64)
+        if f.shape != (h1 - h0,) or np.any(~np.isfinite(f)) or np.any(f <= 0):
+            raise WorkloadError(f"rate_factors: expected {h1 - h0} finite factors > 0, got {f.shape}")
+        counts = counts * f
+    if minute_shape is not None:
+        m = np.asarray(minute_shape, dtype=np.float64).reshape(-1)
+        if m.size != 60 * (h1 - h0):
+            raise WorkloadError(f"minute_shape: expected {60 * (h1 - h0)} weights, got {m.size}")
+        minute_shape = m
+    edges = (shape.hourly_counts[h0 - 1] * f[0] if h0 > 0 else None,
+             shape.hourly_counts[h1] * f[-1] if h1 < n else None)
+    lengths = builtin_lengths(shape.lengths).with_context_limit(CONTEXT_LIMIT)
+    table = synthesize(np.rint(counts).astype(np.int64).tolist(), lengths=lengths, seed=seed,
+                       burstiness_cv=shape.burstiness_cv, smooth=shape.smooth, minute_shape=minute_shape,
+                       edge_levels=edges)
+    t0 = (start_hour - h0) * 3600.0
+    out = time_window(table, t0, t0 + hours * 3600.0, rebase=True)
+    out.meta.update({"builtin": name, "window_start_hour": start_hour, "episode_seed": seed})
+    return out
 
 
 def list_builtin() -> list[str]:

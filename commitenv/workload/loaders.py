@@ -5,7 +5,9 @@ request. The trace must already be sorted by time: time going backwards is an er
 re-sorted. Token rules, shared by all formats: a prompt must be a whole number >= 1; an output of 0 tokens
 (present in the 2024 Azure releases and BurstGPT failures, absent from the 2023 Azure files) is read as 1
 token, counted in ``table.meta["zero_outputs_raised"]``. Malformed input raises :class:`WorkloadError`
-naming the file, the 1-based line and the problem. ``*.gz`` files are read transparently.
+naming the file, the 1-based line and the problem (a byte that is not UTF-8 is named with its line and
+column). ``*.gz`` files are read transparently; a truncated or corrupt gzip stream raises
+:class:`WorkloadError` naming the last complete line.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ._csvio import check_time, check_tokens, csv_chunks, fail, open_text, parse_iso_ns, parse_numbers
+from ._csvio import (
+    check_time, check_tokens, check_utf8, csv_chunks, fail, open_text, parse_iso_ns, parse_numbers,
+)
 from .table import RequestTable
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -140,6 +144,7 @@ def load_mooncake_jsonl(path: str | Path) -> RequestTable:
     lineno = 0
     with open_text(path) as f:
         for lineno, raw in enumerate(f, start=1):
+            check_utf8(path, [raw], lineno)
             if not raw.strip():
                 continue
             try:
@@ -192,6 +197,7 @@ def load_trace(path: str | Path) -> RequestTable:
         return load_mooncake_jsonl(path)
     with open_text(path) as f:
         first = f.readline()
+    check_utf8(path, [first], 1)
     if not first.strip():
         raise fail(path, 1, "empty file: no header line and no data rows")
     if first.lstrip().startswith("{"):

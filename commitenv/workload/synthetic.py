@@ -31,12 +31,21 @@ _MINUTES = 60
 _EDGE_S = 1e-6  # keep arrivals strictly inside their hour under float rounding
 
 
-def _minute_weights(levels: np.ndarray, smooth: bool, minute_shape: Sequence[float] | None) -> np.ndarray:
-    """(H, 60) non-negative intensity weights of every minute of every hour."""
+def _minute_weights(levels: np.ndarray, smooth: bool, minute_shape: Sequence[float] | None,
+                    edge_levels: tuple[float | None, float | None] = (None, None)) -> np.ndarray:
+    """(H, 60) non-negative intensity weights of every minute of every hour (``edge_levels``: the levels of the
+    hours just before and after, which shape a smooth intensity near the edges as in a longer source)."""
     n_hours = len(levels)
-    if smooth and n_hours > 1:
+    before, after = edge_levels
+    knots = np.arange(n_hours) + 0.5
+    vals = levels
+    if before is not None:
+        knots, vals = np.concatenate([[-0.5], knots]), np.concatenate([[before], vals])
+    if after is not None:
+        knots, vals = np.concatenate([knots, [n_hours + 0.5]]), np.concatenate([vals, [after]])
+    if smooth and len(vals) > 1:
         t = np.arange(n_hours * _MINUTES, dtype=np.float64) / _MINUTES + 0.5 / _MINUTES  # minute midpoints, h
-        w = np.interp(t, np.arange(n_hours) + 0.5, levels).reshape(n_hours, _MINUTES)
+        w = np.interp(t, knots, vals).reshape(n_hours, _MINUTES)
     else:
         w = np.repeat(levels[:, None], _MINUTES, axis=1).astype(np.float64)
     if minute_shape is not None:
@@ -102,6 +111,7 @@ def synthesize(
     minute_shape: Sequence[float] | None = None,
     tenant: str = "default",
     start_s: float = 0.0,
+    edge_levels: tuple[float | None, float | None] = (None, None),
 ) -> RequestTable:
     """A synthetic request table over ``len(hourly_counts or hourly_rates)`` hours starting at ``start_s``.
 
@@ -122,7 +132,7 @@ def synthesize(
     if hourly_counts is not None and np.any(levels != np.floor(levels)):
         raise WorkloadError("synthesize: hourly_counts must be whole numbers (use hourly_rates for expected counts)")
     arrival_rng, length_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    weights = _minute_weights(levels, smooth, minute_shape)
+    weights = _minute_weights(levels, smooth, minute_shape, edge_levels)
     if hourly_counts is not None:
         counts = levels.astype(np.int64)
         frac = _positions_counts(counts, arrival_rng, burstiness_cv)

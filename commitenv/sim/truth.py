@@ -1,0 +1,142 @@
+"""How the ground truth differs from the nominal profile: per-GPU static factors, slow thermal drift, per-cell
+noise and stragglers on a fixed time grid, and per-request serving overheads (realism levels, docs/realism.md).
+
+The what-if predictor never sees any of this: it models the nominal profile, so its error is model mismatch.
+
+Factors are piecewise constant on a grid of ``cell_s`` seconds and a segment takes the factors of the cell its
+start falls in; a closed-form decode run is cut at the first step end at or after the next cell boundary. A
+step-by-step engine therefore draws exactly the same factors for every step, so the truth is the same with
+``closed_form`` on or off (unlike the legacy per-segment `NoiseSource`, kept for the ``ideal`` level).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TruthSpec:
+    """Magnitudes of the truth-versus-nominal differences (all off by default; see docs/realism.md)."""
+
+    cell_s: float = 10.0  # grid of the time-varying factors (s)
+    time_sigma: float = 0.0  # i.i.d. log-normal step-time noise per cell (mean one)
+    energy_sigma: float = 0.0  # i.i.d. log-normal step-energy noise per cell (mean one)
+    speed_sigma: float = 0.0  # static per-GPU step-time factor (log-normal, mean one), drawn per episode
+    power_sigma: float = 0.0  # static per-GPU power factor (steps and idle floor), drawn per episode
+    power_bias: float = 0.0  # the hardware draws (1 + power_bias) x what the predictor's energy model says
+    drift_time_sigma: float = 0.0  # stationary sigma of the AR(1) thermal drift on step time (log scale)
+    drift_energy_sigma: float = 0.0  # the same latent drift on step energy
+    drift_tau_s: float = 600.0  # correlation time of the drift (s)
+    straggler_prob: float = 0.0  # probability that a cell of a GPU runs slow (stragglers, tail steps)
+    straggler_factor: float = 1.0  # step-time factor of a straggler cell
+    overhead_s: float = 0.0  # mean per-request overhead outside the engine (tokenize, API, network, detokenize)
+    overhead_cv: float = 0.0  # its coefficient of variation (log-normal)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "cell_s": self.cell_s > 0,
+            "straggler_prob": 0 <= self.straggler_prob < 1,
+            "straggler_factor": self.straggler_factor >= 1,
+            "drift_tau_s": self.drift_tau_s > 0,
+            "power_bias": -0.5 < self.power_bias < 1,
+        }
+        for name in ("time_sigma", "energy_sigma", "speed_sigma", "power_sigma", "drift_time_sigma",
+                     "drift_energy_sigma", "overhead_s", "overhead_cv"):
+            checks[name] = getattr(self, name) >= 0
+        for name, ok in checks.items():
+            v = getattr(self, name)
+            if not (ok and math.isfinite(v)):
+                raise ValueError(f"truth.{name}: value {v} out of range")
+
+    @property
+    def varies_in_time(self) -> bool:
+        return (self.time_sigma > 0 or self.energy_sigma > 0 or self.drift_time_sigma > 0
+                or self.drift_energy_sigma > 0 or self.straggler_prob > 0)
+
+
+class NominalModel:
+    """The predictor's view of the hardware inside a what-if copy: nominal speed, energy scaled by
+    ``energy_factor`` (1 / (1 + power_bias): the predictor's energy model reads low by the truth's bias)."""
+
+    __slots__ = ("energy_factor",)
+
+    def __init__(self, energy_factor: float) -> None:
+        self.energy_factor = float(energy_factor)
+
+    def draw_for(self, rep, t: float) -> tuple[float, float, float]:
+        return 1.0, self.energy_factor, math.inf
+
+
+def _lognormal_mean_one(rng: np.random.Generator, sigma: float, size) -> np.ndarray:
+    return np.exp(sigma * rng.standard_normal(size) - 0.5 * sigma * sigma)
+
+
+class TruthSource:
+    """Deterministic per-GPU factors from ``seed``: static speed and power, and per-cell (time, energy) factors
+    generated lazily in blocks, each GPU from its own stream (so access order never changes the draws)."""
+
+    _BLOCK = 1024
+
+    def __init__(self, spec: TruthSpec, seed: int, n_gpus: int) -> None:
+        self.spec = spec
+        root = np.random.SeedSequence([int(seed), 0x7275_7468])  # "truth"
+        static_ss, drift_ss, self._overhead_ss, *gpu_ss = root.spawn(n_gpus + 3)
+        srng = np.random.default_rng(static_ss)
+        self.speed = _lognormal_mean_one(srng, spec.speed_sigma, n_gpus)
+        self.power = _lognormal_mean_one(srng, spec.power_sigma, n_gpus)
+        self._rngs = [np.random.default_rng(s) for s in gpu_ss]
+        self._ft: list[np.ndarray] = [np.empty(0) for _ in range(n_gpus)]
+        self._fe: list[np.ndarray] = [np.empty(0) for _ in range(n_gpus)]
+        self._x = np.zeros(n_gpus)  # latent drift state at the end of the generated cells (stationary start)
+        if spec.drift_time_sigma > 0 or spec.drift_energy_sigma > 0:
+            self._x = np.random.default_rng(drift_ss).standard_normal(n_gpus)
+        self._rho = math.exp(-spec.cell_s / spec.drift_tau_s)
+
+    def _extend(self, g: int, upto: int) -> None:
+        sp = self.spec
+        rng = self._rngs[g]
+        while len(self._ft[g]) <= upto:
+            n = self._BLOCK
+            z = rng.standard_normal((n, 3))
+            u = rng.random(n)
+            # AR(1) latent drift with unit stationary variance
+            x = np.empty(n)
+            prev = self._x[g]
+            s = math.sqrt(1.0 - self._rho * self._rho)
+            for i in range(n):
+                prev = self._rho * prev + s * z[i, 2]
+                x[i] = prev
+            self._x[g] = prev
+            dt, de = sp.drift_time_sigma, sp.drift_energy_sigma
+            ft = np.exp(sp.time_sigma * z[:, 0] - 0.5 * sp.time_sigma ** 2 + dt * x - 0.5 * dt * dt)
+            fe = np.exp(sp.energy_sigma * z[:, 1] - 0.5 * sp.energy_sigma ** 2 + de * x - 0.5 * de * de)
+            if sp.straggler_prob > 0:
+                ft = np.where(u < sp.straggler_prob, ft * sp.straggler_factor, ft)
+            self._ft[g] = np.concatenate([self._ft[g], ft * self.speed[g]])
+            self._fe[g] = np.concatenate([self._fe[g], fe * self.speed[g] * self.power[g]])
+
+    def draw(self, stream: int, t: float) -> tuple[float, float, float]:
+        """(time factor, energy factor, end of the cell) for a segment of GPU ``stream`` starting at ``t``.
+
+        A slower GPU also runs each step longer at the same power, so its energy factor carries the speed
+        factor too (energy = power x time)."""
+        k = int(t // self.spec.cell_s)
+        if k >= len(self._ft[stream]):
+            self._extend(stream, k)
+        return float(self._ft[stream][k]), float(self._fe[stream][k]), (k + 1) * self.spec.cell_s
+
+    def draw_for(self, rep, t: float) -> tuple[float, float, float]:
+        """Factors of a segment of replica ``rep`` (its GPU's cell factors) starting at ``t``."""
+        return self.draw(rep.gpu.index, t)
+
+    def request_overheads(self, n: int) -> np.ndarray:
+        """Per-request overhead (s) outside the engine, log-normal with the spec's mean and CV."""
+        sp = self.spec
+        if sp.overhead_s <= 0:
+            return np.zeros(n)
+        rng = np.random.default_rng(self._overhead_ss)
+        s2 = math.log1p(sp.overhead_cv ** 2)
+        return sp.overhead_s * np.exp(math.sqrt(s2) * rng.standard_normal(n) - 0.5 * s2)
