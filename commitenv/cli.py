@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -72,7 +73,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_COMPARE_SCENARIO = "epact-h200-hour-fixed-a30"
+DEFAULT_COMPARE_SCENARIO = "bench-h200-hour-fixed-a30"
 
 
 _TABLE = [  # (summary key, header, width)
@@ -163,67 +164,259 @@ def _write_run(res, dest: Path, out: Path, **kw) -> None:
         raise ValueError(f"--out {out}{where}: {msg}") from None
 
 
-def _resolve_names(scenario: str, controllers: list[str]) -> None:
+def _resolve_names(scenario: str, controllers: list[str]) -> list:
+    """Check the scenario and resolve every controller spec (`controllers.resolve`); ValueError otherwise."""
     from commitenv.scenarios import load_scenario
-    from controllers import available
+    from controllers import resolve
 
     load_scenario(scenario)
-    unknown = [c for c in controllers if c not in available()]
-    if unknown:
-        raise ValueError(f"unknown controller '{unknown[0]}'; available: {', '.join(available())}")
+    return [resolve(c) for c in controllers]
+
+
+_ARG = re.compile(r"^(?:(?P<scope>[^=]+)\.)?(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$", re.S)
+
+
+def _parse_controller_args(items: list[str] | None) -> list[tuple[str | None, str, str]]:
+    """``--controller-arg [CONTROLLER.]KEY=VALUE`` items as (scope, key, raw value)."""
+    out = []
+    for item in items or []:
+        m = _ARG.match(item)
+        if not m:
+            raise ValueError(f"--controller-arg {item}: expected KEY=VALUE (KEY a Python identifier; in compare "
+                             "optionally CONTROLLER.KEY=VALUE)")
+        out.append((m.group("scope"), m.group("key"), m.group("value")))
+    return out
+
+
+def _controller_kwargs(resolved, given: str, args: list[tuple[str | None, str, str]], *,
+                       scoped: bool) -> dict:
+    """The validated constructor arguments of one controller (``given``: the spec as typed): unscoped
+    arguments, and with ``scoped`` those whose scope is its spec or its name."""
+    from controllers import check_kwargs
+    from controllers.registry import parse_arg_value
+
+    raw = {}
+    for scope, key, value in args:
+        if scope is None or (scoped and scope in (given, resolved.name)):
+            raw[key] = value
+    kwargs = check_kwargs(resolved, {k: parse_arg_value(v) for k, v in raw.items()}, raw)
+    return kwargs
+
+
+def _check_seed_flags(args: argparse.Namespace) -> None:
+    if args.seeds is None and (args.jobs != 1 or args.rerun):
+        raise ValueError(f"{'--jobs' if args.jobs != 1 else '--rerun'}: only with --seeds (many episodes)")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from commitenv.evaluation import evaluate
 
-    _resolve_names(args.scenario, [args.controller])
+    _check_seed_flags(args)
+    (resolved,) = _resolve_names(args.scenario, [args.controller])
+    cargs = _parse_controller_args(args.controller_arg)
+    scoped = [s for s, _, _ in cargs if s is not None]
+    if scoped:
+        raise ValueError(f"--controller-arg: '{scoped[0]}.' scopes an argument to a controller, which only "
+                         "`compare` needs; give KEY=VALUE")
+    kwargs = _controller_kwargs(resolved, args.controller, cargs, scoped=False)
+    if args.seeds is not None:
+        return _run_seeds(args, [(resolved, kwargs)])
     out = _check_out(args.out, beside=True)
-    res = evaluate(args.controller, args.scenario, seed=args.seed, progress=not args.quiet)
+    res = evaluate(args.controller, args.scenario, seed=args.seed, progress=not args.quiet,
+                   controller_kwargs=kwargs or None)
     _print_table([res.summary])
     if out is not None:
         _write_run(res, out, out)
-        print(f"wrote {out}/summary.json, hourly.csv, requests.csv, overview.png")
+        print(f"wrote {out}/summary.json, hourly.csv, decisions.csv, requests.csv, overview.png")
     print(json.dumps(res.summary))
     return 0
 
 
+def _compare_controllers(args: argparse.Namespace) -> list[tuple]:
+    """(resolved controller, kwargs) of every controller to compare; names must be distinct. Without
+    ``--controllers``: every registered and entry-point controller (one that cannot be loaded is skipped)."""
+    from controllers import all_names, resolve
+
+    cargs = _parse_controller_args(args.controller_arg)
+    explicit = bool(args.controllers)
+    if explicit:
+        given = [c.strip() for c in args.controllers.split(",") if c.strip()]
+        if not given:
+            raise ValueError("--controllers: no controller given")
+        resolved = _resolve_names(args.scenario, given)
+    else:
+        _resolve_names(args.scenario, [])
+        given, resolved = [], []
+        for name in all_names():
+            try:
+                resolved.append(resolve(name))
+                given.append(name)
+            except ValueError as e:
+                print(f"skipped {name}: {e}", file=sys.stderr)
+    seen: dict[str, str] = {}
+    for g, r in zip(given, resolved):
+        if r.name in seen:
+            raise ValueError(f"--controllers: '{seen[r.name]}' and '{g}' are both named '{r.name}'; their results "
+                             "would share a folder")
+        seen[r.name] = g
+    for scope, key, _ in cargs:
+        if scope is not None and scope not in seen and scope not in seen.values():
+            raise ValueError(f"--controller-arg {scope}.{key}: no controller '{scope}' in this comparison "
+                             f"({', '.join(seen)})")
+    return [(r, _controller_kwargs(r, g, cargs, scoped=True)) for g, r in zip(given, resolved)]
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from commitenv.evaluation import evaluate
-    from controllers import available
 
+    _check_seed_flags(args)
     explicit = bool(args.controllers)
-    names = [c for c in args.controllers.split(",") if c] if explicit else available()
-    _resolve_names(args.scenario, names)
+    todo = _compare_controllers(args)
+    if args.seeds is not None:
+        return _run_seeds(args, todo)
     out = _check_out(args.out)
-    rows = []
-    for name in names:
+    rows: list[dict] = []
+    errors: list[dict] = []
+    for resolved, kwargs in todo:
+        name = resolved.name
         try:
-            res = evaluate(name, args.scenario, seed=args.seed, progress=not args.quiet)
+            res = evaluate(resolved.spec, args.scenario, seed=args.seed, progress=not args.quiet,
+                           controller_kwargs=kwargs or None)
         except ImportError as e:
-            if explicit:
-                raise ValueError(f"controller '{name}' cannot run here: {e}") from None
-            print(f"skipped {name}: {e}", file=sys.stderr)
-            continue
-        rows.append(res.summary)
+            if not explicit:
+                print(f"skipped {name}: {e}", file=sys.stderr)
+                continue
+            errors.append({"controller": name, "error": f"cannot run here: {e}"})
+        except Exception as e:  # noqa: BLE001  (one failing controller must not lose the others' results)
+            from commitenv.runner import error_text
+
+            errors.append({"controller": name, "error": error_text(e)})
+        else:
+            rows.append(res.summary)
+            if out is not None:
+                _write_run(res, out / name, out, requests=False)
+        if errors and errors[-1]["controller"] == name:
+            print(f"error: {name} failed: {errors[-1]['error']}", file=sys.stderr)
         if out is not None:
-            _write_run(res, out / name, out, requests=False)
+            _write_compare(out, args, rows, errors, [r.name for r, _ in todo])
     _print_table(rows)
+    for e in errors:
+        print(f"{e['controller']}: FAILED ({e['error']})")
     if out is not None:
-        doc = {"scenario": args.scenario, "seed": args.seed,
-               "gate": {r["controller"]: _gate_word(r.get("slo_gate_pass")) for r in rows}, "results": rows}
-        tmp = out / "compare.json.tmp"
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(doc, indent=2) + "\n")
-            tmp.replace(out / "compare.json")
-        except OSError as e:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
-            raise ValueError(f"--out {out}: cannot write compare.json ({e.strerror or e})") from None
+        _write_compare(out, args, rows, errors, [r.name for r, _ in todo])
         print(f"wrote {out}/compare.json")
-    return 0
+    return 1 if errors else 0
+
+
+def _write_compare(out: Path, args: argparse.Namespace, rows: list[dict], errors: list[dict], names: list[str]) -> None:
+    """compare.json of a single-seed comparison: ``results`` (the summaries of the runs that finished),
+    ``errors`` (``{"controller", "error"}`` of those that failed) and ``gate`` (pass / FAIL / error, in the
+    order of ``names``)."""
+    word = {r["controller"]: _gate_word(r.get("slo_gate_pass")) for r in rows}
+    word.update({e["controller"]: "error" for e in errors})
+    gate = {n: word[n] for n in names if n in word}
+    doc = {"scenario": args.scenario, "seed": args.seed, "gate": gate, "results": rows, "errors": errors}
+    tmp = out / "compare.json.tmp"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(out / "compare.json")
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise ValueError(f"--out {out}: cannot write compare.json ({e.strerror or e})") from None
+
+
+_SEED_TABLE = [  # (metric, header, format)
+    ("attainment_pct", "attain_%", ".3f"), ("mean_abs_dev_pct", "|dev|_%", ".3f"), ("cost_kwh_eq", "cost_kWh", ".4f"),
+    ("energy_mj", "energy_MJ", ".3f"), ("misses", "misses", ".1f"),
+]
+
+
+def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
+    """Every (controller, seed) episode of ``--seeds`` (``--jobs`` processes), resumable under
+    OUT/<controller>/seed-<s>/, then the aggregate (mean and 95 % CI per metric) printed and written as
+    OUT/compare.json and compare.csv."""
+    from commitenv.evaluation import _scenario_file
+    from commitenv.runner import Job, aggregate, episode_dir, finished, parse_seeds, run_jobs, write_aggregate
+    from commitenv.scenarios import load_scenario
+
+    seeds = parse_seeds(args.seeds)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs: expected at least 1 process, got {args.jobs}")
+    sc = load_scenario(args.scenario)
+    sc_name, sc_file = sc.name, _scenario_file(sc)
+    out = _check_out(args.out)
+    controllers = [{"controller": r.name, "origin": r.origin, "kwargs": kw} for r, kw in todo]
+    episodes: dict[str, dict[int, dict]] = {r.name: {} for r, _ in todo}
+    errors: list[dict] = []
+    pending: list = []
+    for r, kw in todo:
+        for s in seeds:
+            dest = None if out is None else str(episode_dir(out, r.name, s))
+            job = Job(r.spec, r.name, r.origin, kw, args.scenario, s, dest)
+            prev = None if args.rerun else finished(job, sc_name, sc_file)
+            if prev is not None:
+                episodes[r.name][s] = prev
+            else:
+                pending.append(job)
+    n_all = len(todo) * len(seeds)
+    if n_all > len(pending):
+        print(f"resuming: {n_all - len(pending)} of {n_all} episodes already finished in {out}", file=sys.stderr)
+
+    def write() -> None:
+        if out is not None:
+            try:
+                write_aggregate(out, aggregate(sc_name, seeds, controllers, episodes, errors))
+            except OSError as e:
+                raise ValueError(f"--out {out}: cannot write compare.json ({e.strerror or e})") from None
+
+    def on_done(job, result: dict) -> None:
+        if "summary" in result:
+            episodes[job.name][job.seed] = result["summary"]
+        else:
+            errors.append({"controller": job.name, "seed": job.seed, "error": result["error"]})
+            msg = f"error: {job.name} seed {job.seed} failed: {result['error']}"
+            print(msg, file=sys.stderr)
+        write()
+
+    run_jobs(pending, n_jobs=args.jobs, progress=not args.quiet, on_done=on_done)
+    errors.sort(key=lambda e: ([c["controller"] for c in controllers].index(e["controller"]), e["seed"]))
+    doc = aggregate(sc_name, seeds, controllers, episodes, errors)
+    write()
+    _print_seed_table(doc)
+    if out is not None:
+        print(f"wrote {out}/compare.json, compare.csv and {out}/<controller>/seed-<s>/")
+    return 1 if errors else 0
+
+
+def _print_seed_table(doc: dict) -> None:
+    """One line per controller: episodes, SLO gate passes, and each key metric as mean +- 95 % CI half-width."""
+    w = max([10] + [len(c["controller"]) for c in doc["controllers"]])
+    head = f"{'controller':>{w}}  {'n':>3}  {'gate':>6}" + "".join(f"  {h:>20}" for _, h, _ in _SEED_TABLE)
+    print(head)
+    for c in doc["controllers"]:
+        cells = [f"{c['controller']:>{w}}", f"{c['episodes']:>3}", f"{c['slo_gate_pass_count']:>3}/{c['episodes']:<2}"]
+        for k, _, fmt in _SEED_TABLE:
+            m = c["metrics"].get(k)
+            if m is None or m["mean"] is None:
+                cells.append(f"{'-':>20}")
+            elif m["half_width"] is None:
+                cells.append(f"{format(m['mean'], fmt):>20}")
+            else:
+                cells.append(f"{format(m['mean'], fmt) + ' +- ' + format(m['half_width'], fmt):>20}")
+        print("  ".join(cells))
+    print(f"mean +- 95 % CI half-width (t-distribution) over seeds {_seed_text(doc['seeds'])}; gate: SLO gate passes")
+    for e in doc["errors"]:
+        print(f"{e['controller']} seed {e['seed']}: FAILED ({e['error']})")
+
+
+def _seed_text(seeds: list[int]) -> str:
+    if seeds and seeds == list(range(seeds[0], seeds[0] + len(seeds))) and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
@@ -269,11 +462,17 @@ def _cmd_attribute(args: argparse.Namespace) -> int:
     scenario = args.scenario or summary.get("scenario_file") or summary["scenario"]
     controller, seed = summary["controller"], int(summary["seed"])
     try:
-        _resolve_names(scenario, [controller])
+        from controllers import spec_from_origin
+
+        spec = spec_from_origin(summary.get("controller_origin"), controller)
+        (resolved,) = _resolve_names(scenario, [spec])
     except ValueError as e:
         raise ValueError(f"{spath}: cannot re-run the episode: {e}"
                          + ("" if args.scenario else " (give the scenario with --scenario NAME_OR_FILE)")) from None
-    env, res = run_episode(controller, scenario, seed, progress=not args.quiet, attribution=True,
+    if resolved.name != controller:
+        raise ValueError(f"{spath}: cannot re-run the episode: the controller recorded as '{controller}' "
+                         f"({summary.get('controller_origin')}) is now named '{resolved.name}'")
+    env, res = run_episode(spec, scenario, seed, progress=not args.quiet, attribution=True,
                            controller_kwargs=summary.get("controller_kwargs"))
     for k in _REPRODUCED:
         if k in summary and not _close(summary[k], res.summary.get(k)):
@@ -353,6 +552,17 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_controllers(args: argparse.Namespace) -> int:
+    from controllers import discover
+
+    rows = discover()
+    w = max(len(r.name) for r in rows)
+    wo = max(len(r.origin) for r in rows)
+    for r in rows:
+        print(f"{r.name:<{w}}  {r.origin:<{wo}}  {r.doc}".rstrip())
+    return 0
+
+
 def _cmd_profiles(args: argparse.Namespace) -> int:
     from commitenv.profiles import list_profiles, load_profile
 
@@ -387,15 +597,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_simulate)
     r = sub.add_parser("run", help="run one controller on a scenario and write its results")
     r.add_argument("scenario", help="scenario name or Gymnasium id (commitenv/<name>-v0)")
-    r.add_argument("--controller", default="vllm")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", default=None, help="folder for summary.json, hourly.csv, requests.csv, overview.png")
+    r.add_argument("--controller", default="vllm",
+                   help="a registered or entry-point name, module:Class or path/to/file.py:Class")
+    r.add_argument("--controller-arg", action="append", metavar="KEY=VALUE",
+                   help="constructor argument (repeatable); VALUE is read as JSON when it is valid JSON, else text")
+    _seed_args(r)
+    r.add_argument("--out", default=None,
+                   help="folder for summary.json, hourly.csv, decisions.csv, requests.csv, overview.png (with "
+                        "--seeds: OUT/<controller>/seed-<s>/ and compare.json)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
     c = sub.add_parser("compare", help="run several controllers on one scenario side by side")
     c.add_argument("scenario", nargs="?", default=DEFAULT_COMPARE_SCENARIO)
-    c.add_argument("--controllers", default=None, help="comma-separated names (default: every registered one)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--controllers", default=None,
+                   help="comma-separated specs, each a name, module:Class or path/to/file.py:Class (default: every "
+                        "registered and entry-point controller)")
+    c.add_argument("--controller-arg", action="append", metavar="[CONTROLLER.]KEY=VALUE",
+                   help="constructor argument (repeatable), for every controller or, with CONTROLLER., for one")
+    _seed_args(c)
     c.add_argument("--out", default=None, help="folder for compare.json and one sub-folder per controller")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=_cmd_compare)
@@ -418,9 +637,21 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--quiet", action="store_true", help="no progress bars")
     at.set_defaults(func=_cmd_attribute)
     sub.add_parser("scenarios", help="list registered scenarios").set_defaults(func=_cmd_scenarios)
+    sub.add_parser("controllers", help="list registered and entry-point controllers: name, origin, description"
+                   ).set_defaults(func=_cmd_controllers)
     sub.add_parser("profiles", help="list shipped GPU x model profiles").set_defaults(func=_cmd_profiles)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=_cmd_workloads)
     return ap
+
+
+def _seed_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seeds", default=None, metavar="LIST",
+                   help="many episodes: 0-9, 0,3,7 or 0-4,10; results under OUT/<controller>/seed-<s>/ with the "
+                        "aggregate (mean, 95 %% CI) in OUT/compare.json and compare.csv; finished episodes are kept")
+    p.add_argument("--jobs", type=int, default=1, help="with --seeds: episodes run in N processes (default 1)")
+    p.add_argument("--rerun", action="store_true", help="with --seeds: run again episodes already in OUT")
 
 
 class _StderrHandler(logging.StreamHandler):

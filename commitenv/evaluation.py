@@ -19,6 +19,24 @@ Every step's metered energy is split (tail after the horizon included), so ``tot
 energy; idle energy (the floor while no step runs) is billed to no request. A run folder without bills gets
 them from ``commitenv attribute RUN_DIR``, which re-runs the deterministic episode (scenario, controller and seed
 and the controller's arguments from summary.json) and checks that it reproduces the recorded scores, rather than storing a step log.
+
+Every run also records its decisions (``EvalResult.decisions``, ``decisions.csv``), one row per interval:
+
+=================  ===========================================================================================
+interval           interval index k (0-based, over the whole episode)
+t_start_s          the interval's start, s
+active             the action's active replicas
+clock_mhz          the action's clock, MHz
+applied_s          when the environment applied the change (start + actuation delay + planning delay), s;
+                   empty when nothing changed or the decision was stale (it would have applied after the
+                   interval's end)
+stale              1 when the decision came too late for its interval
+planning_delay_s   the planning delay the controller reported for this decision (``probe.report_planning_delay``)
+=================  ===========================================================================================
+
+A controller's optional ``stats()`` dict adds its numeric entries to summary.json. summary.json also records
+``controller_origin`` (``builtin``, ``entry_point:<dist>``, ``module:<mod>:<Class>`` or ``path:<file>:<Class>``,
+see `controllers.registry`), from which ``commitenv attribute`` rebuilds the controller.
 """
 
 from __future__ import annotations
@@ -55,11 +73,13 @@ class EvalResult:
     summary: dict[str, Any]
     history: list[dict[str, float]] = field(default_factory=list)
     bills: dict[str, np.ndarray] | None = None  # per-request energy bills (BILL_COLUMNS) when attributed
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # one row per interval (DECISION_COLUMNS)
 
-    def write(self, out_dir: str | Path, *, requests: bool = True, figure: bool = True, bills: bool = True) -> Path:
-        """Write summary.json, hourly.csv, requests.csv, bills.csv (when the run was attributed) and
-        overview.png into ``out_dir`` atomically: files are built in a temporary folder beside it and moved in
-        only when all succeeded."""
+    def write(self, out_dir: str | Path, *, requests: bool = True, figure: bool = True, bills: bool = True,
+              decisions: bool = True) -> Path:
+        """Write summary.json, hourly.csv, decisions.csv, requests.csv, bills.csv (when the run was attributed)
+        and overview.png into ``out_dir`` atomically: files are built in a temporary folder beside it and moved
+        in only when all succeeded, summary.json last (a folder with summary.json is complete)."""
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise NotADirectoryError(f"{out}: exists and is not a folder")
@@ -72,6 +92,8 @@ class EvalResult:
         try:
             (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
             _write_csv(tmp / "hourly.csv", self.hourly)
+            if decisions and self.decisions:
+                write_decisions(tmp / "decisions.csv", self.decisions)
             if requests:
                 _write_columns(tmp / "requests.csv", self.requests)
             if bills and self.bills is not None:
@@ -85,7 +107,7 @@ class EvalResult:
                 dest = out / f.name
                 if dest.is_dir():
                     raise IsADirectoryError(f"{dest}: a folder is in the way of the output file")
-            for f in tmp.iterdir():
+            for f in sorted(tmp.iterdir(), key=lambda f: f.name == "summary.json"):
                 os.replace(f, out / f.name)
         except IsADirectoryError:
             raise
@@ -109,6 +131,19 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+DECISION_COLUMNS = ("interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s")
+
+
+def write_decisions(path: Path, rows: list[dict[str, Any]]) -> None:
+    """``decisions.csv``: `DECISION_COLUMNS`; times with up to microsecond precision, empty when None."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(DECISION_COLUMNS)
+        for r in rows:
+            w.writerow(["" if r[c] is None else (f"{r[c]:.6f}".rstrip("0").rstrip(".") if isinstance(r[c], float)
+                                                 else r[c]) for c in DECISION_COLUMNS])
 
 
 BILL_COLUMNS = ("request_id", "tenant", "prompt_tokens", "output_tokens", "own_j", "shared_j", "total_j",
@@ -155,12 +190,21 @@ def run_episode(
     controller_kwargs: dict[str, Any] | None = None,
     attribution: bool = False,
 ) -> tuple[Any, EvalResult]:
-    """`evaluate`, also returning the finished environment (its pool, table, actions and attributor)."""
+    """`evaluate`, also returning the finished environment (its pool, table, actions and attributor).
+
+    ``controller`` is an instance or a spec string (a registered or entry-point name, ``module:Class`` or
+    ``path/to/file.py:Class``; see `controllers.registry.resolve`)."""
     from commitenv.envs import CommitServeEnv
-    from controllers import ControllerContext, make
+    from controllers import ControllerContext
+    from controllers.registry import controller_name, origin_of, resolve
 
     recorded = _jsonable(controller_kwargs) if controller_kwargs else None
-    ctrl = make(controller, **(controller_kwargs or {})) if isinstance(controller, str) else controller
+    if isinstance(controller, str):
+        spec = resolve(controller)
+        ctrl, origin = spec.make(**(controller_kwargs or {})), spec.origin
+    else:
+        ctrl, origin = controller, origin_of(controller)
+    name = controller_name(ctrl)
     env = CommitServeEnv(scenario, attribution=attribution)
     t_start = time.perf_counter()
     obs, info = env.reset(seed=seed)
@@ -171,12 +215,17 @@ def run_episode(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=steps, unit="interval", desc=f"{env.scenario.name} / {ctrl.name}", leave=False)
+        bar = tqdm(total=steps, unit="interval", desc=f"{env.scenario.name} / {name}", leave=False)
     ret = 0.0
     terminated = False
+    decisions: list[dict[str, Any]] = []
     try:
         while not terminated:
-            obs, reward, terminated, truncated, info = env.step(ctrl.act(obs, info))
+            action = ctrl.act(obs, info)
+            delay = float(getattr(env, "_planning_delay", 0.0))  # what the controller reported for this action
+            n_changes = len(env.actions)
+            obs, reward, terminated, truncated, info = env.step(action)
+            decisions.append(_decision(env, action, env.actions[n_changes:], delay, bool(info.get("stale_decision"))))
             ret += reward
             if bar is not None:
                 bar.update(1)
@@ -187,13 +236,35 @@ def run_episode(
         if callable(close):
             close()
     wall = time.perf_counter() - t_start
-    res = score_episode(env, ctrl.name, seed, wall, ret)
+    res = score_episode(env, name, seed, wall, ret)
+    res.decisions = decisions
+    if origin is not None:
+        res.summary["controller_origin"] = origin
     if recorded:
         res.summary["controller_kwargs"] = recorded
     stats = getattr(ctrl, "stats", None)
     if callable(stats):
-        res.summary.update(stats())
+        for k, v in (stats() or {}).items():
+            if k in res.summary or isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+                continue  # only numbers, never over a score
+            res.summary[k] = v.item() if isinstance(v, np.generic) else v
     return env, res
+
+
+def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale: bool) -> dict[str, Any]:
+    """One row of decisions.csv: the (validated) action of interval ``env.k - 1`` and when it was applied."""
+    k = env.k - 1
+    active = int(np.asarray(action["active"]).item())
+    clock = int(np.asarray(action["clock"]).item())
+    return {
+        "interval": k,
+        "t_start_s": float(k * env.dt),
+        "active": active,
+        "clock_mhz": int(env.clocks_mhz[clock]),
+        "applied_s": float(changes[0][1]) if changes else None,
+        "stale": int(stale),
+        "planning_delay_s": delay_s,
+    }
 
 
 def _jsonable(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,43 @@
-"""Interchangeable controllers, registered by name (``controllers.make('vllm')``)."""
+"""Interchangeable controllers, registered by name (``controllers.make('vllm')``), or given as ``module:Class``,
+``path/to/file.py:Class`` or an entry point of the group ``commitenv.controllers`` (see `controllers.registry`)."""
+
+import inspect as _inspect
 
 from controllers import epact, fixed_config, vllm  # noqa: F401  (registration)
 from controllers import dynamollm  # noqa: F401
 from controllers.base import Controller, ControllerContext, Probe
-from controllers.registry import available, make, register, register_factory
+from controllers.epact import EPACT as _EPACT
+from controllers.registry import (
+    ENTRY_POINT_GROUP,
+    all_names,
+    available,
+    check_kwargs,
+    describe_as,
+    discover,
+    make,
+    origin_of,
+    register,
+    register_factory,
+    resolve,
+    spec_from_origin,
+)
 
-__all__ = ["Controller", "ControllerContext", "Probe", "available", "make", "register", "register_factory"]
+
+class StaticTarget(_EPACT):
+    """ePACT's Static-Target ablation: the same search, each interval aiming at its nominal share (no feedback)."""
+
+    name = "static_target"
+
+    def __init__(self, **kwargs) -> None:
+        if "static_target" in kwargs:
+            raise TypeError("StaticTarget() got an unexpected keyword argument 'static_target'")
+        super().__init__(static_target=True, **kwargs)
+
+
+StaticTarget.__signature__ = _inspect.signature(_EPACT).replace(  # type: ignore[attr-defined]
+    parameters=[p for n, p in _inspect.signature(_EPACT).parameters.items() if n != "static_target"])
+describe_as("static_target", StaticTarget)  # registered by controllers.epact as a factory of EPACT
+
+__all__ = ["ENTRY_POINT_GROUP", "Controller", "ControllerContext", "Probe", "StaticTarget", "all_names", "available",
+           "check_kwargs", "discover", "make", "origin_of", "register", "register_factory", "resolve",
+           "spec_from_origin"]

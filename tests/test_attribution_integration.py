@@ -207,8 +207,8 @@ def test_evaluation_writes_bills_csv(two_tenants, tmp_path):
     assert evaluate("vllm", str(two_tenants), seed=1).bills is None  # off by default
     out = tmp_path / "run"
     res.write(out)
-    assert sorted(p.name for p in out.iterdir()) == ["bills.csv", "hourly.csv", "overview.png", "requests.csv",
-                                                     "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["bills.csv", "decisions.csv", "hourly.csv", "overview.png",
+                                                     "requests.csv", "summary.json"]
     rows = _rows(out / "bills.csv")
     assert tuple(rows[0]) == BILL_COLUMNS
     assert len(rows) == res.summary["requests"]
@@ -237,7 +237,8 @@ def test_cli_attribute_reproduces_bills(two_tenants, tmp_path, capsys):
     rep = json.loads(stdout.strip().splitlines()[-1])
     assert set(rep["tenant_mj"]) == {"alpha", "beta"}
     assert sum(rep["tenant_mj"].values()) == pytest.approx(rep["busy_mj"], rel=1e-12)
-    assert sorted(p.name for p in out.iterdir()) == ["bills.csv", "hourly.csv", "requests.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["bills.csv", "decisions.csv", "hourly.csv", "requests.csv",
+                                                     "summary.json"]
     # a folder written by `commitenv run` (no bills) gets them too
     run2 = tmp_path / "run2"
     assert main(["run", str(two_tenants), "--seed", "2", "--out", str(run2), "--quiet"]) == 0

@@ -11,7 +11,7 @@ import pytest
 from commitenv.cli import main
 from test_env import HOUR_SCENARIO, toy_three_hour
 
-FILES = ["hourly.csv", "overview.png", "requests.csv", "summary.json"]
+FILES = ["decisions.csv", "hourly.csv", "overview.png", "requests.csv", "summary.json"]
 
 
 def _last_json(stdout: str) -> dict:
@@ -73,7 +73,7 @@ def test_compare_writes_both_controllers(tmp_path, capsys):
     assert [r["controller"] for r in doc["results"]] == ["vllm", "fixed_config"]
     for r in doc["results"]:
         sub = out / r["controller"]
-        assert sorted(p.name for p in sub.iterdir()) == ["hourly.csv", "overview.png", "summary.json"]
+        assert sorted(p.name for p in sub.iterdir()) == ["decisions.csv", "hourly.csv", "overview.png", "summary.json"]
         assert json.loads((sub / "summary.json").read_text()) == r
     vllm, fixed = doc["results"]
     assert fixed["energy_mj"] < vllm["energy_mj"]  # 28 of 32 replicas

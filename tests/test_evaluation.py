@@ -111,7 +111,7 @@ def test_write_produces_consistent_files(vllm_hour, tmp_path):
     out = tmp_path / "run"
     assert vllm_hour.write(out) == out
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["hourly.csv", "overview.png", "requests.csv", "summary.json"]  # no temporary folder left
+    assert names == ["decisions.csv", "hourly.csv", "overview.png", "requests.csv", "summary.json"]  # no temp folder
     assert json.loads((out / "summary.json").read_text()) == vllm_hour.summary
     hourly = _read_csv(out / "hourly.csv")
     assert len(hourly) == 1
@@ -128,7 +128,7 @@ def test_write_multi_hour_result_without_extras(tmp_path):
     res = evaluate(LowAndSlow(), str(toy_three_hour(tmp_path / "sc")), seed=0)
     out = tmp_path / "out"
     res.write(out, requests=False, figure=False)
-    assert sorted(p.name for p in out.iterdir()) == ["hourly.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["decisions.csv", "hourly.csv", "summary.json"]
     assert [int(r["hour"]) for r in _read_csv(out / "hourly.csv")] == [0, 1, 2]
     res.write(out)  # and the figure of a multi-hour run
     assert (out / "overview.png").stat().st_size > 0

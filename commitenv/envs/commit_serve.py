@@ -14,14 +14,14 @@ idx   name                     meaning and scaling
 0     time_in_hour             elapsed fraction of the current hour
 1     hour_of_horizon          hour index / horizon hours
 2     commitment               E*_h / (N x TDP x 1 h)
-3     hour_energy              energy so far this hour / E*_h
-4     last_interval_energy     energy of the last interval / (E*_h / K)
+3     hour_energy              metered energy so far this hour / E*_h (the controller's meter)
+4     last_interval_energy     metered energy of the last interval / (E*_h / K)
 5     target                   equal split of the remaining commitment (E*_h - M_k)/(K - k) / (E*_h / K)
 6     arrivals                 log1p(arrivals in the last interval) / 10
 7     waiting                  log1p(queued requests) / 10
 8     running                  log1p(running requests) / 10
 9     waiting_tokens           log1p(prompt tokens still to prefill) / 15
-10    slack_min                tanh(min over live requests of deadline - now, s / 60)
+10    slack_min                tanh(min over live requests of visible deadline - now, s / 60)
 11    slack_mean               tanh(mean slack, s / 60)
 12    overdue_frac             fraction of live requests already past their deadline
 13    active                   configured active replicas / N
@@ -29,13 +29,18 @@ idx   name                     meaning and scaling
 15    misses                   log1p(deadline misses so far) / 10
 ====  =======================  ==============================================================
 
+Two meters (realism levels, docs/realism.md): observations and ``info`` energies are what the controller's
+NVML-like counters read (`commitenv.envs.meters`); the settlement and the reward use the pool meter. At ``ideal``
+they are the same number. ``info["settlement"]`` (once an hour closes) is the settled bill.
+
 A controller may report how long its decision took (``report_planning_delay``, through its probe); the
 action then applies that much later, and not at all once it would fall past the interval (stale).
 
 Reward: each step pays minus the change of the current hour's settlement cost as its energy accrues,
 -(C(M_{k+1}) - C(M_k)) with C(M) = lambda_plus [M - E*]+ + lambda_minus [E* - M]+ in kWh-equivalent, minus
 ``miss_penalty_kwh`` per deadline miss when it becomes known (a deadline passing unfinished, or at the
-end, after the tail runs to completion). Since C(0) = lambda_minus E*, an episode's return is exactly
+end, after the tail runs to completion; at realism levels whose deadlines a controller sees only through predicted
+lengths, when the late answer arrives). Since C(0) = lambda_minus E*, an episode's return is exactly
 
     return = -(sum_h C_h + miss_penalty_kwh * misses) + lambda_minus * sum_h E*_h
 
@@ -190,6 +195,10 @@ class CommitServeEnv(gym.Env):
     def _check_action(self, action: Any) -> tuple[int, int]:
         if not isinstance(action, dict) or "active" not in action or "clock" not in action:
             raise ValueError(f"action: expected a dict with keys 'active' and 'clock', got {action!r}")
+        extra = sorted(str(k) for k in action if k not in ("active", "clock"))
+        if extra:
+            raise ValueError(f"action: unknown key(s) {', '.join(extra)}; this scenario's action has only 'active' and "
+                             "'clock'")
         vals = []
         for key in ("active", "clock"):
             try:
@@ -453,6 +462,8 @@ class CommitServeEnv(gym.Env):
     def render(self):
         if self.render_mode != "rgb_array":
             return None
+        if self.pool is None:
+            raise gym.error.ResetNeeded("render() called before reset(): there is no episode to draw yet")
         from commitenv.plots import render_progress
 
         return render_progress(self)

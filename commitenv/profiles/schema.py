@@ -99,7 +99,7 @@ class Profile(_Strict):
     name: str
     gpu: HardwareInfo
     model: ModelInfo
-    clocks: list[ClockLevel] = Field(min_length=1)
+    clocks: tuple[ClockLevel, ...] = Field(min_length=1)  # a tuple: a profile shared with a controller stays read-only
     reference_clock_mhz: int
     standby_w: float = Field(gt=0)
     scheduler: SchedulerLimits
@@ -154,7 +154,7 @@ def _numeric_paths(obj: Any, prefix: str = "") -> list[str]:
     if isinstance(obj, dict):
         for k, v in obj.items():
             out += _numeric_paths(v, f"{prefix}.{k}" if prefix else k)
-    elif isinstance(obj, list):
+    elif isinstance(obj, (list, tuple)):
         for v in obj:
             out += _numeric_paths(v, prefix)
     elif isinstance(obj, (int, float)) and not isinstance(obj, bool):

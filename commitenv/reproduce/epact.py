@@ -106,6 +106,9 @@ def _report(results: dict, day_paper: dict, hour_paper: dict, pl: Plan) -> str:
              f"({'found' if day_paper or hour_paper else 'not found'}).", ""]
     if pl.days:
         lines += ["## Table 1: 24 hours, alpha 3", "",
+                  "The paper's day figures come from its own CPU simulation with GPU-specific profiles (\"both 24-hour "
+                  "studies use CPU simulation\"), not from hardware; its single hours (Tables 2-3) ran on 32 physical "
+                  "GPUs. These runs are the `ideal` reproduction files; docs/realism.md has the `paper` level.", "",
                   "| GPU | method | attainment % (paper) | mean abs dev % (paper) | hours within 5 % (paper) | "
                   "cost kWh-eq (paper) | energy MJ (paper) |", "|---|---|---|---|---|---|---|"]
         notes = []
@@ -124,7 +127,8 @@ def _report(results: dict, day_paper: dict, hour_paper: dict, pl: Plan) -> str:
             if vllm_cost and e:
                 gap = e["attainment_pct"] - results["day"][f"{gpu}/vllm"]["summary"]["attainment_pct"]
                 notes.append(f"- {gpu.upper()}: ePACT cost = {100 * e['cost_kwh_eq'] / vllm_cost:.1f} % of vLLM's "
-                             f"(paper: {'26.2' if gpu == 'h20' else '24.3'} %); attainment gap to vLLM {gap:+.2f} pp.")
+                             f"(paper: {'26.2' if gpu == 'h20' else '24.3'} %, from its CPU simulation, not hardware); "
+                             f"attainment gap to vLLM {gap:+.2f} pp.")
         lines += [""] + notes + [""]
     lines += ["## Tables 2-3: single hour (signed deviation %, positive = overuse)", "",
               "| GPU | setting | method | " + " | ".join(f"attain a{a} (paper) | dev a{a} (paper)" for a in ("2.5", "3", "3.5")) + " |",

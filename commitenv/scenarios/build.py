@@ -1,5 +1,6 @@
-"""Turn a :class:`Scenario` into the engine's inputs: the profile, the request table served, and the
-engine options (SLO scale, realism, what the controller sees, seed).
+"""Turn a :class:`Scenario` into the engine's inputs: the profile (with the scenario's ``engine`` overrides), the
+request table served (a built-in generator, a trace file or a ``workload.synthetic`` spec), and the engine options
+(SLO scale, realism, what the controller sees, prefix caching, seed).
 
 Seeds: a run seed ``s`` is what `reset(seed=s)` receives. Everything random in an episode comes from seeds
 derived from it one way (`derived_seed`): the workload of a scenario whose ``workload.seed`` is null, the engine's
@@ -12,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from commitenv._paths import data_dir
 from commitenv.profiles import ProfileError, load_profile
@@ -22,7 +24,17 @@ from commitenv.scenarios.schema import Scenario
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions
 from commitenv.sim.truth import TruthSpec
-from commitenv.workload import RequestTable, WorkloadError, builtin_workload, load_trace, scale_rate, time_window
+from commitenv.workload import (
+    EmpiricalLengths,
+    RequestTable,
+    WorkloadError,
+    builtin_lengths,
+    builtin_workload,
+    load_trace,
+    scale_rate,
+    synthesize,
+    time_window,
+)
 from commitenv.workload.builtin import builtin_window
 
 _TAGS = {"workload": 0x776C, "controller": 0x6374, "arrivals": 0x6172}
@@ -72,11 +84,36 @@ def scenario_profile_path(sc: Scenario) -> Path:
 
 
 def scenario_profile(sc: Scenario) -> Profile:
-    """The scenario's GPU x model profile."""
+    """The scenario's GPU x model profile, with ``engine.context_limit`` (when given) in place of the profile's
+    ``scheduler.context_limit`` (a re-validated copy: the limit must fit the profile's KV capacity). Also checks
+    that ``engine.prefix_block_tokens`` is a multiple of the profile's KV block size."""
     try:
-        return load_profile(str(scenario_profile_path(sc)))
+        prof = load_profile(str(scenario_profile_path(sc)))
     except ProfileError as e:
         raise ScenarioError(f"{sc.source}: pool.profile: {e}") from None
+    eng = sc.engine
+    bs = prof.scheduler.block_size
+    if eng.prefix_block_tokens is not None and eng.prefix_block_tokens % bs:
+        raise ScenarioError(
+            f"{sc.source}: engine.prefix_block_tokens: expected a multiple of the profile's scheduler.block_size "
+            f"({bs} tokens, profile '{prof.name}'), got {eng.prefix_block_tokens}"
+        )
+    if eng.context_limit is None or eng.context_limit == prof.scheduler.context_limit:
+        return prof
+    return _with_context_limit(sc.source, prof, int(eng.context_limit))
+
+
+def _with_context_limit(source: str, prof: Profile, limit: int) -> Profile:
+    sch = prof.scheduler.model_copy(update={"context_limit": limit})
+    src = {**prof.sources, "scheduler.context_limit": f"scenario {source}: engine.context_limit = {limit} "
+                                                      f"(profile: {prof.scheduler.context_limit})"}
+    try:  # model_copy does not validate: re-validate the whole profile (KV capacity >= context limit)
+        return Profile.model_validate(prof.model_copy(update={"scheduler": sch, "sources": src}).model_dump())
+    except ValidationError as e:
+        why = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
+        raise ScenarioError(
+            f"{source}: engine.context_limit: {limit} tokens does not fit profile '{prof.name}': {why}"
+        ) from None
 
 
 def workload_seed(sc: Scenario, seed: int | None) -> int:
@@ -104,6 +141,83 @@ def _builtin_source(name: str, seed: int) -> RequestTable:
 @lru_cache(maxsize=2)
 def _trace_source(path: str, mtime_ns: int, size: int) -> RequestTable:
     return _readonly(load_trace(path))
+
+
+@lru_cache(maxsize=8)
+def _lengths_file(path: str, mtime_ns: int, size: int) -> EmpiricalLengths:
+    return EmpiricalLengths.from_json(path)
+
+
+def synthetic_lengths_path(sc: Scenario) -> Path | None:
+    """The lengths JSON a ``workload.synthetic`` names by path (relative: next to the scenario file first, then the
+    current folder), or None for a shipped table or another source."""
+    syn = sc.workload.synthetic
+    if syn is None or not syn.lengths_is_path:
+        return None
+    p = Path(syn.lengths).expanduser()
+    cands = [p]
+    if not p.is_absolute() and sc._source is not None and Path(sc._source).is_file():
+        cands = [Path(sc._source).resolve().parent / p, p]
+    for c in cands:
+        if c.is_file():
+            return c.resolve()
+    raise ScenarioError(f"{sc.source}: workload.synthetic.lengths: length table '{syn.lengths}' not found (looked at "
+                        f"{' and '.join(str(c.absolute()) for c in cands)})")
+
+
+def synthetic_lengths(sc: Scenario) -> EmpiricalLengths:
+    """The length distribution of a ``workload.synthetic`` source, capped to its ``context_limit`` when given."""
+    syn = sc.workload.synthetic
+    try:
+        path = synthetic_lengths_path(sc)
+        if path is None:
+            lengths = builtin_lengths(syn.lengths)
+        else:
+            st = path.stat()
+            lengths = _lengths_file(str(path), st.st_mtime_ns, st.st_size)
+    except WorkloadError as e:
+        raise ScenarioError(f"{sc.source}: workload.synthetic.lengths: {e}") from None
+    return lengths.with_context_limit(syn.context_limit) if syn.context_limit is not None else lengths
+
+
+def _synthetic_span(start_hour: float, hours: int) -> tuple[int, int]:
+    """The whole source hours ``[h0, h1)`` a window ``[start_hour, start_hour + hours)`` touches."""
+    return int(np.floor(start_hour)), int(np.ceil(start_hour + hours - 1e-9))
+
+
+def synthetic_window(sc: Scenario, seed: int, start_hour: float, hours: int, *, rate_factors=None,
+                     minute_shape=None, field: str = "workload.start_hour") -> RequestTable:
+    """Hours ``[start_hour, start_hour + hours)`` of the scenario's ``workload.synthetic`` source, drawn with
+    `synthesize` from ``seed`` and rebased to time 0, as `builtin_window` draws a built-in's: only the hours
+    touched are generated (the neighbouring hours' levels shape a smooth intensity at the edges), every hour's
+    count (or rate) times its ``rate_factors`` entry (one per hour touched), ``minute_shape`` (60 weights per hour
+    touched) modulating arrivals within each hour. ``field`` names the start hour in errors."""
+    syn = sc.workload.synthetic
+    counts = syn.hourly_counts is not None
+    levels = np.asarray(syn.hourly_counts if counts else syn.hourly_rates, dtype=np.float64)
+    n = len(levels)
+    h0, h1 = _synthetic_span(start_hour, hours)
+    if h0 < 0 or h1 > n:
+        raise ScenarioError(
+            f"{sc.source}: {field}: the window [{start_hour:g} h, {start_hour + hours:g} h) runs past the end of "
+            f"workload.synthetic, which gives {n} hourly values; expected a window within [0 h, {n} h)"
+        )
+    f = np.ones(h1 - h0) if rate_factors is None else np.asarray(rate_factors, dtype=np.float64)
+    lv = levels[h0:h1] * f
+    edges = (float(levels[h0 - 1] * f[0]) if h0 > 0 else None, float(levels[h1] * f[-1]) if h1 < n else None)
+    try:
+        kw = dict(lengths=synthetic_lengths(sc), seed=int(seed), burstiness_cv=syn.burstiness_cv, smooth=syn.smooth,
+                  minute_shape=minute_shape, edge_levels=edges)
+        if counts:
+            table = synthesize(np.rint(lv).astype(np.int64).tolist(), **kw)
+        else:
+            table = synthesize(hourly_rates=lv.tolist(), **kw)
+    except WorkloadError as e:
+        raise ScenarioError(f"{sc.source}: workload.synthetic: {e}") from None
+    t0 = (start_hour - h0) * 3600.0
+    out = time_window(table, t0, t0 + hours * 3600.0, rebase=True)
+    out.meta.update({"synthetic": True, "window_start_hour": start_hour, "episode_seed": int(seed)})
+    return out
 
 
 def _source_table(sc: Scenario, seed: int) -> RequestTable:
@@ -143,6 +257,14 @@ def episode_workload(sc: Scenario, run_seed: int) -> RequestTable:
     ws = derived_seed(run_seed, "workload")
     rng = np.random.default_rng(ws)
     H = sc.horizon_hours
+    if wl.synthetic is not None:  # drawn as a built-in episode is: per-hour factors, then the minute modulation
+        h0, h1 = _synthetic_span(wl.start_hour, H)
+        factors = rng.uniform(1 - wl.rate_spread, 1 + wl.rate_spread, h1 - h0) * wl.rate_scale
+        shape = minute_modulation(realism_of(sc), h1 - h0, derived_seed(run_seed, "arrivals"))
+        table = synthetic_window(sc, ws, wl.start_hour, H, rate_factors=factors, minute_shape=shape)
+        table.meta["scenario"] = sc.name
+        table.meta["workload_seed"] = "derived from the run seed"
+        return table
     shape = minute_modulation(realism_of(sc), H, derived_seed(run_seed, "arrivals"))
     try:
         if wl.builtin is not None:
@@ -164,22 +286,45 @@ def episode_workload(sc: Scenario, run_seed: int) -> RequestTable:
 
 
 def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
-    """The requests the scenario serves: the built-in generator (seeded by ``workload.seed``) or the trace,
-    windowed to ``[start_hour, start_hour + horizon_hours)`` and rebased so the window starts at time 0, then
+    """The requests the scenario serves: the built-in or synthetic generator (seeded by ``workload.seed``) or the
+    trace, windowed to ``[start_hour, start_hour + horizon_hours)`` and rebased so the window starts at time 0, then
     rate-scaled by ``workload.rate_scale``; when ``workload.seed`` is null, a fresh episode workload drawn from
     the run seed ``seed`` (`episode_workload`)."""
     if sc.workload.seed is None:
         if seed is None:
             raise ScenarioError(f"{sc.source}: workload.seed: null (a new workload per run seed), but no run seed was given")
         return episode_workload(sc, seed)
-    s = workload_seed(sc, seed)
+    return _pinned_workload(sc, workload_seed(sc, seed), sc.workload.start_hour, "workload.start_hour")
+
+
+def reference_workload(sc: Scenario, seed: int, start_hour: float | None = None) -> RequestTable:
+    """The requests of the scenario's reference run (`commitments.compute_reference`): its workload pinned to
+    ``seed`` and, for a trace, windowed at ``start_hour`` (``commitment.reference.start_hour``: another stretch of
+    the same trace) instead of ``workload.start_hour``."""
+    pinned = sc.model_copy(update={"workload": sc.workload.model_copy(update={"seed": int(seed)})})
+    if start_hour is None:
+        return _pinned_workload(pinned, int(seed), sc.workload.start_hour, "workload.start_hour")
+    return _pinned_workload(pinned, int(seed), float(start_hour), "commitment.reference.start_hour")
+
+
+def _pinned_workload(sc: Scenario, s: int, start_hour: float, field: str) -> RequestTable:
+    """The workload of seed ``s`` over ``[start_hour, start_hour + horizon_hours)`` (``field`` names the start
+    hour in errors)."""
     r = realism_of(sc)
     wl = sc.workload
+    if wl.synthetic is not None:
+        h0, h1 = _synthetic_span(start_hour, sc.horizon_hours)
+        shape = minute_modulation(r, h1 - h0, derived_seed(s, "arrivals"))
+        table = synthetic_window(sc, s, start_hour, sc.horizon_hours, rate_factors=[wl.rate_scale] * (h1 - h0),
+                                 minute_shape=shape, field=field)
+        table.meta["scenario"] = sc.name
+        table.meta["workload_seed"] = s
+        return table
     if wl.builtin is not None and r.level != "ideal":
         # a pinned window drawn as an episode's would be (minute modulation included), seeded by workload.seed
         H = sc.horizon_hours
         try:
-            table = builtin_window(wl.builtin, s, wl.start_hour, H, rate_factors=[wl.rate_scale] * H,
+            table = builtin_window(wl.builtin, s, start_hour, H, rate_factors=[wl.rate_scale] * H,
                                    minute_shape=minute_modulation(r, H, derived_seed(s, "arrivals")))
         except WorkloadError as e:
             raise ScenarioError(f"{sc.source}: workload: {e}") from None
@@ -187,8 +332,7 @@ def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
         table.meta["workload_seed"] = s
         return table
     src = _source_table(sc, s)
-    wl = sc.workload
-    t0 = wl.start_hour * 3600.0
+    t0 = start_hour * 3600.0
     t1 = t0 + sc.horizon_hours * 3600.0
     # the source's span in whole hours: a generator's hour count, else the trace's last arrival rounded up
     counts = src.meta.get("hourly_counts")
@@ -196,7 +340,7 @@ def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
     what = f"built-in '{wl.builtin}'" if wl.builtin is not None else f"trace '{wl.trace}'"
     if len(src) == 0 or t1 > span_h * 3600.0 + 1e-6:
         raise ScenarioError(
-            f"{sc.source}: workload.start_hour: the window [{wl.start_hour:g} h, {t1 / 3600:g} h) runs past the end "
+            f"{sc.source}: {field}: the window [{start_hour:g} h, {t1 / 3600:g} h) runs past the end "
             f"of the {what}, which spans {span_h} h; expected start_hour + horizon_hours <= {span_h}"
         )
     table = time_window(src, t0, t1, rebase=True)
@@ -210,7 +354,8 @@ def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
 def engine_options(sc: Scenario, seed: int = 0) -> EngineOptions:
     """Engine options of a run with run seed ``seed``: SLO scale, the realism level's truth model (``ideal``: the
     legacy per-segment noise), what the controller sees (oracle lengths or predictions with log-normal error and
-    bias; deadlines from true or predicted lengths)."""
+    bias; deadlines from true or predicted lengths), and the scenario's ``engine`` prefix-caching settings (when
+    given; else the engine's defaults)."""
     r = realism_of(sc)
     ideal = r.level == "ideal"
     noise = NoiseSpec(time_sigma=sc.noise.time_sigma, energy_sigma=sc.noise.energy_sigma) if ideal else NoiseSpec(0.0, 0.0)
@@ -223,4 +368,5 @@ def engine_options(sc: Scenario, seed: int = 0) -> EngineOptions:
         oracle_lengths=sc.observation.lengths == "oracle",
         truth=truth_spec(sc),
         visible_deadlines=r.deadlines,
+        **{k: v for k, v in sc.engine.overrides().items() if k in ("prefix_caching", "prefix_block_tokens")},
     )

@@ -5,11 +5,15 @@ the hourly energy of a *reference run*: full-capacity vLLM, i.e. all ``pool.gpus
 profile's reference clock for the whole horizon (:func:`commitenv.sim.fixed.run_fixed`), serving the
 scenario's workload built with ``commitment.reference.workload_seed`` (null: the evaluation workload itself,
 as in the ePACT single-hour study; another seed: the paper's historical preceding Saturday, ePACT App. C.2)
-under engine seed 0.
+under engine seed 0, with the scenario's ``engine`` settings (context limit, prefix caching). A trace workload
+has no seed to redraw: its historical hour/day is another window of the same trace, starting at
+``commitment.reference.start_hour`` (null: the evaluation window ``workload.start_hour``).
 
 Reference runs are cached on disk by a content hash of everything that determines them (the profile file's
-bytes, the workload spec and the resolved seed, a trace file's bytes, pool size, horizon, interval, SLO scale,
-noise, package version and :data:`CACHE_FORMAT`) in ``$COMMITENV_CACHE/references/<hash>.json`` or, without
+bytes, the workload spec and the resolved seed, a trace file's or a synthetic lengths file's bytes, the reference
+window's start hour, pool size, horizon, interval, SLO scale, noise, the ``engine`` settings given, the realism
+components, package version and :data:`CACHE_FORMAT`; fields a scenario leaves unset add nothing, so older
+scenarios keep their keys) in ``$COMMITENV_CACHE/references/<hash>.json`` or, without
 that variable, ``~/.cache/commitenv/references/<hash>.json``. Files are written atomically (temporary file,
 then ``os.replace``); an unreadable or inconsistent file is recomputed, never trusted.
 """
@@ -30,9 +34,10 @@ import numpy as np
 from commitenv.scenarios.build import (
     engine_options,
     realism_of,
+    reference_workload,
     scenario_profile,
     scenario_profile_path,
-    scenario_workload,
+    synthetic_lengths_path,
 )
 from commitenv.scenarios.loader import ScenarioError
 from commitenv.scenarios.schema import Scenario
@@ -53,8 +58,18 @@ def cache_root() -> Path:
 
 def reference_workload_seed(sc: Scenario) -> int:
     """Seed of the reference run's workload: ``commitment.reference.workload_seed``, or the evaluation
-    workload's own ``workload.seed`` when that is null."""
+    workload's own ``workload.seed`` when that is null. A trace workload takes no ``reference.workload_seed``
+    (the schema rejects it); its seed only drives ``workload.rate_scale`` sampling: ``workload.seed``, or 0 when
+    that is null."""
     ref = sc.commitment.reference
+    if sc.workload.trace is not None:
+        if ref is not None and ref.workload_seed is not None:
+            raise ScenarioError(
+                f"{sc.source}: commitment.reference.workload_seed: a trace workload has no seed to redraw, so the "
+                "reference would silently be the same trace; for the historical hour/day use "
+                "commitment.reference.start_hour (the start of another window of the same trace)"
+            )
+        return int(sc.workload.seed) if sc.workload.seed is not None else 0
     s = ref.workload_seed if ref is not None and ref.workload_seed is not None else sc.workload.seed
     if s is None:
         raise ScenarioError(
@@ -79,6 +94,16 @@ def reference_inputs(sc: Scenario) -> dict:
     wl["seed"] = reference_workload_seed(sc)
     if sc.workload.trace is not None:
         wl["trace"] = {"sha256": _sha256_file(Path(sc.workload.trace).expanduser())}  # content, not location
+    if sc.workload.synthetic is None:
+        del wl["synthetic"]  # absent from older scenarios' keys
+    else:
+        lpath = synthetic_lengths_path(sc)
+        if lpath is not None:
+            wl["synthetic"]["lengths"] = {"sha256": _sha256_file(lpath)}
+    ref_start = reference_start_hour(sc)
+    if ref_start is not None:
+        wl["start_hour"] = ref_start  # the reference window (the evaluation window plays no part)
+    engine = sc.engine.overrides()
     return {
         "cache_format": CACHE_FORMAT,
         "package_version": __version__,
@@ -91,7 +116,15 @@ def reference_inputs(sc: Scenario) -> dict:
         "noise": {"time_sigma": float(sc.noise.time_sigma), "energy_sigma": float(sc.noise.energy_sigma)},
         "engine_seed": REFERENCE_ENGINE_SEED,
         **_realism_inputs(sc),
+        **({"engine": engine} if engine else {}),
     }
+
+
+def reference_start_hour(sc: Scenario) -> float | None:
+    """Start hour of a trace workload's reference window (``commitment.reference.start_hour``), or None: the
+    evaluation window's."""
+    ref = sc.commitment.reference
+    return float(ref.start_hour) if ref is not None and ref.start_hour is not None else None
 
 
 def _realism_inputs(sc: Scenario) -> dict:
@@ -166,8 +199,7 @@ def compute_reference(sc: Scenario, *, progress: bool = False) -> dict:
     from commitenv.sim.fixed import run_fixed
 
     seed = reference_workload_seed(sc)
-    ref_sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"seed": seed})})
-    table = scenario_workload(ref_sc, seed)
+    table = reference_workload(sc, seed, reference_start_hour(sc))
     prof = scenario_profile(sc)
     opts = engine_options(sc, REFERENCE_ENGINE_SEED)  # what the controller would see plays no part in vLLM
     t = time.perf_counter()
@@ -181,6 +213,7 @@ def compute_reference(sc: Scenario, *, progress: bool = False) -> dict:
         "clock_mhz": prof.reference_clock_mhz,
         "active": sc.pool.gpus,
         "requests": int(len(table)),
+        **({"reference_start_hour": reference_start_hour(sc)} if reference_start_hour(sc) is not None else {}),
         "hourly_energy_j": [float(v) * settle for v in res.hourly_energy_j],
         "hourly_attainment": [float(v) for v in res.hourly_attainment],
         "attainment": float(res.attainment),

@@ -21,17 +21,83 @@ class PoolSpec(_Strict):
     gpus: int = Field(ge=1, le=4096)
 
 
+_PATH_HINTS = (".json", "/", "\\")
+
+
+def builtin_length_tables() -> list[str]:
+    """Names of the shipped length tables (``commitenv/workload/data/<name>_lengths.json``)."""
+    from commitenv.workload.lengths import DATA_DIR
+
+    return sorted(p.name[: -len("_lengths.json")] for p in DATA_DIR.glob("*_lengths.json"))
+
+
+class SyntheticSpec(_Strict):
+    """A synthetic source given hour by hour in the file (`commitenv.workload.synthesize`).
+
+    Exactly one of ``hourly_counts`` (exact arrivals per hour) or ``hourly_rates`` (expected arrivals per hour,
+    counts vary per draw); ``lengths``: a shipped length table (``azure_code``, ``azure_conv``) or a path to a
+    lengths JSON (``EmpiricalLengths.to_json``; relative paths are looked up next to the scenario file, then in
+    the current folder); ``burstiness_cv``: CV of the gamma inter-arrival gaps (1 = Poisson); ``smooth``: the
+    within-hour rate interpolates between hourly levels; ``context_limit``: caps sampled prompt + output tokens
+    (null: the length table's own cap, none for the shipped tables). The source spans ``len(hourly_...)`` hours
+    from time 0; the scenario serves ``[workload.start_hour, workload.start_hour + horizon_hours)`` of it.
+    """
+
+    hourly_counts: list[int] | None = None
+    hourly_rates: list[float] | None = None
+    lengths: str = Field(min_length=1)
+    burstiness_cv: float = Field(default=1.0, gt=0)
+    smooth: bool = True
+    context_limit: int | None = Field(default=None, ge=2)
+
+    @model_validator(mode="after")
+    def _check(self) -> "SyntheticSpec":
+        if (self.hourly_counts is None) == (self.hourly_rates is None):
+            raise ValueError("workload.synthetic: give exactly one of 'hourly_counts' (exact arrivals per hour) or "
+                             "'hourly_rates' (expected arrivals per hour)")
+        name, vals = (("hourly_counts", self.hourly_counts) if self.hourly_counts is not None
+                      else ("hourly_rates", self.hourly_rates))
+        if not vals:
+            raise ValueError(f"workload.synthetic.{name}: expected at least one hourly value")
+        bad = [(h, v) for h, v in enumerate(vals) if not 0 <= v < float("inf")]
+        if bad:
+            h, v = bad[0]
+            raise ValueError(f"workload.synthetic.{name}: each hourly value must be a finite number >= 0; got {v} "
+                             f"at index {h}")
+        if not sum(vals) > 0:
+            raise ValueError(f"workload.synthetic.{name}: every hour is 0; expected some arrivals")
+        if not self.burstiness_cv < float("inf"):
+            raise ValueError(f"workload.synthetic.burstiness_cv: expected a finite value > 0, got {self.burstiness_cv}")
+        if not self.lengths_is_path:
+            have = builtin_length_tables()
+            if self.lengths not in have:
+                raise ValueError(f"workload.synthetic.lengths: unknown length table '{self.lengths}'; expected one of "
+                                 f"{', '.join(have)} or a path to a lengths JSON file")
+        return self
+
+    @property
+    def hours(self) -> int:
+        """Hours the source spans."""
+        return len(self.hourly_counts if self.hourly_counts is not None else self.hourly_rates)
+
+    @property
+    def lengths_is_path(self) -> bool:
+        return self.lengths.endswith(_PATH_HINTS) or any(c in self.lengths for c in _PATH_HINTS[1:])
+
+
 class WorkloadSpec(_Strict):
-    """Where requests come from: a built-in generator or a trace file, and the window served.
+    """Where requests come from: a built-in generator, a trace file or a synthetic spec, and the window served.
 
     ``start_hour``/``hours`` select a window of the source (rebased to time 0); ``seed`` pins the workload
-    (a built-in generator's seed); null draws a new one every episode from the run seed: a built-in generator
-    with every hour's count scaled by a factor uniform in ``1 +- rate_spread``, or a window of a trace file
-    starting at a uniform offset in ``[start_hour, start_hour + window_slack_h]`` hours.
+    (a built-in or synthetic generator's seed); null draws a new one every episode from the run seed: a built-in
+    or synthetic generator with every hour's count (rate) scaled by a factor uniform in ``1 +- rate_spread`` and
+    the realism's minute modulation, or a window of a trace file starting at a uniform offset in
+    ``[start_hour, start_hour + window_slack_h]`` hours.
     """
 
     builtin: str | None = None
     trace: str | None = None
+    synthetic: SyntheticSpec | None = None
     seed: int | None = 0
     start_hour: float = Field(default=0.0, ge=0)
     rate_scale: float = Field(default=1.0, gt=0)
@@ -40,13 +106,14 @@ class WorkloadSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadSpec":
-        if (self.builtin is None) == (self.trace is None):
-            raise ValueError("workload: give exactly one of 'builtin' or 'trace'")
+        if sum(x is not None for x in (self.builtin, self.trace, self.synthetic)) != 1:
+            raise ValueError("workload: give exactly one of 'builtin', 'trace' or 'synthetic'")
         if self.seed is not None and (self.rate_spread or self.window_slack_h):
             raise ValueError("workload.rate_spread / window_slack_h: only used when workload.seed is null "
                              "(a new workload every episode)")
-        if self.builtin is not None and self.window_slack_h:
-            raise ValueError("workload.window_slack_h: only for trace files; a built-in draws its window anew per seed")
+        if self.trace is None and self.window_slack_h:
+            raise ValueError("workload.window_slack_h: only for trace files; a built-in or synthetic workload draws "
+                             "its window anew per seed")
         return self
 
 
@@ -70,9 +137,30 @@ class SeedRanges(_Strict):
 
 class ReferenceSpec(_Strict):
     """The run commitments are scaled from: full-capacity vLLM (all replicas, reference clock) on the
-    scenario's workload with ``workload_seed`` (a different seed = the paper's historical day)."""
+    scenario's workload with ``workload_seed`` (a built-in or synthetic workload: a different seed = the paper's
+    historical day), or, for a trace workload, the window of the same trace starting at ``start_hour`` (the
+    historical hour/day: another stretch of the recorded trace; a trace has no seed to redraw)."""
 
     workload_seed: int | None = None  # None: the evaluation workload itself
+    start_hour: float | None = Field(default=None, ge=0)  # trace workloads: the reference window's start
+
+
+class EngineSpec(_Strict):
+    """Engine settings of this scenario, over the profile's (null: the profile's / the engine's default).
+
+    ``context_limit``: vLLM's max model length in tokens (a prompt at or over it is rejected, outputs are cut to
+    fit); it replaces the profile's ``scheduler.context_limit`` and must fit the profile's KV capacity.
+    ``prefix_caching``: vLLM automatic prefix caching (acts only on workloads with prefix hash blocks).
+    ``prefix_block_tokens``: tokens per prefix hash block of the workload (a multiple of the profile's
+    ``scheduler.block_size``; Mooncake traces: 512)."""
+
+    context_limit: int | None = Field(default=None, ge=2)
+    prefix_caching: bool | None = None
+    prefix_block_tokens: int | None = Field(default=None, ge=1)
+
+    def overrides(self) -> dict:
+        """The settings given (a reference run's cache key holds only these)."""
+        return self.model_dump(exclude_none=True)
 
 
 class CommitmentSpec(_Strict):
@@ -142,6 +230,7 @@ class Scenario(_Strict):
     realism: Realism = Realism(level="paper")
     seeds: SeedRanges | None = None
     initial: InitialConfig = InitialConfig()
+    engine: EngineSpec = EngineSpec()
     paper: dict[str, str] = Field(default_factory=dict)  # where the setting comes from
 
     # Where the scenario was read from (set by the loader; error messages name it). Not a field.
@@ -161,16 +250,44 @@ class Scenario(_Strict):
                 f"{field}: expected 1 value (used for every hour) or horizon_hours={self.horizon_hours} hourly "
                 f"values, got {len(n)}"
             )
-        if (
+        syn = self.workload.synthetic
+        if syn is not None and self.workload.start_hour + self.horizon_hours > syn.hours + 1e-9:
+            raise ValueError(
+                f"workload.start_hour: the window [{self.workload.start_hour:g} h, "
+                f"{self.workload.start_hour + self.horizon_hours:g} h) runs past the end of workload.synthetic, which "
+                f"gives {syn.hours} hourly values; expected start_hour + horizon_hours <= {syn.hours}"
+            )
+        # (reference.workload_seed with a trace workload is refused where the reference is built,
+        # `commitments.reference_workload_seed`, after the loader has checked that the trace file exists)
+        ref = c.reference
+        if ref is not None and ref.start_hour is not None and self.workload.trace is None:
+            raise ValueError(
+                "commitment.reference.start_hour: only for a trace workload; a built-in or synthetic workload takes "
+                "commitment.reference.workload_seed (the same hours under another seed)"
+            )
+        trace_seed_null = self.workload.trace is not None and self.workload.seed is None
+        if c.fractions is not None and ref is not None and trace_seed_null:
+            if ref.start_hour is None:
+                raise ValueError(
+                    "commitment.reference.start_hour: expected a value when workload.seed is null with a trace "
+                    "workload (the evaluation window then moves with the run seed, so it cannot be the frozen "
+                    "reference)"
+                )
+        elif (
             c.fractions is not None
-            and c.reference is not None
-            and c.reference.workload_seed is None
+            and ref is not None
+            and ref.workload_seed is None
             and self.workload.seed is None
         ):
             raise ValueError(
                 "commitment.reference.workload_seed: expected an integer when workload.seed is null (the evaluation "
                 "workload then changes with the run seed, so it cannot be the frozen reference)"
             )
+        truth_parts = {"latency", "gpu_variation", "energy_model"} & self.realism.model_fields_set
+        if self.realism.level == "ideal" and truth_parts and (self.noise.time_sigma or self.noise.energy_sigma):
+            raise ValueError(
+                f"realism.{sorted(truth_parts)[0]}: at 'ideal' a truth component replaces the legacy per-segment noise; "
+                "set noise: {time_sigma: 0, energy_sigma: 0} (or drop the component)")
         if self.realism.level != "ideal":
             if "noise" in self.model_fields_set:
                 raise ValueError(f"noise: the legacy per-segment noise is for realism 'ideal' only; at "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from commitenv.profiles.schema import Profile
@@ -36,15 +37,20 @@ def attention_pairs(chunk: int, history: int) -> int:
 
 
 def coeffs_for(profile: Profile, clock_idx: int, share: float = 1.0) -> StepCoeffs:
-    """Coefficients at ``clock_idx`` and SM share ``share`` (cached per profile name)."""
-    key = (id(profile), clock_idx, round(float(share), 6))
-    hit = _CACHE.get(key)
-    if hit is None or hit[0] is not profile:
-        hit = _CACHE[key] = (profile, _coeffs(profile, clock_idx, key[2]))
-    return hit[1]
+    """Coefficients at ``clock_idx`` and SM share ``share``, cached per profile object (a copy of a profile has its
+    own entries, dropped when the copy is collected)."""
+    key = (clock_idx, round(float(share), 6))
+    cache = _CACHE.get(id(profile))
+    if cache is None:
+        cache = _CACHE[id(profile)] = {}
+        weakref.finalize(profile, _CACHE.pop, id(profile), None)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = _coeffs(profile, clock_idx, key[1])
+    return hit
 
 
-_CACHE: dict[tuple[int, int, float], tuple[Profile, StepCoeffs]] = {}
+_CACHE: dict[int, dict[tuple[int, float], StepCoeffs]] = {}
 
 
 def _coeffs(profile: Profile, clock_idx: int, share: float) -> StepCoeffs:

@@ -545,15 +545,18 @@ class Pool:
         return np.array([g.meter(t) for g in self.gpus])
 
     # ================================================================================ copies
-    def clone(self, *, hide_lengths: bool) -> "Pool":
+    def clone(self, *, hide_lengths: bool, own_profiles: bool = False) -> "Pool":
         """A copy of the serving state at ``now`` holding only arrived, unfinished requests; with
         ``hide_lengths`` each request runs to its predicted output length (and carries its visible deadline)
         instead of the true one. The copy has no workload, no noise and no step log; its meters start at zero.
         It shares no mutable object with this pool; under a truth model (realism levels) it is nominal: the
-        step in flight runs at nominal speed and power, and the GPUs draw the profile's idle power."""
+        step in flight runs at nominal speed and power, and the GPUs draw the profile's idle power. With
+        ``own_profiles`` (a controller's snapshot) the copy gets deep copies of the profiles, so nothing written
+        into them can reach the truth or the process-wide profile cache."""
         c = Pool.__new__(Pool)
-        c.profiles, c.layout, c.n_models = list(self.profiles), self.layout, self.n_models
-        c.opt = replace(self.opt, log_steps=False, truth=None)
+        c.profiles = [p.model_copy(deep=True) for p in self.profiles] if own_profiles else list(self.profiles)
+        c.layout, c.n_models = self.layout, self.n_models
+        c.opt = replace(self.opt, log_steps=False, truth=None, seed=0)  # the run seed would regenerate the trace
         nominal = self.truth is not None
         c.now = self.now
         c.heap, c._seq = [], 0
@@ -574,7 +577,7 @@ class Pool:
             ng.floor_w, ng.t_floor = g.floor_w, self.now
             c.gpus.append(ng)
             for rep in g.replicas:
-                nr = Replica(rep.index, ng, rep.profile, rep.model, rep.share)
+                nr = Replica(rep.index, ng, c.profiles[rep.model], rep.model, rep.share)
                 ng.replicas.append(nr)
                 c.replicas.append(nr)
         reqmap: dict[int, Req] = {}

@@ -469,9 +469,13 @@ class Replica:
         other.seg_floor_t = self.seg_floor_t
         other.seg_floor_acc = self.seg_floor_acc
         other._coeffs = None
-        if nominal and self.seg != SEG_NONE:
+        if nominal:
             other.ft, other.fe = 1.0, energy_factor
-            other.seg_energy = self.seg_energy / self.fe * energy_factor
-            other.t1 = max(self.t0 + (self.t1 - self.t0) / self.ft, now)
-            other.seg_floor_w = self.seg_floor_w / self.gpu.power_factor * energy_factor
-            other.seg_floor_acc = self.seg_floor_acc / self.gpu.power_factor * energy_factor
+            if self.seg != SEG_NONE:
+                other.seg_energy = self.seg_energy / self.fe * energy_factor
+                other.t1 = max(self.t0 + (self.t1 - self.t0) / self.ft, now)
+                other.seg_floor_w = self.seg_floor_w / self.gpu.power_factor * energy_factor
+                other.seg_floor_acc = self.seg_floor_acc / self.gpu.power_factor * energy_factor
+            else:  # an idle replica's last segment says nothing a copy may know
+                other.seg_energy = other.seg_floor_w = other.seg_floor_acc = 0.0
+                other.t0 = other.t1 = other.seg_floor_t = now

@@ -48,7 +48,7 @@ class WhatIf:
 
 def take_snapshot(pool: Pool, model: int = 0) -> Snapshot:
     """Capture the causal state of ``pool`` at its current time (after `Pool.settle`)."""
-    clone = pool.clone(hide_lengths=not pool.opt.oracle_lengths)
+    clone = pool.clone(hide_lengths=not pool.opt.oracle_lengths, own_profiles=True)
     dl = {r.slot: r.deadline for r in clone.live_requests()}
     active = clone.active_count(model)
     clock = clone.profiles[0].clocks[clone.gpus[0].clock_idx].mhz

@@ -1,7 +1,12 @@
 """Readers for public LLM request traces: Azure LLM inference (2023/2024), Mooncake JSONL, BurstGPT.
 
 Every loader returns a :class:`RequestTable` in file order with ``arrival_s`` = seconds since the first
-request. The trace must already be sorted by time: time going backwards is an error, not something silently
+request. The time origin: no loader keeps the trace's own origin; each shifts its time axis so that the first
+request arrives at 0 s and records the first request's time, on the file's own clock, in
+``table.meta["time_origin"]`` (Azure: the UTC date and time as an ISO string; Mooncake and BurstGPT: seconds on
+the file's relative clock, ``meta["time_origin_unit"]`` says which). A scenario's ``workload.start_hour`` (and a
+`time_window`) therefore counts hours from the first request, not from the file's zero or from midnight. The
+trace must already be sorted by time: time going backwards is an error, not something silently
 re-sorted. Token rules, shared by all formats: a prompt must be a whole number >= 1; an output of 0 tokens
 (present in the 2024 Azure releases and BurstGPT failures, absent from the 2023 Azure files) is read as 1
 token, counted in ``table.meta["zero_outputs_raised"]``. Malformed input raises :class:`WorkloadError`
@@ -36,6 +41,8 @@ def _finish(
     tenant: np.ndarray | None = None, tenant_names: tuple[str, ...] = ("default",),
     prefix_offsets: np.ndarray | None = None, prefix_hashes: np.ndarray | None = None, meta: dict | None = None,
 ) -> RequestTable:
+    """The table, times shifted so the first request is at 0 s (``times`` in units of ``unit`` seconds); ``meta``
+    records that shift as ``time_origin`` (see the module docstring)."""
     n = len(times)
     t0 = times[0]
     arrival = (times - t0).astype(np.float64) * unit
@@ -61,8 +68,11 @@ def load_azure_csv(path: str | Path) -> RequestTable:
     """Azure LLM inference trace (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     2023 files carry naive timestamps with 7 fractional digits (``2023-11-16 18:15:46.6805900``), 2024
-    files carry ``+00:00``; both (and any other UTC offset) are read, naive as UTC. ``meta["start_time"]``
-    holds the first request's UTC time.
+    files carry ``+00:00``; both (and any other UTC offset) are read, naive as UTC.
+
+    Time origin: shifted. The timestamps are absolute dates; ``arrival_s`` counts seconds from the first
+    request's timestamp (not from midnight or the hour), which ``meta["time_origin"]`` (and, as before,
+    ``meta["start_time"]``) holds as a UTC ISO string to the nanosecond, e.g. ``2023-11-16 18:15:46.680590000+00:00``.
     """
     path = Path(path)
     ts, prompts, outputs, lines = [], [], [], []
@@ -82,14 +92,20 @@ def load_azure_csv(path: str | Path) -> RequestTable:
     times, ln = np.concatenate(ts), np.concatenate(lines)
     check_time(times, ln, path, "TIMESTAMP", show=_ns_iso, allow_negative=True)  # absolute dates
     return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1e-9,
-                   meta={"format": "azure", "start_time": _ns_iso(times[0]) + "+00:00"})
+                   meta={"format": "azure", "start_time": _ns_iso(times[0]) + "+00:00",
+                         "time_origin": _ns_iso(times[0]) + "+00:00", "time_origin_unit": "UTC datetime"})
 
 
 def load_burstgpt_csv(path: str | Path) -> RequestTable:
     """BurstGPT trace (``Timestamp`` seconds, ``Model``, ``Request tokens``, ``Response tokens``, ...).
 
     Model names become tenants (``tenant_names`` sorted alphabetically); the other columns (``Total tokens``,
-    ``Log Type``) are ignored. ``meta["start_time"]`` is the first ``Timestamp`` value.
+    ``Log Type``) are ignored.
+
+    Time origin: shifted. ``Timestamp`` is seconds on the file's relative clock, whose zero need not be the
+    first request; ``arrival_s`` counts seconds from the first request, and ``meta["time_origin"]`` (and
+    ``meta["start_time"]``) holds the first ``Timestamp`` in seconds: add it back to map ``arrival_s`` to the
+    file's clock.
     """
     path = Path(path)
     ts, prompts, outputs, models, lines = [], [], [], [], []
@@ -116,7 +132,8 @@ def load_burstgpt_csv(path: str | Path) -> RequestTable:
     names, tenant = np.unique(np.concatenate(models), return_inverse=True)
     return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1.0,
                    tenant=tenant, tenant_names=tuple(str(x) for x in names),
-                   meta={"format": "burstgpt", "start_time": float(times[0])})
+                   meta={"format": "burstgpt", "start_time": float(times[0]), "time_origin": float(times[0]),
+                         "time_origin_unit": "s"})
 
 
 def _json_int(path: Path, line: int, obj: dict, key: str, *, minimum: int) -> float:
@@ -133,7 +150,12 @@ def _json_int(path: Path, line: int, obj: dict, key: str, *, minimum: int) -> fl
 
 def load_mooncake_jsonl(path: str | Path) -> RequestTable:
     """Mooncake trace: one JSON object per line with ``timestamp`` (ms), ``input_length``, ``output_length``
-    and optional ``hash_ids`` (prefix-block ids, stored in CSR form as ``prefix_offsets/prefix_hashes``)."""
+    and optional ``hash_ids`` (prefix-block ids, stored in CSR form as ``prefix_offsets/prefix_hashes``).
+
+    Time origin: shifted. ``timestamp`` is milliseconds on the file's relative clock (a trace whose first
+    request is at 0 ms is not moved); ``arrival_s`` counts seconds from the first request, and
+    ``meta["time_origin"]`` holds the first ``timestamp`` converted to seconds (``meta["start_time"]`` keeps it in
+    milliseconds, as in the file)."""
     path = Path(path)
     nums: list[tuple[float, float, float]] = []
     lines: list[int] = []
@@ -185,7 +207,8 @@ def load_mooncake_jsonl(path: str | Path) -> RequestTable:
     ph = np.asarray(hashes, dtype=np.int64) if any_hash else None
     return _finish(path, arr[:, 0], arr[:, 1].astype(np.int64), output, n_zero, unit=1e-3,
                    prefix_offsets=po, prefix_hashes=ph,
-                   meta={"format": "mooncake", "start_time": float(arr[0, 0])})
+                   meta={"format": "mooncake", "start_time": float(arr[0, 0]), "time_origin": float(arr[0, 0]) / 1e3,
+                         "time_origin_unit": "s"})
 
 
 def load_trace(path: str | Path) -> RequestTable:
