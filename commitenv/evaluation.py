@@ -282,8 +282,8 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     table = env.table
     sc = env.scenario
     H = env.H
-    energy = env.hour_energy_j.copy()
-    commit = np.asarray(env.commit_j, dtype=np.float64)
+    energy = env.settlement.energy_j.copy()
+    commit = np.asarray(env.settlement.commit_j, dtype=np.float64)
     rejected = np.asarray(pool.rejected, dtype=bool)
     slo = slo_outcome(table.arrival_s, pool.finish_t, pool.deadline, H, rejected=rejected)
     dev = signed_deviation_pct(energy, commit)

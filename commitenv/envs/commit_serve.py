@@ -75,11 +75,12 @@ import numpy as np
 from gymnasium import spaces
 
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
-from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, signed_deviation_pct, slo_outcome
+from commitenv.metrics import slo_outcome
 from commitenv.envs.meters import ControllerMeter
 from commitenv.scenarios import commitments_mj, engine_options, load_scenario, scenario_profile, scenario_workload
 from commitenv.scenarios.build import realism_of
 from commitenv.scenarios.schema import Scenario
+from commitenv.settlement import HourlySettlement
 from commitenv.sim import Pool, PoolLayout, Snapshot, observed_arrivals, take_snapshot
 from commitenv.workload.table import RequestTable
 
@@ -132,7 +133,7 @@ class CommitServeEnv(gym.Env):
         self.realism = realism_of(sc)
         self._settle_factor = 1.0 + self.realism.meters.pool_overhead  # settlement meter / GPU boards
         self._misses_at_completion = self.realism.deadlines == "predicted"  # true deadlines are not known earlier
-        self.reward_offset_kwh = float(self.lm * self.commit_j.sum() / J_PER_KWH)
+        self.reward_offset_kwh = HourlySettlement(self.commit_j, self.lp, self.lm, self.K).reward_offset_kwh
         self._e_scale = self.n_replicas * self.profile.gpu.tdp_w * 3600.0
         self.action_space = spaces.Dict(
             {"active": spaces.Discrete(self.n_replicas, start=1), "clock": spaces.Discrete(len(self.clocks_mhz))}
@@ -177,12 +178,9 @@ class CommitServeEnv(gym.Env):
         self._tenant_seen = np.zeros(len(table.tenant_names), dtype=bool)
         self.k = 0
         self.cfg = (self._init_active, self._init_clock)
-        self.e_prev = 0.0
-        self.e_hour_start = 0.0
+        self.settlement = HourlySettlement(self.commit_j, self.lp, self.lm, self.K)  # on the settlement meter
         self.last_interval_j = 0.0
         self.arrived_prev = 0
-        self.hour_energy_j = np.zeros(self.H)
-        self.hour_cost_kwh = np.zeros(self.H)
         self.misses = 0
         self._dl_order = np.argsort(pool.deadline, kind="stable")
         self._dl_sorted = pool.deadline[self._dl_order]
@@ -246,27 +244,14 @@ class CommitServeEnv(gym.Env):
         reading = self.meter.read(pool, t1, self.dt)  # what the controller's counters say
         interval_j = reading - self.meter_prev
         self.meter_prev = reading
-        h = self.k // self.K
-        m_old = self.e_prev - self.e_hour_start
-        m_new = e_now - self.e_hour_start
-        ec = self.commit_j[h]
-        d_cost = float(deviation_cost_kwh(m_new, ec, self.lp, self.lm) - deviation_cost_kwh(m_old, ec, self.lp, self.lm))
-        self.e_prev = e_now
+        booked = self.settlement.record(e_now)
+        d_cost = booked.cost_change_kwh
         self.last_interval_j = interval_j
         self.k += 1
         terminated = self.k >= self.H * self.K
         settlement = None
-        if self.k % self.K == 0:
-            self.hour_energy_j[h] = m_new
-            self.hour_cost_kwh[h] = float(deviation_cost_kwh(m_new, ec, self.lp, self.lm))
-            settlement = {
-                "hour": h,
-                "energy_j": float(m_new),
-                "commitment_j": float(ec),
-                "deviation_pct": float(signed_deviation_pct(m_new, ec)),
-                "cost_kwh_eq": float(self.hour_cost_kwh[h]),
-            }
-            self.e_hour_start = e_now
+        if booked.closed is not None:
+            settlement = booked.closed.as_dict()
             self.meter_hour_start = reading
         if terminated:
             pool.run_until(math.inf)  # completion tails count for SLOs; their energy is not settled
@@ -321,6 +306,16 @@ class CommitServeEnv(gym.Env):
             tail = self.attributor.close(self.pool.now)
             out["tail"] = self._period_info([tail])
         return out
+
+    @property
+    def hour_energy_j(self) -> np.ndarray:
+        """Settled energy of every closed hour (J; 0 while open), from the episode's `HourlySettlement`."""
+        return self.settlement.energy_j
+
+    @property
+    def hour_cost_kwh(self) -> np.ndarray:
+        """Settlement cost of every closed hour (kWh-eq)."""
+        return self.settlement.cost_kwh
 
     def bills(self) -> dict[str, np.ndarray]:
         """Per-request energy shares so far (J, aligned with the table's rows): ``own_j``, ``shared_j``,

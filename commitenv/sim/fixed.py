@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commitenv.profiles.schema import Profile
+from commitenv.settlement import HourlySettlement
 from commitenv.sim.pool import EngineOptions, Pool, PoolLayout
 from commitenv.workload.table import RequestTable
 
@@ -55,17 +56,13 @@ def run_fixed(
         from tqdm import tqdm
 
         bar = tqdm(total=steps, unit="interval", desc=f"{profile.name} x{n_gpus}", leave=False)
-    hourly = np.zeros(H)
-    e_prev = 0.0
     per_hour = int(round(3600.0 / interval_s))
+    book = HourlySettlement(np.ones(H), intervals_per_hour=per_hour)  # hourly energies only: no commitment yet
     for k in range(1, steps + 1):
         t = k * interval_s
         pool.run_until(t)
         pool.settle(t)
-        if k % per_hour == 0:
-            e = pool.energy_j(t)
-            hourly[k // per_hour - 1] = e - e_prev
-            e_prev = e
+        book.record(pool.energy_j(t))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -76,4 +73,4 @@ def run_fixed(
     arrivals = np.bincount(hour_of, minlength=H)[:H]
     met = np.bincount(hour_of, weights=ok.astype(float), minlength=H)[:H]
     att = np.divide(met, arrivals, out=np.ones(H), where=arrivals > 0)
-    return FixedRunResult(hourly, arrivals, att, float(ok.mean()) if len(ok) else 1.0, pool.finish_t, pool.deadline, pool)
+    return FixedRunResult(book.energy_j, arrivals, att, float(ok.mean()) if len(ok) else 1.0, pool.finish_t, pool.deadline, pool)

@@ -1,0 +1,57 @@
+"""One hourly settlement for the environment, the fixed-configuration runner and scoring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from commitenv.envs import CommitServeEnv
+from commitenv.evaluation import score_episode
+from commitenv.metrics import J_PER_KWH
+from commitenv.scenarios import engine_options, scenario_profile, scenario_workload
+from commitenv.settlement import HourlySettlement
+from commitenv.sim.fixed import run_fixed
+from test_env import HOUR_SCENARIO
+
+
+def test_hand_computed_two_hour_stream():
+    # commitments 1 and 2 kWh; intervals of half an hour; meter readings in kWh
+    s = HourlySettlement(np.array([1.0, 2.0]) * J_PER_KWH, 2.0, 1.0, intervals_per_hour=2)
+    steps = [s.record(x * J_PER_KWH) for x in (0.7, 1.5, 2.0, 3.0)]
+    # hour 0: 1.5 kWh against 1 -> overuse 0.5 x 2 = 1.0; hour 1: 1.5 kWh against 2 -> underuse 0.5 x 1 = 0.5
+    assert steps[1].closed.energy_j == pytest.approx(1.5 * J_PER_KWH)
+    assert steps[1].closed.cost_kwh_eq == pytest.approx(1.0)
+    assert steps[1].closed.deviation_pct == pytest.approx(50.0)
+    assert steps[3].closed.cost_kwh_eq == pytest.approx(0.5)
+    assert steps[0].closed is None and steps[2].closed is None
+    assert [st.interval_j / J_PER_KWH for st in steps] == pytest.approx([0.7, 0.8, 0.5, 1.0])
+    # the cost changes telescope: sum = -(sum C_h) + lambda_minus sum E*_h, as the env's reward does
+    assert -sum(st.cost_change_kwh for st in steps) == pytest.approx(-(1.0 + 0.5) + 3.0)
+    assert s.reward_offset_kwh == pytest.approx(3.0)
+    with pytest.raises(RuntimeError, match="already closed"):
+        s.record(4.0 * J_PER_KWH)
+
+
+def test_bad_commitments_are_refused():
+    with pytest.raises(ValueError, match="commitments"):
+        HourlySettlement(np.array([1.0, -1.0]))
+
+
+def test_env_runner_and_scoring_settle_the_same_energy():
+    """vLLM through the env (no action ever changes the configuration) and the fixed-configuration runner at
+    full capacity drive the same engine: their hourly energies are equal bit for bit, and the score's cost is the
+    settlement's."""
+    env = CommitServeEnv(HOUR_SCENARIO)
+    env.reset(seed=0)
+    ret = 0.0
+    done = False
+    while not done:
+        _, r, done, _, _ = env.step({"active": env.n_replicas, "clock": env.profile.reference_clock_index})
+        ret += r
+    sc = env.scenario
+    fixed = run_fixed(scenario_profile(sc), scenario_workload(sc, 0), n_gpus=sc.pool.gpus, options=engine_options(sc, 0),
+                      hours=sc.horizon_hours, interval_s=sc.interval_s)
+    np.testing.assert_array_equal(env.settlement.energy_j, fixed.hourly_energy_j)
+    res = score_episode(env, "vllm", 0, 0.0, ret)
+    assert res.summary["cost_kwh_eq"] == pytest.approx(float(env.settlement.cost_kwh.sum()), rel=1e-15)
+    assert res.summary["energy_mj"] == pytest.approx(float(env.settlement.energy_j.sum()) / 1e6, rel=1e-15)
