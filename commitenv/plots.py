@@ -11,22 +11,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from commitenv.evaluation import EvalResult
 
 
-def _plt():
-    import matplotlib
+def new_figure(**kwargs: Any):
+    """A figure on its own Agg canvas: no pyplot state, and a user's notebook backend is left alone."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def overview_figure(res: "EvalResult", path: str | Path) -> None:
     """Four panels: arrivals, energy against commitment, signed deviation, attainment (by hour; per
     interval energy for a single-hour run)."""
-    plt = _plt()
     hourly = res.hourly
     hours = np.array([r["hour"] for r in hourly])
-    fig, ax = plt.subplots(4, 1, figsize=(9, 10), sharex=len(hours) > 1)
+    fig = new_figure(figsize=(9, 10))
+    ax = fig.subplots(4, 1, sharex=len(hours) > 1)
     title = f"{res.scenario} - {res.controller} (seed {res.seed})"
     ax[0].bar(hours, [r["arrivals"] for r in hourly], color="#7a9cc6")
     ax[0].set_ylabel("arrivals")
@@ -53,15 +54,12 @@ def overview_figure(res: "EvalResult", path: str | Path) -> None:
     ax[3].set_xlabel("hour")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def render_progress(env: Any) -> np.ndarray:
     """RGB array: this hour's cumulative energy against the commitment, and settled hours so far."""
-    plt = _plt()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig, ax = plt.subplots(1, 2, figsize=(8, 3))
+    fig = new_figure(figsize=(8, 3))
+    ax = fig.subplots(1, 2)
     K = env.K
     h = min(env.k // K, env.H - 1)
     kin = env.k - h * K
@@ -75,8 +73,6 @@ def render_progress(env: Any) -> np.ndarray:
     ax[1].step(np.arange(env.H), env.commit_j / 1e6, where="mid", color="k")
     ax[1].set_title("settled hours (MJ)", fontsize=9)
     fig.tight_layout()
-    canvas = FigureCanvasAgg(fig)
+    canvas = fig.canvas
     canvas.draw()
-    img = np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
-    plt.close(fig)
-    return img
+    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-pytest.importorskip("ortools", reason='dynamollm needs OR-Tools: pip install "commitenv[opt]"')
+pytest.importorskip("ortools", reason='dynamollm needs OR-Tools (a core dependency): pip install commitenv')
 
 import commitenv  # noqa: F401  (registers the scenario ids)
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout, observed_arrivals, simulate, take_snapshot

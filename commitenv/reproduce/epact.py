@@ -163,17 +163,16 @@ def _report(results: dict, day_paper: dict, hour_paper: dict, pl: Plan) -> str:
 
 
 def _figures(results: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from commitenv.plots import new_figure
 
     rows = results["hour"]
     if rows:
         labels = sorted({k.rsplit("/", 1)[0] for k in rows})
         ctrls = sorted({k.rsplit("/", 1)[1] for k in rows})
-        fig, ax = plt.subplots(figsize=(max(6, len(labels) * 1.2), 4))
+        fig = new_figure(figsize=(max(6, len(labels) * 1.2), 4))
+        ax = fig.subplots()
         w = 0.8 / len(ctrls)
         for i, c in enumerate(ctrls):
             vals = []
@@ -187,9 +186,9 @@ def _figures(results: dict, out: Path) -> None:
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "deviation_single_hour.png", dpi=90)
-        plt.close(fig)
     for gpu in sorted({k.split("/")[0] for k in results["day"]}):
-        fig, ax = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+        fig = new_figure(figsize=(9, 6))
+        ax = fig.subplots(2, 1, sharex=True)
         for key, r in results["day"].items():
             g, c = key.split("/")
             if g != gpu:
@@ -205,4 +204,3 @@ def _figures(results: dict, out: Path) -> None:
         ax[0].set_title(f"{gpu.upper()} full day, alpha 3")
         fig.tight_layout()
         fig.savefig(out / f"day_{gpu}.png", dpi=90)
-        plt.close(fig)
