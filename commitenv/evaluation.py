@@ -222,7 +222,7 @@ def run_episode(
     try:
         while not terminated:
             action = ctrl.act(obs, info)
-            delay = float(getattr(env, "_planning_delay", 0.0))  # what the controller reported for this action
+            delay = env.reported_planning_delay_s  # what the controller reported for this action
             n_changes = len(env.actions)
             obs, reward, terminated, truncated, info = env.step(action)
             decisions.append(_decision(env, action, env.actions[n_changes:], delay, bool(info.get("stale_decision"))))

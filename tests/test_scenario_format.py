@@ -319,3 +319,12 @@ def test_loaders_record_the_time_origin_they_shift_away(tmp_path):
     # a window keeps the record (its own start is in window_s, relative to the origin)
     w = time_window(t, 1800.0, 7200.0)
     assert w.meta["time_origin"] == t.meta["time_origin"] and w.meta["window_s"] == [1800.0, 7200.0]
+
+
+def test_engine_overrides_are_refused_when_the_file_is_loaded(tmp_path, long_prompt_trace):
+    """Not only when an env is built: `load_scenario` alone names the field."""
+    common = dict(workload={"trace": str(long_prompt_trace)}, horizon_hours=1, commitment={"mj": [0.2]})
+    with pytest.raises(ScenarioError, match="engine.context_limit"):
+        load_scenario(write_scenario(tmp_path, "too-long-at-load", engine={"context_limit": 65}, **common))
+    with pytest.raises(ScenarioError, match="engine.prefix_block_tokens"):
+        load_scenario(write_scenario(tmp_path, "odd-block-at-load", engine={"prefix_block_tokens": 6}, **common))

@@ -447,6 +447,11 @@ class CommitServeEnv(gym.Env):
             raise ValueError(f"planning delay: expected a finite number of seconds >= 0, got {seconds}")
         self._planning_delay = float(seconds)
 
+    @property
+    def reported_planning_delay_s(self) -> float:
+        """The planning delay reported for the coming step (0 until a controller reports one)."""
+        return self._planning_delay
+
     def recent_arrivals(self, window_s: float) -> RequestTable:
         """Arrivals of the last ``window_s`` seconds (predicted output lengths), shifted to replay from now."""
         if self.pool is None:

@@ -178,6 +178,10 @@ def check_scenario(sc: Scenario, base_dir: Path | None = None) -> Scenario:
         wl = wl.model_copy(update={"trace": str(tpath)})
     if pool is not sc.pool or wl is not sc.workload:
         sc = sc.model_copy(update={"pool": pool, "workload": wl})
+    if any(v is not None for v in sc.engine.model_dump().values()):
+        from commitenv.scenarios.build import scenario_profile
+
+        scenario_profile(sc)  # the engine overrides must fit the profile: refused at load, naming the field
     return sc
 
 
