@@ -340,13 +340,16 @@ def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
     OUT/<controller>/seed-<s>/, then the aggregate (mean and 95 % CI per metric) printed and written as
     OUT/compare.json and compare.csv."""
     from commitenv.evaluation import _scenario_file
-    from commitenv.runner import Job, aggregate, episode_dir, finished, parse_seeds, run_jobs, write_aggregate
+    from commitenv.runner import (Job, aggregate, episode_dir, finished, parse_seeds, run_jobs, scenario_seeds,
+                                  write_aggregate)
     from commitenv.scenarios import load_scenario
 
-    seeds = parse_seeds(args.seeds)
     if args.jobs < 1:
         raise ValueError(f"--jobs: expected at least 1 process, got {args.jobs}")
     sc = load_scenario(args.scenario)
+    seeds = scenario_seeds(args.seeds, sc.seeds)
+    if seeds is None:
+        seeds = parse_seeds(args.seeds)
     sc_name, sc_file = sc.name, _scenario_file(sc)
     out = _check_out(args.out)
     controllers = [{"controller": r.name, "origin": r.origin, "kwargs": kw} for r, kw in todo]
@@ -648,7 +651,8 @@ def _seed_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--seeds", default=None, metavar="LIST",
-                   help="many episodes: 0-9, 0,3,7 or 0-4,10; results under OUT/<controller>/seed-<s>/ with the "
+                   help="many episodes: 0-9, 0,3,7, 0-4,10, or test[:N] / train[:N] (the scenario's declared seed "
+                        "ranges); results under OUT/<controller>/seed-<s>/ with the "
                         "aggregate (mean, 95 %% CI) in OUT/compare.json and compare.csv; finished episodes are kept")
     p.add_argument("--jobs", type=int, default=1, help="with --seeds: episodes run in N processes (default 1)")
     p.add_argument("--rerun", action="store_true", help="with --seeds: run again episodes already in OUT")

@@ -28,6 +28,23 @@ from typing import Any, Callable
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
+def scenario_seeds(text: str, ranges) -> list[int] | None:
+    """``"test"`` / ``"train"`` (optionally ``":N"``, the first N) -> seeds of the scenario's declared range
+    (``ranges``: its `SeedRanges` or None); None when ``text`` names no range."""
+    name, _, n = str(text).strip().partition(":")
+    if name not in ("test", "train"):
+        return None
+    if ranges is None:
+        raise ValueError(f"--seeds {text}: this scenario declares no seed ranges (scenario field 'seeds')")
+    lo, hi = getattr(ranges, name)
+    if n and not n.isdigit():
+        raise ValueError(f"--seeds {text}: expected {name} or {name}:N with N a whole number")
+    count = hi - lo if not n else int(n)
+    if not 1 <= count <= hi - lo:
+        raise ValueError(f"--seeds {text}: the {name} range [{lo}, {hi}) holds {hi - lo} seeds, asked for {count}")
+    return list(range(lo, lo + count))
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"``; mixed ``"0-2,10"``. Duplicates are an error, order kept."""
     seeds: list[int] = []

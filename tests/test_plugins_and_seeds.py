@@ -488,3 +488,20 @@ def test_many_seeds_record_failing_episodes_and_go_on(files, tmp_path, capsys):
 ])
 def test_seed_option_errors(argv, fragment, files, capsys):
     _one_error(capsys, main(["run", str(files.scenario), "--quiet", *argv]), fragment)
+
+
+def test_seeds_from_the_scenarios_declared_ranges():
+    from commitenv.runner import scenario_seeds
+    from commitenv.scenarios import load_scenario
+    from commitenv.scenarios.schema import SeedRanges
+
+    r = SeedRanges(train=(0, 50), test=(50, 53))
+    assert scenario_seeds("test", r) == [50, 51, 52]
+    assert scenario_seeds("train:4", r) == [0, 1, 2, 3]
+    assert scenario_seeds("0-4", r) is None  # not a range name: parsed as a list
+    with pytest.raises(ValueError, match="holds 3 seeds, asked for 5"):
+        scenario_seeds("test:5", r)
+    with pytest.raises(ValueError, match="declares no seed ranges"):
+        scenario_seeds("test", None)
+    bench = load_scenario("bench-h200-hour-fixed-a30")
+    assert scenario_seeds("test:2", bench.seeds) == [100000, 100001]
