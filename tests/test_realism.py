@@ -770,3 +770,17 @@ def test_ideal_with_truth_override_is_rejected_at_parse_or_runs():
         sc = parse_scenario(raw, "ideal-override.yaml")
     opt = engine_options(sc, 0)  # otherwise it must run
     assert opt.truth is not None and opt.truth.speed_sigma == 0.05
+
+
+def test_ideal_reproduces_the_figures_from_before_the_realism_levels():
+    """`ideal` is the exact engine the reproduction report was made with: these scores were measured at commit
+    6c85232 (before realism levels, nominal copies and the settlement refactor) and must not move by one bit."""
+    from commitenv.evaluation import evaluate
+
+    before = {
+        "vllm": (100.0, 17.64705882352942, 1.2905958901520833, 15.487150681824987),
+        "epact": (99.94276338382875, 0.025620626546728646, 0.0009368664675228899, 13.160705360268157),
+    }
+    for ctrl, (att, dev, cost, energy) in before.items():
+        s = evaluate(ctrl, "epact-h200-hour-fixed-a30", seed=0).summary
+        assert (s["attainment_pct"], s["mean_abs_dev_pct"], s["cost_kwh_eq"], s["energy_mj"]) == (att, dev, cost, energy), ctrl
