@@ -195,7 +195,7 @@ def run_episode(
     ``controller`` is an instance or a spec string (a registered or entry-point name, ``module:Class`` or
     ``path/to/file.py:Class``; see `controllers.registry.resolve`)."""
     from commitenv.envs import CommitServeEnv
-    from controllers import ControllerContext
+    from commitenv.control import Controller, ControllerContext
     from controllers.registry import controller_name, origin_of, resolve
 
     recorded = _jsonable(controller_kwargs) if controller_kwargs else None
@@ -204,6 +204,8 @@ def run_episode(
         ctrl, origin = spec.make(**(controller_kwargs or {})), spec.origin
     else:
         ctrl, origin = controller, origin_of(controller)
+    if not isinstance(ctrl, Controller):
+        raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(ctrl).__name__}")
     name = controller_name(ctrl)
     env = CommitServeEnv(scenario, attribution=attribution)
     t_start = time.perf_counter()
@@ -232,9 +234,7 @@ def run_episode(
     finally:
         if bar is not None:
             bar.close()
-        close = getattr(ctrl, "close", None)
-        if callable(close):
-            close()
+        ctrl.close()
     wall = time.perf_counter() - t_start
     res = score_episode(env, name, seed, wall, ret)
     res.decisions = decisions
@@ -242,12 +242,10 @@ def run_episode(
         res.summary["controller_origin"] = origin
     if recorded:
         res.summary["controller_kwargs"] = recorded
-    stats = getattr(ctrl, "stats", None)
-    if callable(stats):
-        for k, v in (stats() or {}).items():
-            if k in res.summary or isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
-                continue  # only numbers, never over a score
-            res.summary[k] = v.item() if isinstance(v, np.generic) else v
+    for k, v in (ctrl.stats() or {}).items():  # the lifecycle's stats(): numbers only, never over a score
+        if k in res.summary or isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+            continue
+        res.summary[k] = v.item() if isinstance(v, np.generic) else v
     return env, res
 
 

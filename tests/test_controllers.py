@@ -139,3 +139,44 @@ def test_probe_exposes_only_snapshot_and_recent_arrivals():
     probe = ControllerContext.from_env(env).probe
     public = {n for n in dir(probe) if not n.startswith("_")}
     assert public <= {"snapshot", "recent_arrivals", "report_planning_delay"}, sorted(public)[:20]
+
+
+def test_run_episode_follows_the_declared_lifecycle(tmp_path):
+    """reset once, act every interval, then close and stats (numbers only, never over a score)."""
+    from commitenv.control import Controller as LibController
+    from commitenv.evaluation import run_episode
+
+    calls: list[str] = []
+
+    class Spy(LibController):
+        def reset(self, ctx, seed=None):
+            super().reset(ctx, seed)
+            calls.append("reset")
+
+        def act(self, observation, info):
+            calls.append("act")
+            return self.ctx.action(self.ctx.n_replicas, self.ctx.reference_clock_mhz)
+
+        def close(self):
+            calls.append("close")
+
+        def stats(self):
+            calls.append("stats")
+            return {"spy_decisions": calls.count("act"), "cost_kwh_eq": -1.0, "label": "text"}
+
+    env, res = run_episode(Spy(), "epact-h200-hour-fixed-a30", seed=0)
+    assert calls == ["reset"] + ["act"] * 60 + ["close", "stats"]
+    assert res.summary["spy_decisions"] == 60
+    assert res.summary["cost_kwh_eq"] >= 0 and "label" not in res.summary
+    assert Controller is LibController  # controllers.base re-exports the library's protocol
+
+
+def test_run_episode_refuses_an_object_that_is_not_a_controller():
+    from commitenv.evaluation import run_episode
+
+    class NotAController:
+        def act(self, observation, info):
+            return {"active": 1, "clock": 0}
+
+    with pytest.raises(TypeError, match="commitenv.control.Controller"):
+        run_episode(NotAController(), "epact-h200-hour-fixed-a30", seed=0)

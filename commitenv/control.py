@@ -1,0 +1,132 @@
+"""The control API (part of the library, so that it never needs its plug-ins): the controller protocol with its
+declared lifecycle ``reset(ctx, seed)``, then ``act(observation, info) -> action`` every interval, then ``close()``;
+``stats()`` reports numbers for summary.json. The built-in controllers (package ``controllers``) implement it
+like any third-party one.
+
+The same class runs in ``commitenv run``, in a plain Gymnasium loop and in the leaderboard sandbox. A
+controller that wants what-if prediction uses ``ctx.probe`` (an `EnvProbe`: ``probe.snapshot()`` and
+``probe.recent_arrivals(window_s)`` expose only arrived requests and predicted lengths).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Probe(Protocol):
+    """What a controller may ask the environment for, beyond observation and info."""
+
+    def snapshot(self) -> Any: ...
+
+    def recent_arrivals(self, window_s: float) -> Any: ...
+
+    def report_planning_delay(self, seconds: float) -> None: ...
+
+
+class EnvProbe:
+    """The only door from a controller to the environment: ``snapshot()`` and ``recent_arrivals(window_s)``
+    (both causal) and ``report_planning_delay(seconds)``. It keeps the environment in closures, not attributes, so the trace, the true lengths and
+    the live engine are not among the probe's attributes (DESIGN: causality is sacred)."""
+
+    __slots__ = ("snapshot", "recent_arrivals", "report_planning_delay")
+
+    def __init__(self, env: Any) -> None:
+        def snapshot() -> Any:
+            """Causal serving state (see `CommitServeEnv.snapshot`)."""
+            return env.snapshot()
+
+        def recent_arrivals(window_s: float) -> Any:
+            """Arrivals of the last ``window_s`` seconds with predicted lengths, shifted to replay from now."""
+            return env.recent_arrivals(window_s)
+
+        def report_planning_delay(seconds: float) -> None:
+            """The coming action was computed in ``seconds``: it applies that much after the interval starts."""
+            env.report_planning_delay(seconds)
+
+        self.snapshot = snapshot
+        self.recent_arrivals = recent_arrivals
+        self.report_planning_delay = report_planning_delay
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    """Static facts of the scenario a controller runs in (no trace content, no future arrivals)."""
+
+    scenario: str
+    n_replicas: int
+    clocks_mhz: tuple[int, ...]
+    reference_clock_mhz: int
+    interval_s: float
+    intervals_per_hour: int
+    horizon_hours: int
+    commitments_j: tuple[float, ...]
+    lambda_plus: float
+    lambda_minus: float
+    alpha: float
+    epsilon: float
+    actuation_delay_s: float
+    probe: Probe | None = None
+
+    def action(self, active: int, clock_mhz: int) -> dict[str, int]:
+        """The env action for ``active`` replicas (a whole number in 1..n_replicas, as the env accepts; bools,
+        NaN and fractions are refused) at ``clock_mhz`` (one of ``clocks_mhz``); raises ValueError otherwise."""
+        whole = isinstance(active, (int, np.integer)) or (
+            isinstance(active, (float, np.floating)) and float(active).is_integer()
+        )
+        if isinstance(active, (bool, np.bool_)) or not whole:
+            raise ValueError(f"action: active must be a whole number of replicas in 1..{self.n_replicas}, "
+                             f"got {active.item() if isinstance(active, np.generic) else active!r}")
+        if not 1 <= active <= self.n_replicas:
+            raise ValueError(f"action: active must be in 1..{self.n_replicas} (the pool's replicas), got {int(active)}")
+        if clock_mhz not in self.clocks_mhz:
+            raise ValueError(f"clock {clock_mhz} MHz not one of {self.clocks_mhz}")
+        return {"active": int(active), "clock": self.clocks_mhz.index(clock_mhz)}
+
+    @staticmethod
+    def from_env(env: Any) -> "ControllerContext":
+        """Context of a `CommitServeEnv` (unwrapped automatically), with an `EnvProbe` on it."""
+        e = env.unwrapped
+        sc = e.scenario
+        return ControllerContext(
+            scenario=sc.name,
+            n_replicas=e.n_replicas,
+            clocks_mhz=tuple(e.clocks_mhz),
+            reference_clock_mhz=e.profile.reference_clock_mhz,
+            interval_s=e.dt,
+            intervals_per_hour=e.K,
+            horizon_hours=e.H,
+            commitments_j=tuple(float(x) for x in np.asarray(e.commit_j)),
+            lambda_plus=sc.lambda_plus,
+            lambda_minus=sc.lambda_minus,
+            alpha=sc.alpha,
+            epsilon=sc.epsilon,
+            actuation_delay_s=sc.actuation_delay_s,
+            probe=EnvProbe(e),
+        )
+
+
+class Controller(ABC):
+    """Base class: subclasses implement `act`; `reset` stores the context; `close` and `stats` are optional."""
+
+    name = "base"
+
+    def reset(self, ctx: ControllerContext, seed: int | None = None) -> None:
+        """Start an episode: the scenario's public terms and probe in ``ctx``; ``seed`` for the controller's own
+        randomness (derived one way from the run seed)."""
+        self.ctx = ctx
+        self.seed = seed
+
+    @abstractmethod
+    def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:
+        """The configuration for the coming interval (see `ControllerContext.action`)."""
+
+    def close(self) -> None:
+        """Release what the controller holds (worker processes, files) at the end of an episode."""
+
+    def stats(self) -> dict[str, float]:
+        """Numbers about the controller's own work (e.g. planning time) to record in summary.json."""
+        return {}
