@@ -167,7 +167,7 @@ def _write_run(res, dest: Path, out: Path, **kw) -> None:
 def _resolve_names(scenario: str, controllers: list[str]) -> list:
     """Check the scenario and resolve every controller spec (`controllers.resolve`); ValueError otherwise."""
     from commitenv.scenarios import load_scenario
-    from controllers import resolve
+    from commitenv.registry import resolve
 
     load_scenario(scenario)
     return [resolve(c) for c in controllers]
@@ -192,8 +192,8 @@ def _controller_kwargs(resolved, given: str, args: list[tuple[str | None, str, s
                        scoped: bool) -> dict:
     """The validated constructor arguments of one controller (``given``: the spec as typed): unscoped
     arguments, and with ``scoped`` those whose scope is its spec or its name."""
-    from controllers import check_kwargs
-    from controllers.registry import parse_arg_value
+    from commitenv.registry import check_kwargs
+    from commitenv.registry import parse_arg_value
 
     raw = {}
     for scope, key, value in args:
@@ -235,7 +235,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _compare_controllers(args: argparse.Namespace) -> list[tuple]:
     """(resolved controller, kwargs) of every controller to compare; names must be distinct. Without
     ``--controllers``: every registered and entry-point controller (one that cannot be loaded is skipped)."""
-    from controllers import all_names, resolve
+    from commitenv.registry import all_names, resolve
 
     cargs = _parse_controller_args(args.controller_arg)
     explicit = bool(args.controllers)
@@ -465,7 +465,7 @@ def _cmd_attribute(args: argparse.Namespace) -> int:
     scenario = args.scenario or summary.get("scenario_file") or summary["scenario"]
     controller, seed = summary["controller"], int(summary["seed"])
     try:
-        from controllers import spec_from_origin
+        from commitenv.registry import spec_from_origin
 
         spec = spec_from_origin(summary.get("controller_origin"), controller)
         (resolved,) = _resolve_names(scenario, [spec])
@@ -556,7 +556,7 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
 
 
 def _cmd_controllers(args: argparse.Namespace) -> int:
-    from controllers import discover
+    from commitenv.registry import discover
 
     rows = discover()
     w = max(len(r.name) for r in rows)

@@ -196,7 +196,7 @@ def run_episode(
     ``path/to/file.py:Class``; see `controllers.registry.resolve`)."""
     from commitenv.envs import CommitServeEnv
     from commitenv.control import Controller, ControllerContext
-    from controllers.registry import controller_name, origin_of, resolve
+    from commitenv.registry import controller_name, origin_of, resolve
 
     recorded = _jsonable(controller_kwargs) if controller_kwargs else None
     if isinstance(controller, str):

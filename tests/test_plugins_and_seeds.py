@@ -18,7 +18,7 @@ import pytest
 
 import commitenv.evaluation as ev
 import controllers
-import controllers.registry as registry
+import commitenv.registry as registry
 from commitenv.cli import main
 from commitenv.evaluation import evaluate
 from commitenv.runner import mean_ci95, parse_seeds, t975

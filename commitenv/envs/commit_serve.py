@@ -172,6 +172,10 @@ class CommitServeEnv(gym.Env):
         self.meter_prev = 0.0  # controller-meter reading at the last boundary, and at the hour's start
         self.meter_hour_start = 0.0
         self._pending_done: list[int] = []
+        if self._misses_at_completion:
+            pool.done_slots = []  # the engine reports completions: misses become known as late answers arrive
+        # deadlines the observation may use: the visible ones (a list: read per live request each step)
+        self._visible = pool.visible_deadline.tolist() if pool.visible_deadline is not pool.deadline else None
         self.actions: list[tuple] = []  # ("active" | "clock", t_apply, value): what the controller changed, when
         self.attributor = PoolAttributor(pool) if self.attribution else None
         self._attr_hour: list[PeriodSplit] = []
@@ -372,11 +376,10 @@ class CommitServeEnv(gym.Env):
         wait_tokens = 0
         slack = np.empty(len(live))
         overdue = 0
-        vis = pool.visible_deadline
-        n_res = len(vis)
+        vis = self._visible
         for i, r in enumerate(live):
             wait_tokens += max(r.prompt + r.generated - r.computed - (1 if r.generated else 0), 0)
-            slack[i] = (vis[r.slot] if r.slot < n_res else r.deadline) - now
+            slack[i] = (r.deadline if vis is None else vis[r.slot]) - now
         if len(live):
             overdue = int(np.count_nonzero(slack < 0))
         cnt = pool.counts()

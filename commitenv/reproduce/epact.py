@@ -68,12 +68,12 @@ def run(out_dir: str | Path, *, quick: bool = False, seed: int = 0, paper_dir: s
         workers: int | None = None, progress: bool = True) -> dict[str, Any]:
     """Run the plan, write ``report.md``, ``results.json`` and figures into ``out_dir``; return the results."""
     from commitenv.evaluation import evaluate
-    from controllers import available
+    from commitenv.registry import all_names
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pl = plan(quick)
-    missing = [c for c in set(pl.day_controllers) | set(pl.hour_controllers) if c not in available()]
+    missing = [c for c in set(pl.day_controllers) | set(pl.hour_controllers) if c not in all_names()]
     if missing:
         raise ValueError(f"controllers not available: {', '.join(sorted(missing))} (install commitenv[opt]?)")
     kw = {"epact": {"workers": workers}, "static_target": {"workers": workers}}

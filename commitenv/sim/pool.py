@@ -182,16 +182,10 @@ class Pool:
                     raise ValueError(f"tenant_model: tenant {ten} mapped to model {m}, but the pool has {self.n_models}")
                 tm[table.tenant == ten] = m
         self._model = tm.tolist()
-        self.lref = np.zeros(n)
-        out = table.output_tokens.astype(np.int64).copy()
         self.rejected = np.zeros(n, dtype=bool)
         for m, prof in enumerate(self.profiles):
-            sel = tm == m
-            lim = prof.scheduler.context_limit
-            rej = sel & (table.prompt_tokens >= lim)
-            self.rejected |= rej
-            out[sel] = np.minimum(out[sel], np.maximum(lim - table.prompt_tokens[sel], 1))
-            self.lref[sel] = reference_latency(prof, table.prompt_tokens[sel], out[sel])
+            self.rejected |= (tm == m) & (table.prompt_tokens >= prof.scheduler.context_limit)
+        out, self.lref = self._capped_lref(table, tm, table.output_tokens)
         self.out_tokens = out
         self.deadline = table.arrival_s + self.opt.alpha * self.lref
         self._out = out.tolist()
@@ -206,14 +200,9 @@ class Pool:
         self.visible_deadline = self.deadline
         if self.opt.visible_deadlines == "predicted" and not self.opt.oracle_lengths:
             # what an operator can state at arrival: the SLO of the predicted length (scoring keeps the true one)
-            vis = np.empty(n)
-            for m, prof in enumerate(self.profiles):
-                sel = tm == m
-                p_out = np.minimum(self.pred_out[sel], np.maximum(prof.scheduler.context_limit - table.prompt_tokens[sel], 1))
-                vis[sel] = table.arrival_s[sel] + self.opt.alpha * reference_latency(prof, table.prompt_tokens[sel], p_out)
-            self.visible_deadline = vis
+            self.visible_deadline = table.arrival_s + self.opt.alpha * self._capped_lref(table, tm, self.pred_out)[1]
         self.overhead_s = self.truth.request_overheads(n) if self.truth is not None else None
-        self.done_slots: list[int] = []  # result slots completed since the environment last looked
+        self.done_slots: list[int] | None = None  # a list when the environment tracks completions (misses)
         self._n_results = n
         self._attach_prefixes(table)
         self.finish_t = np.full(n, np.nan)
@@ -222,6 +211,16 @@ class Pool:
         self.preemptions = np.zeros(n, dtype=np.int32)
         self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))
         self.now = max(self.now, t_start)
+
+    def _capped_lref(self, table: RequestTable, model_of: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Output lengths capped at each model's context limit, and the requests' reference latencies L_ref."""
+        out = np.asarray(out).astype(np.int64)  # a copy
+        lref = np.zeros(len(out))
+        for m, prof in enumerate(self.profiles):
+            sel = model_of == m
+            out[sel] = np.minimum(out[sel], np.maximum(prof.scheduler.context_limit - table.prompt_tokens[sel], 1))
+            lref[sel] = reference_latency(prof, table.prompt_tokens[sel], out[sel])
+        return out, lref
 
     def _attach_prefixes(self, table: RequestTable) -> None:
         """Give every replica a prefix cache when the workload has hash blocks and caching is on."""
@@ -385,7 +384,8 @@ class Pool:
             oh = self.overhead_s[s] if self.overhead_s is not None else 0.0
             self.finish_t[s] = t + oh  # as the client sees it: serving overheads outside the engine included
             self.first_t[s] = r.first_t + oh
-            self.done_slots.append(s)
+            if self.done_slots is not None:
+                self.done_slots.append(s)
             self.replica_of[s] = r.replica
             self.preemptions[s] = r.preemptions
         if r.captured:
@@ -567,7 +567,7 @@ class Pool:
             c.noise = self.noise
         c.truth = None
         c.overhead_s = None
-        c.done_slots = []
+        c.done_slots = None
         c.log = None
         c.on_step = None
         c.gpus, c.replicas = [], []
