@@ -32,10 +32,10 @@ from commitenv.workload import (
     builtin_workload,
     load_trace,
     scale_rate,
-    synthesize,
     time_window,
 )
 from commitenv.workload.builtin import builtin_window
+from commitenv.workload.synthetic import synthesize_window, window_hours
 
 _TAGS = {"workload": 0x776C, "controller": 0x6374, "arrivals": 0x6172}
 
@@ -180,11 +180,6 @@ def synthetic_lengths(sc: Scenario) -> EmpiricalLengths:
     return lengths.with_context_limit(syn.context_limit) if syn.context_limit is not None else lengths
 
 
-def _synthetic_span(start_hour: float, hours: int) -> tuple[int, int]:
-    """The whole source hours ``[h0, h1)`` a window ``[start_hour, start_hour + hours)`` touches."""
-    return int(np.floor(start_hour)), int(np.ceil(start_hour + hours - 1e-9))
-
-
 def synthetic_window(sc: Scenario, seed: int, start_hour: float, hours: int, *, rate_factors=None,
                      minute_shape=None, field: str = "workload.start_hour") -> RequestTable:
     """Hours ``[start_hour, start_hour + hours)`` of the scenario's ``workload.synthetic`` source, drawn with
@@ -194,29 +189,21 @@ def synthetic_window(sc: Scenario, seed: int, start_hour: float, hours: int, *, 
     touched) modulating arrivals within each hour. ``field`` names the start hour in errors."""
     syn = sc.workload.synthetic
     counts = syn.hourly_counts is not None
-    levels = np.asarray(syn.hourly_counts if counts else syn.hourly_rates, dtype=np.float64)
+    levels = syn.hourly_counts if counts else syn.hourly_rates
     n = len(levels)
-    h0, h1 = _synthetic_span(start_hour, hours)
+    h0, h1 = window_hours(start_hour, hours)
     if h0 < 0 or h1 > n:
         raise ScenarioError(
             f"{sc.source}: {field}: the window [{start_hour:g} h, {start_hour + hours:g} h) runs past the end of "
             f"workload.synthetic, which gives {n} hourly values; expected a window within [0 h, {n} h)"
         )
-    f = np.ones(h1 - h0) if rate_factors is None else np.asarray(rate_factors, dtype=np.float64)
-    lv = levels[h0:h1] * f
-    edges = (float(levels[h0 - 1] * f[0]) if h0 > 0 else None, float(levels[h1] * f[-1]) if h1 < n else None)
     try:
-        kw = dict(lengths=synthetic_lengths(sc), seed=int(seed), burstiness_cv=syn.burstiness_cv, smooth=syn.smooth,
-                  minute_shape=minute_shape, edge_levels=edges)
-        if counts:
-            table = synthesize(np.rint(lv).astype(np.int64).tolist(), **kw)
-        else:
-            table = synthesize(hourly_rates=lv.tolist(), **kw)
+        out = synthesize_window(levels, counts=counts, start_hour=start_hour, hours=hours, lengths=synthetic_lengths(sc),
+                                seed=int(seed), burstiness_cv=syn.burstiness_cv, smooth=syn.smooth,
+                                rate_factors=rate_factors, minute_shape=minute_shape)
     except WorkloadError as e:
         raise ScenarioError(f"{sc.source}: workload.synthetic: {e}") from None
-    t0 = (start_hour - h0) * 3600.0
-    out = time_window(table, t0, t0 + hours * 3600.0, rebase=True)
-    out.meta.update({"synthetic": True, "window_start_hour": start_hour, "episode_seed": int(seed)})
+    out.meta["synthetic"] = True
     return out
 
 
@@ -258,7 +245,7 @@ def episode_workload(sc: Scenario, run_seed: int) -> RequestTable:
     rng = np.random.default_rng(ws)
     H = sc.horizon_hours
     if wl.synthetic is not None:  # drawn as a built-in episode is: per-hour factors, then the minute modulation
-        h0, h1 = _synthetic_span(wl.start_hour, H)
+        h0, h1 = window_hours(wl.start_hour, H)
         factors = rng.uniform(1 - wl.rate_spread, 1 + wl.rate_spread, h1 - h0) * wl.rate_scale
         shape = minute_modulation(realism_of(sc), h1 - h0, derived_seed(run_seed, "arrivals"))
         table = synthetic_window(sc, ws, wl.start_hour, H, rate_factors=factors, minute_shape=shape)
@@ -313,7 +300,7 @@ def _pinned_workload(sc: Scenario, s: int, start_hour: float, field: str) -> Req
     r = realism_of(sc)
     wl = sc.workload
     if wl.synthetic is not None:
-        h0, h1 = _synthetic_span(start_hour, sc.horizon_hours)
+        h0, h1 = window_hours(start_hour, sc.horizon_hours)
         shape = minute_modulation(r, h1 - h0, derived_seed(s, "arrivals"))
         table = synthetic_window(sc, s, start_hour, sc.horizon_hours, rate_factors=[wl.rate_scale] * (h1 - h0),
                                  minute_shape=shape, field=field)

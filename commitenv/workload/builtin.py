@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .lengths import builtin_lengths
-from .synthetic import synthesize
+from .synthetic import synthesize, synthesize_window
 from .table import RequestTable, WorkloadError
 from .transforms import time_window
 
@@ -99,31 +99,14 @@ def builtin_window(name: str, seed: int, start_hour: float, hours: int, *, rate_
         shape = SHAPES[name]
     except KeyError:
         raise WorkloadError(f"unknown built-in workload {name!r} (have: {', '.join(list_builtin())})") from None
-    n = len(shape.hourly_counts)
-    h0, h1 = int(np.floor(start_hour)), int(np.ceil(start_hour + hours - 1e-9))
-    if h0 < 0 or h1 > n:
-        raise WorkloadError(f"built-in {name!r}: window [{start_hour:g} h, {start_hour + hours:g} h) runs past its {n} h")
-    counts = np.asarray(shape.hourly_counts[h0:h1], dtype=np.float64)
-    f = np.ones(h1 - h0)
-    if rate_factors is not None:
-        f = np.asarray(rate_factors, dtype=np.float64)
-        if f.shape != (h1 - h0,) or np.any(~np.isfinite(f)) or np.any(f <= 0):
-            raise WorkloadError(f"rate_factors: expected {h1 - h0} finite factors > 0, got {f.shape}")
-        counts = counts * f
-    if minute_shape is not None:
-        m = np.asarray(minute_shape, dtype=np.float64).reshape(-1)
-        if m.size != 60 * (h1 - h0):
-            raise WorkloadError(f"minute_shape: expected {60 * (h1 - h0)} weights, got {m.size}")
-        minute_shape = m
-    edges = (shape.hourly_counts[h0 - 1] * f[0] if h0 > 0 else None,
-             shape.hourly_counts[h1] * f[-1] if h1 < n else None)
     lengths = builtin_lengths(shape.lengths).with_context_limit(CONTEXT_LIMIT)
-    table = synthesize(np.rint(counts).astype(np.int64).tolist(), lengths=lengths, seed=seed,
-                       burstiness_cv=shape.burstiness_cv, smooth=shape.smooth, minute_shape=minute_shape,
-                       edge_levels=edges)
-    t0 = (start_hour - h0) * 3600.0
-    out = time_window(table, t0, t0 + hours * 3600.0, rebase=True)
-    out.meta.update({"builtin": name, "window_start_hour": start_hour, "episode_seed": seed})
+    try:
+        out = synthesize_window(shape.hourly_counts, counts=True, start_hour=start_hour, hours=hours, lengths=lengths,
+                                seed=seed, burstiness_cv=shape.burstiness_cv, smooth=shape.smooth,
+                                rate_factors=rate_factors, minute_shape=minute_shape)
+    except WorkloadError as e:
+        raise WorkloadError(f"built-in {name!r}: {e}") from None
+    out.meta["builtin"] = name
     return out
 
 

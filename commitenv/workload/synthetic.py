@@ -25,6 +25,7 @@ import numpy as np
 
 from .lengths import EmpiricalLengths
 from .table import RequestTable, WorkloadError
+from .transforms import time_window
 
 HOUR_S = 3600.0
 _MINUTES = 60
@@ -161,3 +162,51 @@ def synthesize(
             "hourly_counts": [int(x) for x in counts], "start_s": start_s, "lengths_source": lengths.source,
         },
     )
+
+
+def window_hours(start_hour: float, hours: int) -> tuple[int, int]:
+    """The whole source hours ``[h0, h1)`` that a window ``[start_hour, start_hour + hours)`` touches."""
+    return int(np.floor(start_hour)), int(np.ceil(start_hour + hours - 1e-9))
+
+
+def synthesize_window(
+    levels: Sequence[float],
+    *,
+    counts: bool,
+    start_hour: float,
+    hours: int,
+    lengths: EmpiricalLengths,
+    seed: int,
+    burstiness_cv: float = 1.0,
+    smooth: bool = True,
+    rate_factors: Sequence[float] | None = None,
+    minute_shape: Sequence[float] | None = None,
+) -> RequestTable:
+    """Hours ``[start_hour, start_hour + hours)`` of a source with hourly ``levels`` (exact counts or expected
+    rates), drawn afresh from ``seed`` and rebased to time 0: only the hours touched are generated, the hours just
+    outside shape a smooth intensity at the edges as in the whole source. ``rate_factors`` (one per hour touched)
+    scale the levels, the neighbours taking their edge's factor; ``minute_shape`` (60 weights per hour touched)
+    modulates arrivals within each hour."""
+    lv_all = np.asarray(levels, dtype=np.float64)
+    n = len(lv_all)
+    h0, h1 = window_hours(start_hour, hours)
+    if h0 < 0 or h1 > n:
+        raise WorkloadError(f"window [{start_hour:g} h, {start_hour + hours:g} h) runs past the source's {n} h")
+    f = np.ones(h1 - h0)
+    if rate_factors is not None:
+        f = np.asarray(rate_factors, dtype=np.float64)
+        if f.shape != (h1 - h0,) or np.any(~np.isfinite(f)) or np.any(f <= 0):
+            raise WorkloadError(f"rate_factors: expected {h1 - h0} finite factors > 0, got {f.shape}")
+    if minute_shape is not None:
+        minute_shape = np.asarray(minute_shape, dtype=np.float64).reshape(-1)
+        if minute_shape.size != _MINUTES * (h1 - h0):
+            raise WorkloadError(f"minute_shape: expected {_MINUTES * (h1 - h0)} weights, got {minute_shape.size}")
+    lv = lv_all[h0:h1] * f
+    edges = (float(lv_all[h0 - 1] * f[0]) if h0 > 0 else None, float(lv_all[h1] * f[-1]) if h1 < n else None)
+    kw = dict(lengths=lengths, seed=seed, burstiness_cv=burstiness_cv, smooth=smooth, minute_shape=minute_shape,
+              edge_levels=edges)
+    table = synthesize(np.rint(lv).astype(np.int64).tolist(), **kw) if counts else synthesize(hourly_rates=lv.tolist(), **kw)
+    t0 = (start_hour - h0) * HOUR_S
+    out = time_window(table, t0, t0 + hours * HOUR_S, rebase=True)
+    out.meta.update({"window_start_hour": start_hour, "episode_seed": seed})
+    return out
