@@ -3,9 +3,12 @@ declared lifecycle ``reset(ctx, seed)``, then ``act(observation, info) -> action
 ``stats()`` reports numbers for summary.json. The built-in controllers (package ``controllers``) implement it
 like any third-party one.
 
-The same class runs in ``commitenv run``, in a plain Gymnasium loop and in the leaderboard sandbox. A
-controller that wants what-if prediction uses ``ctx.probe`` (an `EnvProbe`: ``probe.snapshot()`` and
-``probe.recent_arrivals(window_s)`` expose only arrived requests and predicted lengths).
+The same class runs in ``commitenv run``, in a plain Gymnasium loop and in the leaderboard sandbox. What a
+controller may know: the observation and ``info`` of every step, the scenario's public terms and the nominal
+profile in `ControllerContext`, and through ``ctx.probe`` (an `EnvProbe`) the read-only `Snapshot` of the
+serving state (arrived requests with predicted lengths and visible deadlines, replica states, clocks, the
+controller's meter; ``snapshot.simulate(active, clock_mhz, horizon_s)`` predicts a configuration with the
+engine) and ``recent_arrivals(window_s)``.
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from commitenv.profiles.schema import Profile
+from commitenv.sim.view import ReplicaView, RequestView, Snapshot
+from commitenv.sim.whatif import WhatIf
+
+__all__ = ["Controller", "ControllerContext", "EnvProbe", "Probe", "ReplicaView", "RequestView", "Snapshot", "WhatIf"]
+
 
 class Probe(Protocol):
     """What a controller may ask the environment for, beyond observation and info."""
 
-    def snapshot(self) -> Any: ...
+    def snapshot(self) -> Snapshot: ...
 
     def recent_arrivals(self, window_s: float) -> Any: ...
 
@@ -35,8 +44,8 @@ class EnvProbe:
     __slots__ = ("snapshot", "recent_arrivals", "report_planning_delay")
 
     def __init__(self, env: Any) -> None:
-        def snapshot() -> Any:
-            """Causal serving state (see `CommitServeEnv.snapshot`)."""
+        def snapshot() -> Snapshot:
+            """The read-only causal view of the serving state (`Snapshot`)."""
             return env.snapshot()
 
         def recent_arrivals(window_s: float) -> Any:
@@ -54,7 +63,9 @@ class EnvProbe:
 
 @dataclass(frozen=True)
 class ControllerContext:
-    """Static facts of the scenario a controller runs in (no trace content, no future arrivals)."""
+    """Static facts of the scenario a controller runs in (no trace content, no future arrivals). ``profile`` is
+    the pool's nominal profile (clock levels, step-time and power laws, scheduler limits): the controller's own
+    copy, so writing into it changes nothing in the environment."""
 
     scenario: str
     n_replicas: int
@@ -69,6 +80,7 @@ class ControllerContext:
     alpha: float
     epsilon: float
     actuation_delay_s: float
+    profile: Profile | None = None
     probe: Probe | None = None
 
     def action(self, active: int, clock_mhz: int) -> dict[str, int]:
@@ -105,6 +117,7 @@ class ControllerContext:
             alpha=sc.alpha,
             epsilon=sc.epsilon,
             actuation_delay_s=sc.actuation_delay_s,
+            profile=e.profile.model_copy(deep=True),
             probe=EnvProbe(e),
         )
 

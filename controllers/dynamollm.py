@@ -89,7 +89,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -338,8 +338,10 @@ class QueueEstimate:
         return np.all(self.finish[live] <= self.deadline[live, None], axis=0)
 
 
-def _replica_estimate(reqs: list, laws: ClockLaws, t: float):
-    """Finish times (m, F), busy time (F,) and energy (F,) of one replica's queue, in FCFS order.
+def _replica_estimate(prompt: np.ndarray, gen: np.ndarray, comp: np.ndarray, out: np.ndarray, laws: ClockLaws,
+                      t: float):
+    """Finish times (m, F), busy time (F,) and energy (F,) of one replica's queue, in FCFS order (float arrays of
+    its requests' prompt, generated, computed and predicted output tokens).
 
     Prefills run in queue order; a prefill step also carries the decodes of the requests ahead of it that are
     still decoding then (they take budget tokens, so the chunk is smaller, and add tau2 + tau3 * context).
@@ -347,11 +349,7 @@ def _replica_estimate(reqs: list, laws: ClockLaws, t: float):
     (effective batch 1 + sum_j min(d_j, d_i) / d_i), and carry chunks of the prefills still pending behind it
     (at most one budget-sized chunk per step). Requests beyond ``max_seqs`` are treated like the others.
     """
-    m = len(reqs)
-    prompt = np.array([r.prompt for r in reqs], dtype=np.float64)
-    gen = np.array([r.generated for r in reqs], dtype=np.float64)
-    comp = np.array([r.computed for r in reqs], dtype=np.float64)
-    out = np.array([r.out for r in reqs], dtype=np.float64)
+    m = len(prompt)
     p_rem = np.maximum(prompt + gen - comp - (gen > 0), 0.0)
     pending = p_rem > 0
     d = np.maximum(out - gen - pending, 0.0)  # remaining decode steps (the last prefill chunk emits a token)
@@ -400,31 +398,34 @@ def _replica_estimate(reqs: list, laws: ClockLaws, t: float):
 
 def estimate_queue(snap: Any, laws: ClockLaws) -> QueueEstimate:
     """Per-request finish times at every clock for the live requests of a `Snapshot` (module docstring)."""
-    pool = snap.pool
     t = float(snap.t)
     F = laws.n_clocks
-    queues = [list(rep.running) + list(rep.waiting) for rep in pool.replicas]
-    if pool.unrouted:  # nothing routable right now: they will land on the least-loaded replica
-        i = min(range(len(queues)), key=lambda j: (len(queues[j]), j))
-        queues[i] = queues[i] + list(pool.unrouted)
-    slots: list[int] = []
-    dls: list[float] = []
+    req = snap.requests
+    n_rep = len(snap.replicas)
+    queues = [np.flatnonzero(req.replica == i) for i in range(n_rep)]  # running, then waiting, in order
+    unrouted = np.flatnonzero(req.replica < 0)
+    if len(unrouted):  # nothing routable right now: they will land on the least-loaded replica
+        i = min(range(n_rep), key=lambda j: (len(queues[j]), j))
+        queues[i] = np.concatenate([queues[i], unrouted])
+    cols = [np.asarray(a, dtype=np.float64) for a in
+            (req.prompt_tokens, req.generated_tokens, req.computed_tokens, req.output_tokens)]
+    order: list[np.ndarray] = []
     fins: list[np.ndarray] = []
     busy = np.zeros(F)
     energy = np.zeros(F)
     for q in queues:
-        if not q:
+        if not len(q):
             continue
-        f, b, e = _replica_estimate(q, laws, t)
+        f, b, e = _replica_estimate(*(c[q] for c in cols), laws, t)
         fins.append(f)
         busy += b
         energy += e
-        slots.extend(r.slot for r in q)
-        dls.extend(r.deadline for r in q)
-    waiting = sum(len(rep.waiting) for rep in pool.replicas) + len(pool.unrouted)
+        order.append(q)
+    idx = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+    waiting = int(np.count_nonzero(~req.running))
     finish = np.vstack(fins) if fins else np.zeros((0, F))
-    return QueueEstimate(t, np.array(slots, dtype=np.int64), np.array(dls, dtype=np.float64), finish, busy, energy,
-                         waiting)
+    return QueueEstimate(t, np.asarray(req.slot[idx], dtype=np.int64), np.asarray(req.deadline_s[idx], dtype=np.float64),
+                         finish, busy, energy, waiting)
 
 
 def arrivals_work(table: Any, laws: ClockLaws, batch: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -479,7 +480,7 @@ class DynamoLLMController(Controller):
         replan_s: float = 1800.0,
         warmup_s: float | None = None,
         forecast_window_s: float | None = None,
-        forecast: str = "peak",
+        forecast: Literal["peak", "mean"] = "peak",
         bucket_s: float = 300.0,
         headroom: float = 1.1,
         slo_frac: float = 0.5,
@@ -524,14 +525,11 @@ class DynamoLLMController(Controller):
             raise ValueError("dynamollm needs ctx.probe (the env): build the context with ControllerContext.from_env(env)")
         self.laws: ClockLaws | None = None
         self.cap: ClassCapacity | None = None
-        prof = self._profile_override
+        prof = self._profile_override if self._profile_override is not None else ctx.profile
         if prof is None:
-            try:  # the snapshot carries the profile; before env.reset there is none yet (then: at first act)
-                prof = ctx.probe.snapshot().pool.profiles[0]
-            except RuntimeError:
-                prof = None
-        if prof is not None:
-            self._setup(prof)
+            raise ValueError("dynamollm needs the pool's profile: ControllerContext.profile (from_env sets it) "
+                             "or the 'profile' argument")
+        self._setup(prof)
         self.warmup = ctx.interval_s if self.warmup_s is None else float(self.warmup_s)
         self.window = self.replan_s if self.forecast_window_s is None else float(self.forecast_window_s)
         self.next_plan_t = self.warmup
@@ -582,8 +580,6 @@ class DynamoLLMController(Controller):
         ctx = self.ctx
         N = ctx.n_replicas
         snap = ctx.probe.snapshot()
-        if self.laws is None:
-            self._setup(snap.pool.profiles[0])
         laws = self.laws
         t = float(snap.t)
         cur = int(info.get("active", self.n_cmd if self.n_cmd is not None else snap.active))  # as applied

@@ -55,7 +55,7 @@ def toy_ctx(pool: Pool, alpha: float, n: int) -> ControllerContext:
     return ControllerContext(scenario="toy", n_replicas=n, clocks_mhz=(500, 1000), reference_clock_mhz=1000,
                              interval_s=60.0, intervals_per_hour=60, horizon_hours=1, commitments_j=(1e6,),
                              lambda_plus=2.0, lambda_minus=1.0, alpha=alpha, epsilon=0.01, actuation_delay_s=0.0,
-                             probe=PoolProbe(pool))
+                             profile=pool.profiles[0], probe=PoolProbe(pool))
 
 
 def toy_pool(arr, prompt, out, *, alpha: float, n: int = 1, active: int | None = None, clock_mhz: int = 1000) -> Pool:

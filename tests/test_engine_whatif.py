@@ -27,7 +27,7 @@ def make(arr, prompt, out, *, n=2, oracle=False, noise=NoiseSpec(0, 0), seed=0, 
 
 
 def state_of(snap):
-    return sorted((r.slot, r.computed, r.generated, r.out, r.blocks, r.replica, r.first_t) for r in snap.pool.live_requests())
+    return sorted((r.slot, r.computed, r.generated, r.out, r.blocks, r.replica, r.first_t) for r in snap._engine.live_requests())
 
 
 # ------------------------------------------------------------------------------------------- causality
@@ -38,14 +38,14 @@ def test_snapshot_holds_only_arrived_unfinished_requests():
     pool.run_until(t)
     pool.settle(t)
     snap = take_snapshot(pool)
-    slots = {r.slot for r in snap.pool.live_requests()}
+    slots = {r.slot for r in snap._engine.live_requests()}
     expected = {i for i in range(60) if arr[i] <= t and not (pool.finish_t[i] <= t)}
     assert slots == expected and len(slots) > 3
     assert set(snap.deadlines) == slots and snap.n_requests == len(slots)
-    assert all(r.arrival <= t for r in snap.pool.live_requests())
+    assert all(r.arrival <= t for r in snap._engine.live_requests())
     assert max(slots) < int(np.searchsorted(arr, t, side="right"))
     # the copy carries no workload: no way to reach a future arrival through it
-    assert snap.pool.table is None and snap.pool.counts()["arrived"] == 0
+    assert snap._engine.table is None and snap._engine.counts()["arrived"] == 0
     assert snap.t == t and snap.active == 2 and snap.clock_mhz == 1000
     for s in slots:
         assert snap.deadlines[s] == pytest.approx(pool.deadline[s])
@@ -57,7 +57,7 @@ def test_snapshot_output_lengths_are_predictions():
     pool.run_until(0.6)
     pool.settle(0.6)
     snap = take_snapshot(pool)
-    live = snap.pool.live_requests()
+    live = snap._engine.live_requests()
     differs = 0
     for r in live:
         pred = int(pool.pred_out[r.slot])
@@ -77,7 +77,7 @@ def test_oracle_snapshot_carries_true_lengths():
     pool.run_until(0.6)
     pool.settle(0.6)
     snap = take_snapshot(pool)
-    assert all(r.out == int(pool.out_tokens[r.slot]) for r in snap.pool.live_requests())
+    assert all(r.out == int(pool.out_tokens[r.slot]) for r in snap._engine.live_requests())
 
 
 def test_prediction_is_deterministic_and_seeded():
@@ -207,7 +207,7 @@ def test_simulate_does_not_mutate_snapshot():
     pool.settle(0.2)
     snap = take_snapshot(pool)
     before = state_of(snap)
-    e_before = snap.pool.energy_j(0.2)
+    e_before = snap._engine.energy_j(0.2)
     w1 = simulate(snap, 1, 500, 0.3)
     w2 = simulate(snap, 1, 500, 0.3)
     w3 = simulate(snap, 2, 1000, 0.3, arrivals=observed_arrivals(pool, 0.1))
@@ -215,9 +215,9 @@ def test_simulate_does_not_mutate_snapshot():
     assert w1 == w2 == w4
     assert w3 != w1
     assert state_of(snap) == before
-    assert snap.pool.energy_j(0.2) == e_before and snap.pool.now == 0.2
-    assert [r.state for r in snap.pool.replicas] == [0, 0]
-    assert snap.pool.gpus[0].clock_idx == 1 and snap.pool.gpus[0].pending_clock is None
+    assert snap._engine.energy_j(0.2) == e_before and snap._engine.now == 0.2
+    assert [r.state for r in snap._engine.replicas] == [0, 0]
+    assert snap._engine.gpus[0].clock_idx == 1 and snap._engine.gpus[0].pending_clock is None
 
 
 def test_simulate_does_not_touch_ground_truth():

@@ -362,11 +362,11 @@ def test_snapshot_holds_arrived_requests_with_predicted_lengths(env_after_three_
         assert 0 <= slot < env.pool.arrived
         assert env.table.arrival_s[slot] <= now
         assert snap.deadlines[slot] == pytest.approx(env.pool.deadline[slot])
-    live = snap.pool.live_requests()
+    live = snap._engine.live_requests()
     assert {r.slot for r in live} == set(snap.deadlines)
     for r in live:
         assert r.out == max(int(env.pool.pred_out[r.slot]), r.generated + 1)
-    assert snap.pool.table is None  # the copy carries no workload
+    assert snap._engine.table is None  # the copy carries no workload
 
 
 def test_simulate_sees_only_snapshot_and_replayed_past_arrivals(env_after_three_intervals):

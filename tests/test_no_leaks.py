@@ -145,12 +145,12 @@ def test_snapshot_options_lists_and_engine_objects_are_copies(paper_env):
     _busy(env)
     pool = env.pool
     snap = env.unwrapped.snapshot()
-    assert snap.pool.opt is not pool.opt
-    assert snap.pool.profiles is not pool.profiles
-    assert snap.pool.gpus is not pool.gpus and snap.pool.replicas is not pool.replicas
+    assert snap._engine.opt is not pool.opt
+    assert snap._engine.profiles is not pool.profiles
+    assert snap._engine.gpus is not pool.gpus and snap._engine.replicas is not pool.replicas
     truth_ids = {id(x) for x in pool.gpus} | {id(x) for x in pool.replicas} | {id(r) for r in pool.live_requests()}
-    mine = [*snap.pool.gpus, *snap.pool.replicas, *snap.pool.live_requests()]
-    assert len(snap.pool.live_requests()) > 50, "expected a backlog"
+    mine = [*snap._engine.gpus, *snap._engine.replicas, *snap._engine.live_requests()]
+    assert len(snap._engine.live_requests()) > 50, "expected a backlog"
     assert not any(id(x) in truth_ids for x in mine)
 
 
@@ -162,7 +162,7 @@ def _option_attack_run(env: CommitServeEnv, attack: str) -> dict:
     for k in range(8):
         if k == 2 and attack != "none":
             snap = env.unwrapped.snapshot()
-            opt = snap.pool.opt if attack == "snapshot" else env.pool.opt
+            opt = snap._engine.opt if attack == "snapshot" else env.pool.opt
             opt.oracle_lengths = True
             opt.closed_form = False
             opt.length_error_sigma = 0.0
@@ -170,7 +170,7 @@ def _option_attack_run(env: CommitServeEnv, attack: str) -> dict:
         env.step(_act(env, k))
         if k >= 3:
             s = env.unwrapped.snapshot()
-            seen.append(sorted((r.slot, r.out, r.deadline) for r in s.pool.live_requests()))
+            seen.append(sorted((r.slot, r.out, r.deadline) for r in s._engine.live_requests()))
     pool = env.pool
     return {
         "snapshots": seen,
@@ -218,7 +218,7 @@ def test_mutating_the_snapshot_profile_does_not_change_the_truth(paper_env):
         env.reset(seed=SEED)
         for k in range(4):
             if k == 2 and attack:
-                prof = env.unwrapped.snapshot().pool.profiles[0]
+                prof = env.unwrapped.snapshot()._engine.profiles[0]
                 try:
                     prof.clocks[:] = [c.model_copy(update={"active_idle_w": 1.0, "draining_idle_w": 1.0})
                                       for c in prof.clocks]
@@ -271,7 +271,7 @@ def test_snapshot_gpus_have_the_nominal_power_factor_only(paper_env):
     snap, ef = _snap_and_factor(env)
     truth_pf = np.array([g.power_factor for g in env.pool.gpus])
     assert np.ptp(truth_pf) > 0, "the truth should have per-GPU power factors"
-    for g, tg in zip(snap.pool.gpus, env.pool.gpus):
+    for g, tg in zip(snap._engine.gpus, env.pool.gpus):
         assert g.power_factor == pytest.approx(ef, rel=1e-12)
         assert not np.any(np.isclose(g.power_factor, truth_pf, rtol=1e-9, atol=0.0))
         assert g.floor_w == pytest.approx(g.floor_power(), rel=1e-12)  # the nominal idle floor x ef
@@ -280,7 +280,7 @@ def test_snapshot_gpus_have_the_nominal_power_factor_only(paper_env):
 def test_snapshot_segments_in_flight_are_nominal(paper_env):
     env = paper_env
     snap, ef = _snap_and_factor(env)
-    busy = [(r, t) for r, t in zip(snap.pool.replicas, env.pool.replicas) if r.seg]
+    busy = [(r, t) for r, t in zip(snap._engine.replicas, env.pool.replicas) if r.seg]
     assert busy, "expected segments in flight"
     assert any(t.ft != 1.0 for _, t in busy), "the truth's segments carry factors (else the check is vacuous)"
     for r, _ in busy:
@@ -297,7 +297,7 @@ def test_snapshot_idle_replicas_carry_no_truth_factors(paper_env):
     prof = env.profile
     nominal_floors = sorted({w for c in prof.clocks for w in (c.active_idle_w, c.draining_idle_w)} | {prof.standby_w})
     truth_pf = np.array([g.power_factor for g in env.pool.gpus])
-    idle = [(r, t) for r, t in zip(snap.pool.replicas, env.pool.replicas) if not r.seg]
+    idle = [(r, t) for r, t in zip(snap._engine.replicas, env.pool.replicas) if not r.seg]
     assert idle, "expected idle replicas"
     assert any(t.ft != 1.0 for _, t in idle), "the truth's idle replicas hold factors (else the check is vacuous)"
     leaks, off_nominal = [], []
@@ -339,7 +339,7 @@ def _recovered(env: CommitServeEnv):
     alpha = env.scenario.alpha
     cap = np.maximum(prof.scheduler.context_limit - tab.prompt_tokens, 1)
     snap = env.unwrapped.snapshot()
-    live = snap.pool.live_requests()
+    live = snap._engine.live_requests()
     slots = np.array([r.slot for r in live])
     rec_snap = _invert_deadlines(prof, alpha, [r.arrival for r in live], [r.prompt for r in live],
                                  [snap.deadlines[r.slot] for r in live])
@@ -434,7 +434,7 @@ def test_snapshot_does_not_carry_the_run_seed(paper_env):
     recent = env.unwrapped.recent_arrivals(120.0)
     secret = {run_seed} | {derived_seed(run_seed, p) for p in ("workload", "controller", "arrivals")}
     found = _reachable_ints(snap, recent) & secret
-    seed = getattr(getattr(snap.pool, "opt", None), "seed", None)
+    seed = getattr(getattr(getattr(snap, "_engine", None), "opt", None), "seed", None)
     where = f"snapshot.pool.opt.seed = {seed}" if seed in secret else "found by the object-graph walk"
     assert not found, f"the run seed is reachable from the snapshot ({where})"
     # and the attack it enables fails: whatever engine seed the snapshot has does not rebuild the trace

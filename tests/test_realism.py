@@ -460,7 +460,7 @@ def test_whatif_of_busy_pool_is_nominal_prediction_over_one_plus_bias():
     real, nominal = make(spec), make(None)
     assert any(r.ft != 1.0 for r in real.replicas if r.seg)  # the truth's first steps run off-nominal
     s_real, s_nom = take_snapshot(real), take_snapshot(nominal)
-    for rep in s_real.pool.replicas:
+    for rep in s_real._engine.replicas:
         if rep.seg:
             assert rep.ft == 1.0 and rep.fe == pytest.approx(1 / (1 + b), rel=1e-15)
     for active, mhz in ((3, 1000), (2, 500), (1, 1000)):

@@ -502,3 +502,22 @@ def test_shipped_file_name_must_match_its_name_field(tmp_path, monkeypatch):
     with pytest.raises(ScenarioError, match="unknown scenario 'epact-h20-day'.*mismatch"):
         load_scenario("epact-h20-day")
     assert describe_scenarios()[0][1].startswith("INVALID: ")
+
+
+def test_reference_key_follows_the_engine_source_code(tmp_path, monkeypatch):
+    """A reference cached by other engine code is never reused: one changed byte in an engine, workload, profile
+    or scenario module gives another code hash, and the code hash enters the key."""
+    from commitenv.scenarios import commitments as cm
+
+    root = Path(cm.__file__).resolve().parents[1]
+    for pkg in ("sim", "workload", "profiles", "scenarios"):
+        shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    h0 = cm.source_sha256(tmp_path)
+    assert h0 == cm.engine_code_sha256()
+    target = tmp_path / "sim" / "replica.py"
+    target.write_bytes(target.read_bytes() + b"\n")
+    assert cm.source_sha256(tmp_path) != h0
+    sc = load_scenario("epact-h20-hour-fixed-a30")
+    k0 = reference_key(sc)
+    monkeypatch.setattr(cm, "engine_code_sha256", lambda: "other code")
+    assert reference_key(sc) != k0

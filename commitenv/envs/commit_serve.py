@@ -436,11 +436,11 @@ class CommitServeEnv(gym.Env):
 
     # ------------------------------------------------------------------------------------------ controller API
     def snapshot(self) -> Snapshot:
-        """Causal serving state for what-if prediction: arrived requests only, output lengths as the scenario
-        lets a controller see them (predictions by default). Feed it to `commitenv.sim.simulate`."""
+        """The read-only causal view of the serving state (`commitenv.sim.view.Snapshot`): arrived requests only,
+        output lengths and deadlines as the scenario lets a controller see them; ``.simulate(...)`` for what-if."""
         if self.pool is None:
             raise RuntimeError("snapshot() called before reset()")
-        return take_snapshot(self.pool)
+        return take_snapshot(self.pool, meter_j=self.meter_prev)
 
     def report_planning_delay(self, seconds: float) -> None:
         """A controller's decision for the coming step takes ``seconds`` to compute (ePACT's asynchronous

@@ -12,8 +12,8 @@ has no seed to redraw: its historical hour/day is another window of the same tra
 Reference runs are cached on disk by a content hash of everything that determines them (the profile file's
 bytes, the workload spec and the resolved seed, a trace file's or a synthetic lengths file's bytes, the reference
 window's start hour, pool size, horizon, interval, SLO scale, noise, the ``engine`` settings given, the realism
-components, package version and :data:`CACHE_FORMAT`; fields a scenario leaves unset add nothing, so older
-scenarios keep their keys) in ``$COMMITENV_CACHE/references/<hash>.json`` or, without
+components, package version, :data:`CACHE_FORMAT` and a hash of the engine's source code, so that a number
+computed by other code is never reused; scenario fields left unset add nothing) in ``$COMMITENV_CACHE/references/<hash>.json`` or, without
 that variable, ``~/.cache/commitenv/references/<hash>.json``. Files are written atomically (temporary file,
 then ``os.replace``); an unreadable or inconsistent file is recomputed, never trusted.
 """
@@ -27,6 +27,7 @@ import os
 import tempfile
 import time
 import warnings
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,26 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+_ENGINE_PACKAGES = ("sim", "workload", "profiles", "scenarios")  # what a reference run executes
+
+
+def source_sha256(root: Path, packages: tuple[str, ...] = _ENGINE_PACKAGES) -> str:
+    """Hash of the ``*.py`` files of ``packages`` under ``root`` (names and bytes, in a fixed order)."""
+    h = hashlib.sha256()
+    for pkg in packages:
+        for path in sorted((root / pkg).glob("*.py")):
+            h.update(f"{pkg}/{path.name}\0".encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def engine_code_sha256() -> str:
+    """`source_sha256` of this installation's engine, workload, profile and scenario packages: a cached
+    reference made by other code has another key."""
+    return source_sha256(Path(__file__).resolve().parents[1])
+
+
 def reference_inputs(sc: Scenario) -> dict:
     """Everything the reference run's numbers depend on, as a JSON-able dict (hashed into the cache key)."""
     from commitenv import __version__
@@ -107,6 +128,7 @@ def reference_inputs(sc: Scenario) -> dict:
     return {
         "cache_format": CACHE_FORMAT,
         "package_version": __version__,
+        "engine_code_sha256": engine_code_sha256(),
         "profile_sha256": _sha256_file(scenario_profile_path(sc)),
         "workload": wl,
         "gpus": sc.pool.gpus,

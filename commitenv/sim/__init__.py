@@ -2,7 +2,8 @@
 
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions, Instance, Pool, PoolLayout, StepLogEntry
-from commitenv.sim.whatif import Snapshot, WhatIf, observed_arrivals, simulate, take_snapshot
+from commitenv.sim.view import ReplicaView, RequestView, Snapshot, take_snapshot
+from commitenv.sim.whatif import WhatIf, observed_arrivals, simulate
 
 __all__ = [
     "EngineOptions",
@@ -10,6 +11,8 @@ __all__ = [
     "NoiseSpec",
     "Pool",
     "PoolLayout",
+    "ReplicaView",
+    "RequestView",
     "Snapshot",
     "StepLogEntry",
     "WhatIf",

@@ -1,7 +1,6 @@
-"""Snapshots and what-if prediction: the engine itself, run on a causal copy of the serving state.
-
-A snapshot holds only arrived requests and their progress, replica and clock states, with output lengths
-replaced by their predictions (unless the scenario grants oracle lengths). `simulate` applies a candidate
+"""What-if prediction: the engine itself, run on a snapshot's causal, nominal copy of the serving state
+(`commitenv.sim.view`: only arrived requests, output lengths replaced by their predictions unless the scenario
+grants oracle lengths, visible deadlines). `simulate` applies a candidate
 configuration, optionally replays observed arrivals as the forecast, meters the interval energy over the
 horizon, then continues until every captured request finishes (ePACT section 4.3).
 """
@@ -13,23 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commitenv.sim.pool import REPLAY_SLOT_BASE, Pool
+from commitenv.sim.pool import REPLAY_SLOT_BASE
+from commitenv.sim.view import Snapshot
 from commitenv.workload.table import RequestTable
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Causal serving state at time ``t`` (read-only; every `simulate` call works on its own copy)."""
-
-    t: float
-    pool: Pool  # a clone without workload: only arrived, unfinished requests
-    deadlines: dict[int, float]  # slot -> deadline of every captured request
-    active: int
-    clock_mhz: int
-
-    @property
-    def n_requests(self) -> int:
-        return len(self.deadlines)
 
 
 @dataclass(frozen=True)
@@ -44,15 +29,6 @@ class WhatIf:
     forecast_n: int = 0  # replayed arrivals followed (track_arrivals)
     forecast_misses: int = 0  # of those, predicted to miss their deadline
     forecast_margin_s: float = math.inf  # min deadline - predicted finish over them
-
-
-def take_snapshot(pool: Pool, model: int = 0) -> Snapshot:
-    """Capture the causal state of ``pool`` at its current time (after `Pool.settle`)."""
-    clone = pool.clone(hide_lengths=not pool.opt.oracle_lengths, own_profiles=True)
-    dl = {r.slot: r.deadline for r in clone.live_requests()}
-    active = clone.active_count(model)
-    clock = clone.profiles[0].clocks[clone.gpus[0].clock_idx].mhz
-    return Snapshot(pool.now, clone, dl, active, clock)
 
 
 def observed_arrivals(pool: Pool, window_s: float, shift_s: float | None = None) -> RequestTable:
@@ -92,7 +68,7 @@ def simulate(
     With ``track_arrivals`` the replayed arrivals are followed to completion too and appear in ``finish``
     under slot ``REPLAY_SLOT_BASE + i``; misses and margin still cover the snapshot's requests only.
     """
-    pool = snap.pool.clone(hide_lengths=False)
+    pool = snap._engine.clone(hide_lengths=False)
     t = snap.t
     pool.capture_all()
     pool._capture_arrivals = track_arrivals
@@ -106,7 +82,8 @@ def simulate(
     energy = pool.energy_j(t + horizon_s) - e0
     if pool.captured_left > 0:
         pool.run_until(t + horizon_s + max_tail_s, stop_when_captured_done=True)
-    fin = {slot: pool.captured_finish.get(slot, math.inf) for slot in snap.deadlines}
+    slots = snap.requests.slot.tolist()
+    fin = {slot: pool.captured_finish.get(slot, math.inf) for slot in slots}
     f_n = f_miss = 0
     f_margin = math.inf
     if track_arrivals:
@@ -120,7 +97,7 @@ def simulate(
             f_margin = min(f_margin, m)
     misses = 0
     margin = math.inf
-    for slot, dl in snap.deadlines.items():
+    for slot, dl in zip(slots, snap.requests.deadline_s.tolist()):
         m = dl - fin[slot]
         if m < 0:
             misses += 1

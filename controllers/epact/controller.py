@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -58,13 +58,13 @@ class EPACT(Controller):
         self,
         workers: int | None = None,
         static_target: bool = False,
-        planning_delay: float | str = 0.0,
+        planning_delay: float | Literal["measured"] = 0.0,
         nominal: list[float] | None = None,
         warm_starts: int = 3,
         replay_window_s: float | None = None,
         max_tail_s: float = 3600.0,
-        slo_scope: str = "captured+forecast",
-        energy_band: float | str = "measured",
+        slo_scope: Literal["captured", "captured+forecast"] = "captured+forecast",
+        energy_band: float | Literal["measured"] = "measured",
     ) -> None:
         if isinstance(energy_band, str):
             if energy_band != "measured":

@@ -1,0 +1,134 @@
+"""What a controller sees of the serving state: `Snapshot`, a read-only view of a decision boundary.
+
+A snapshot holds the arrived, unfinished requests (prompt, predicted output length, progress, visible deadline,
+queue position), the replicas' states and clocks and the controller meter's reading, as frozen records of
+read-only arrays. `Snapshot.simulate` runs the engine on a private nominal copy of that state for what-if
+prediction (`commitenv.sim.whatif`); the copy holds predicted lengths and visible deadlines only, no trace, no
+truth model and no noise, so nothing reachable from a snapshot says more than the view itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from commitenv.sim.pool import Pool
+from commitenv.sim.replica import STATE_NAMES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.sim.whatif import WhatIf
+    from commitenv.workload.table import RequestTable
+
+
+def _frozen(values, dtype) -> np.ndarray:
+    a = np.array(values, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class RequestView:
+    """Arrived, unfinished requests in queue order: replica by replica (by index) its running batch, then its
+    waiting queue in admission order; then the requests no active replica could take yet (``replica == -1``)."""
+
+    slot: np.ndarray  # int64: the request's index in the episode's trace order (arrival order)
+    arrival_s: np.ndarray  # float64
+    prompt_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64: the *predicted* output length (at least generated + 1); true only
+    # when the scenario grants oracle lengths (``observation.oracle_lengths``)
+    generated_tokens: np.ndarray  # int64: output tokens produced so far
+    computed_tokens: np.ndarray  # int64: tokens whose KV cache is computed (prompt and generated)
+    deadline_s: np.ndarray  # float64: the deadline a controller sees (predicted when deadlines are predicted)
+    replica: np.ndarray  # int64: replica index, -1 while unrouted
+    running: np.ndarray  # bool: in its replica's running batch (False: waiting or unrouted)
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicaView:
+    """One entry per replica, by index."""
+
+    state: tuple[str, ...]  # "active", "draining", "standby" or "waking"
+    gpu: np.ndarray  # int64: the GPU the replica runs on
+    model: np.ndarray  # int64: the model it serves
+    share: np.ndarray  # float64: its SM share of the GPU (1 on a dedicated GPU)
+    clock_mhz: np.ndarray  # int64: its GPU's current clock
+    running: np.ndarray  # int64: requests in its running batch
+    waiting: np.ndarray  # int64: requests in its waiting queue
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """Causal serving state at time ``t`` (read-only: attributes cannot be set, arrays cannot be written)."""
+
+    t: float
+    active: int  # active replicas of model 0 (draining and waking ones not counted)
+    clock_mhz: int  # GPU 0's current clock
+    requests: RequestView
+    replicas: ReplicaView
+    meter_j: float | None  # pool energy as the controller's counters read it at the last decision boundary
+    # (None outside an environment)
+    _engine: Pool = field(repr=False)  # nominal engine copy that `simulate` starts from (never mutated)
+
+    @property
+    def n_requests(self) -> int:
+        """|I_k|: the arrived, unfinished requests."""
+        return len(self.requests)
+
+    @property
+    def deadlines(self) -> dict[int, float]:
+        """Visible deadline by request slot (a new dict each call)."""
+        return dict(zip(self.requests.slot.tolist(), self.requests.deadline_s.tolist()))
+
+    def simulate(self, active: int, clock_mhz: int, horizon_s: float, arrivals: "RequestTable | None" = None, *,
+                 max_tail_s: float = 3600.0, track_arrivals: bool = False) -> "WhatIf":
+        """What-if run from this state under (active, clock); see `commitenv.sim.whatif.simulate`."""
+        from commitenv.sim.whatif import simulate
+
+        return simulate(self, active, clock_mhz, horizon_s, arrivals, max_tail_s=max_tail_s,
+                        track_arrivals=track_arrivals)
+
+
+def take_snapshot(pool: Pool, model: int = 0, meter_j: float | None = None) -> Snapshot:
+    """Capture the causal state of ``pool`` at its current time (after `Pool.settle`)."""
+    clone = pool.clone(hide_lengths=not pool.opt.oracle_lengths, own_profiles=True)
+    reqs, where, running = [], [], []
+    for i, rep in enumerate(clone.replicas):
+        for queue, is_running in ((rep.running, True), (rep.waiting, False)):
+            reqs.extend(queue)
+            where.extend([i] * len(queue))
+            running.extend([is_running] * len(queue))
+    reqs.extend(clone.unrouted)
+    where.extend([-1] * len(clone.unrouted))
+    running.extend([False] * len(clone.unrouted))
+    requests = RequestView(
+        slot=_frozen([r.slot for r in reqs], np.int64),
+        arrival_s=_frozen([r.arrival for r in reqs], np.float64),
+        prompt_tokens=_frozen([r.prompt for r in reqs], np.int64),
+        output_tokens=_frozen([r.out for r in reqs], np.int64),
+        generated_tokens=_frozen([r.generated for r in reqs], np.int64),
+        computed_tokens=_frozen([r.computed for r in reqs], np.int64),
+        deadline_s=_frozen([r.deadline for r in reqs], np.float64),
+        replica=_frozen(where, np.int64),
+        running=_frozen(running, bool),
+    )
+    reps = clone.replicas
+    replicas = ReplicaView(
+        state=tuple(STATE_NAMES[r.state] for r in reps),
+        gpu=_frozen([r.gpu.index for r in reps], np.int64),
+        model=_frozen([r.model for r in reps], np.int64),
+        share=_frozen([r.share for r in reps], np.float64),
+        clock_mhz=_frozen([r.profile.clocks[r.gpu.clock_idx].mhz for r in reps], np.int64),
+        running=_frozen([len(r.running) for r in reps], np.int64),
+        waiting=_frozen([len(r.waiting) for r in reps], np.int64),
+    )
+    active = clone.active_count(model)
+    clock = clone.profiles[0].clocks[clone.gpus[0].clock_idx].mhz
+    return Snapshot(pool.now, active, clock, requests, replicas, meter_j, clone)
