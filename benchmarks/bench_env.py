@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 import commitenv  # noqa: F401  (registers the scenarios)
-from controllers import ControllerContext, make
+from commitenv_controllers import ControllerContext, make
 
 HOUR = "commitenv/bench-h200-hour-fixed-a30-v0"
 IDEAL_HOUR = "commitenv/epact-h200-hour-fixed-a30-v0"

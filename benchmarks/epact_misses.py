@@ -32,8 +32,8 @@ MARGINS = (0.0, 0.03, 0.05, 0.1, 0.15, 0.2)  # relative latency margins recorded
 
 def _run(args: argparse.Namespace) -> None:
     from commitenv.evaluation import run_episode
-    from controllers import make
-    from controllers.epact import EPACT
+    from commitenv_controllers import make
+    from commitenv_controllers.epact import EPACT
     from commitenv.sim.lref import reference_latency
     from commitenv.sim.pool import REPLAY_SLOT_BASE
 

@@ -36,7 +36,7 @@ planning_delay_s   the planning delay the controller reported for this decision 
 
 A controller's optional ``stats()`` dict adds its numeric entries to summary.json. summary.json also records
 ``controller_origin`` (``builtin``, ``entry_point:<dist>``, ``module:<mod>:<Class>`` or ``path:<file>:<Class>``,
-see `controllers.registry`), from which ``commitenv attribute`` rebuilds the controller.
+see `commitenv_controllers.registry`), from which ``commitenv attribute`` rebuilds the controller.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def run_episode(
     """`evaluate`, also returning the finished environment (its pool, table, actions and attributor).
 
     ``controller`` is an instance or a spec string (a registered or entry-point name, ``module:Class`` or
-    ``path/to/file.py:Class``; see `controllers.registry.resolve`)."""
+    ``path/to/file.py:Class``; see `commitenv_controllers.registry.resolve`)."""
     from commitenv.envs import CommitServeEnv
     from commitenv.control import Controller, ControllerContext
     from commitenv.registry import controller_name, origin_of, resolve

@@ -1,5 +1,5 @@
 """Controllers registered by name, so the CLI, evaluation and leaderboard can build them from a string. It lives in
-the library and never imports the plug-ins: the built-ins (package ``controllers``) are found like any third-party
+the library and never imports the plug-ins: the built-ins (package ``commitenv_controllers``, folder ``controllers/``) are found like any third-party
 controller, through their entry points, and register themselves when imported.
 
 A controller is given by a *spec*, one of
@@ -219,7 +219,7 @@ def _registry_origin(name: str) -> str:
         return _EP_ORIGINS[name]
     target = _TARGETS.get(name, _REGISTRY[name])
     mod = getattr(target, "__module__", "") or ""
-    if mod == "controllers" or mod.startswith("controllers."):
+    if mod == "commitenv_controllers" or mod.startswith("commitenv_controllers."):
         return "builtin"
     qual = getattr(target, "__qualname__", "")
     if isinstance(target, type) and "<locals>" not in qual and mod != "__main__":
@@ -284,7 +284,7 @@ def _get_class(module: types.ModuleType, cls_name: str, spec: str, where: str) -
 def _check_controller_class(obj: Any, spec: str) -> None:
     if not isinstance(obj, type):
         raise ValueError(f"controller '{spec}': {_describe(obj)} is not a class (expected a subclass of "
-                         "controllers.Controller)")
+                         "commitenv_controllers.Controller)")
     if not issubclass(obj, Controller):
         raise ValueError(f"controller '{spec}': class {obj.__name__} is not a Controller subclass "
                          "(derive it from commitenv.control.Controller)")

@@ -9,7 +9,7 @@ import pytest
 from gymnasium import spaces
 
 from commitenv.envs import CommitServeEnv, FlatActionWrapper
-from controllers import ControllerContext
+from commitenv_controllers import ControllerContext
 from test_env import HOUR_SCENARIO
 
 N, CLOCKS = 32, (345, 690, 1035, 1380, 1710)  # the shipped H200 hour scenario's pool

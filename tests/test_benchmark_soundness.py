@@ -24,7 +24,7 @@ from commitenv.scenarios import list_scenarios, load_scenario, scenario_workload
 from commitenv.scenarios import build as _build
 from commitenv.scenarios.schema import SeedRanges
 from commitenv.workload.builtin import AZURE_CODE_DAY_HOURLY_COUNTS
-from controllers import Controller, make
+from commitenv_controllers import Controller, make
 
 PAPER = "bench-h200-hour-fixed-a30"
 IDEAL = "epact-h200-hour-fixed-a30"

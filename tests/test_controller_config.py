@@ -209,7 +209,7 @@ def test_a_config_model_that_is_not_a_pydantic_model_is_an_error():
 
 # ------------------------------------------------------------------------------------------ built-ins
 def test_builtin_controllers_are_checked_by_their_signatures():
-    import controllers  # noqa: F401  (registers the built-ins)
+    import commitenv_controllers  # noqa: F401  (registers the built-ins)
 
     assert (_builtin_error("epact", {"workers": "abc"}) ==
             "controller 'epact': argument 'workers' expects int or None, got 'abc' (str)")

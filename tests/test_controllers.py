@@ -9,9 +9,9 @@ import pytest
 
 import commitenv  # noqa: F401  (registers the scenario ids)
 from commitenv.envs import CommitServeEnv
-from controllers import Controller, ControllerContext, available, make, register
-from controllers.fixed_config import FixedConfigController
-from controllers.vllm import VLLMController
+from commitenv_controllers import Controller, ControllerContext, available, make, register
+from commitenv_controllers.fixed_config import FixedConfigController
+from commitenv_controllers.vllm import VLLMController
 from test_env import HOUR_SCENARIO, toy_three_hour
 
 H20_SCENARIO = "epact-h20-hour-fixed-a30"
@@ -168,7 +168,7 @@ def test_run_episode_follows_the_declared_lifecycle(tmp_path):
     assert calls == ["reset"] + ["act"] * 60 + ["close", "stats"]
     assert res.summary["spy_decisions"] == 60
     assert res.summary["cost_kwh_eq"] >= 0 and "label" not in res.summary
-    assert Controller is LibController  # controllers.base re-exports the library's protocol
+    assert Controller is LibController  # commitenv_controllers.base re-exports the library's protocol
 
 
 def test_run_episode_refuses_an_object_that_is_not_a_controller():

@@ -16,8 +16,8 @@ from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout, observed_a
 from commitenv.sim.lref import reference_latency
 from commitenv.workload.table import make_table
 from conftest import toy_profile
-from controllers import ControllerContext, available, make
-from controllers.dynamollm import (
+from commitenv_controllers import ControllerContext, available, make
+from commitenv_controllers.dynamollm import (
     REP_OUTPUT,
     REP_PROMPT,
     ClockLaws,

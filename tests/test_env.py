@@ -605,7 +605,7 @@ def test_actuation_delay_applies_change_at_t0_plus_delay(scen_dir, monkeypatch):
 def test_actuation_delay_in_context_and_schema(scen_dir):
     from commitenv.scenarios import ScenarioError, load_scenario
 
-    from controllers import ControllerContext
+    from commitenv_controllers import ControllerContext
 
     env = CommitServeEnv(str(_quiet(scen_dir, 100.0)))
     assert ControllerContext.from_env(env).actuation_delay_s == 100.0

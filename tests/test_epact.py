@@ -17,10 +17,10 @@ from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import evaluate
 from commitenv.sim.pool import REPLAY_SLOT_BASE
 from commitenv.sim.whatif import simulate
-from controllers import ControllerContext, make
-from controllers.epact import EPACT
-from controllers.epact.planner import check_allocation, equal_allocation, interval_target
-from controllers.epact.selection import Evaluation, admitted, best_admitted_cost, deviation_cost, rank_key, select
+from commitenv_controllers import ControllerContext, make
+from commitenv_controllers.epact import EPACT
+from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
+from commitenv_controllers.epact.selection import Evaluation, admitted, best_admitted_cost, deviation_cost, rank_key, select
 from test_env import HOUR_SCENARIO
 
 KJ = 1e3
@@ -395,7 +395,7 @@ def test_simulate_sees_only_snapshot_and_replayed_past_arrivals(env_after_three_
 
 def test_epact_feeds_simulate_only_causal_inputs(monkeypatch):
     """Spy on every what-if run ePACT starts during four decisions."""
-    import controllers.epact.workers as workers_mod
+    import commitenv_controllers.epact.workers as workers_mod
 
     env = CommitServeEnv(HOUR_SCENARIO)
     obs, info = env.reset(seed=0)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from controllers.epact.search import Catalog, adaptive_search
+from commitenv_controllers.epact.search import Catalog, adaptive_search
 
 H200_CLOCKS = (345, 690, 1035, 1380, 1710)
 

@@ -15,7 +15,7 @@ import commitenv
 import commitenv.plots as plots_mod
 from commitenv.evaluation import EvalResult, evaluate
 from commitenv.metrics import deviation_cost_kwh
-from controllers import Controller
+from commitenv_controllers import Controller
 from test_env import HOUR_SCENARIO, toy_miss, toy_three_hour
 
 SUMMARY_KEYS = {"scenario", "controller", "seed", "attainment_pct", "mean_abs_dev_pct", "hours_within_5pct",

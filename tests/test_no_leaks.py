@@ -28,7 +28,7 @@ from commitenv.scenarios import load_scenario, scenario_workload
 from commitenv.scenarios.build import derived_seed
 from commitenv.sim import coeffs as _coeffs
 from commitenv.sim.lref import reference_latency
-from controllers import Controller
+from commitenv_controllers import Controller
 
 PAPER = "bench-h200-hour-fixed-a30"  # realism paper: predicted deadlines, truth factors, new trace per seed
 IDEAL = "epact-h200-hour-fixed-a30"  # realism ideal: exact reproduction, true deadlines visible
@@ -479,7 +479,7 @@ def test_trace_cannot_be_identified_from_the_first_minute(paper_env):
 @pytest.mark.xfail(strict=True, reason="known leak (in-process): EnvProbe keeps the env in closures, and a function's "
                    "__closure__ is public; only a process boundary (the leaderboard sandbox) can close this")
 def test_probe_does_not_reach_the_env_through_its_closures(paper_env):
-    from controllers import ControllerContext
+    from commitenv_controllers import ControllerContext
 
     env = paper_env
     env.reset(seed=SEED)

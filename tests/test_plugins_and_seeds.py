@@ -17,19 +17,19 @@ import numpy as np
 import pytest
 
 import commitenv.evaluation as ev
-import controllers
+import commitenv_controllers
 import commitenv.registry as registry
 from commitenv.cli import main
 from commitenv.evaluation import evaluate
 from commitenv.runner import mean_ci95, parse_seeds, t975
-from controllers import Controller, make, resolve
+from commitenv_controllers import Controller, make, resolve
 from test_env import toy_three_hour
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CONTROLLER_FILE = '''
 """A user's controller file (not a package, not registered)."""
-from controllers import Controller
+from commitenv_controllers import Controller
 
 
 class HalfPool(Controller):
@@ -75,7 +75,7 @@ class Labelled(Controller):
         return {"active": 1, "clock": 1}
 
 
-from controllers.vllm import VLLMController  # noqa: E402
+from commitenv_controllers.vllm import VLLMController  # noqa: E402
 
 
 class MyVLLM(VLLMController):
@@ -154,9 +154,9 @@ def test_controller_from_a_module(files, tmp_path, capsys, monkeypatch):
     s = _run_json(capsys, ["run", str(files.scenario), "--controller", "mypkg_h7.ctl:HalfPool", "--quiet"])
     assert s["controller"] == "HalfPool" and s["controller_origin"] == "module:mypkg_h7.ctl:HalfPool"
     # a registered class given by module keeps its registered name
-    r = resolve("controllers.vllm:VLLMController")
-    assert r.name == "vllm" and r.origin == "module:controllers.vllm:VLLMController"
-    assert resolve("controllers:StaticTarget").name == "static_target"
+    r = resolve("commitenv_controllers.vllm:VLLMController")
+    assert r.name == "vllm" and r.origin == "module:commitenv_controllers.vllm:VLLMController"
+    assert resolve("commitenv_controllers:StaticTarget").name == "static_target"
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,7 @@ def test_controller_from_a_module(files, tmp_path, capsys, monkeypatch):
         ("no_such_module_h7.sub:X", ["module 'no_such_module_h7.sub' cannot be imported",
                                      "ModuleNotFoundError: No module named 'no_such_module_h7'"]),
         ("json:JSONDecoder", ["JSONDecoder is not a Controller subclass"]),
-        ("controllers.base:Controller", ["does not implement act"]),
+        ("commitenv_controllers.base:Controller", ["does not implement act"]),
         ("nope_h7", ["unknown controller 'nope_h7'", "vllm", "module:Class"]),
     ],
 )
@@ -233,7 +233,7 @@ def test_make_falls_back_to_entry_points(fake_plugin, files, capsys):
     r = resolve("half_pool")
     assert r.origin == "entry_point:fake-dist" and r.doc.startswith("Half the pool")
     assert resolve("vllm").origin == "builtin"
-    assert "half_pool" in controllers.all_names() and "half_pool" not in controllers.available()
+    assert "half_pool" in commitenv_controllers.all_names() and "half_pool" not in commitenv_controllers.available()
     with pytest.raises(ValueError, match="broken_plugin.*bp-dist.*plugin needs torch"):
         make("broken_plugin")
     with pytest.raises(ValueError, match="unknown controller 'zzz'.*half_pool"):
@@ -257,7 +257,7 @@ def test_controllers_command_lists_registered_and_entry_point_controllers(fake_p
 
 def test_pyproject_declares_every_builtin_as_an_entry_point():
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["commitenv.controllers"]
-    assert sorted(eps) == controllers.available()
+    assert sorted(eps) == commitenv_controllers.available()
     for name, value in eps.items():
         r = resolve(value)
         assert r.name == name, (name, value)  # the class behind the declaration is the registered one
@@ -269,8 +269,23 @@ def test_pyproject_declares_every_builtin_as_an_entry_point():
 
 def test_the_library_does_not_import_controllers_at_import_time():
     code = ("import sys, commitenv, commitenv.cli, commitenv.evaluation, commitenv.runner; "
-            "assert not [m for m in sys.modules if m == 'controllers' or m.startswith('controllers.')]")
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('controllers', 'commitenv_controllers')]")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_a_users_controllers_folder_does_not_shadow_the_builtins(tmp_path):
+    """A project folder named ``controllers/`` (a common name) on sys.path, as the working directory is for
+    ``python -c``, notebooks and pytest: the built-ins live in the package ``commitenv_controllers``, so their
+    entry points still load, and the user's own package stays importable under its own name."""
+    user = tmp_path / "controllers"
+    user.mkdir()
+    (user / "__init__.py").write_text("MINE = True\n")
+    code = ("import controllers; assert controllers.MINE; "
+            "from commitenv.registry import make, resolve; "
+            "assert type(make('vllm')).__module__ == 'commitenv_controllers.vllm'; "
+            "assert resolve('epact').origin == 'builtin'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, capture_output=True, text=True)
+    assert out.stdout.strip() == "ok"
 
 
 # ------------------------------------------------------------------------------------------ --controller-arg

@@ -1,5 +1,5 @@
 """The controller registry lives in the library (`commitenv.registry`); re-exported here for code written against
-``controllers.registry``."""
+``commitenv_controllers.registry``."""
 
 from commitenv.registry import *  # noqa: F401,F403
 from commitenv.registry import __all__  # noqa: F401

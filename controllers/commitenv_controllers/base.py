@@ -1,5 +1,5 @@
 """The controller protocol lives in the library (`commitenv.control`); re-exported here for the built-ins and for
-code written against ``controllers.base``."""
+code written against ``commitenv_controllers.base``."""
 
 from commitenv.control import Controller, ControllerContext, EnvProbe, Probe
 

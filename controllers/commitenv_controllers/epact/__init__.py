@@ -1,7 +1,7 @@
 """ePACT (the paper's two-level controller) and its Static-Target ablation (a flag, not a copy)."""
 
-from controllers.epact.controller import EPACT
-from controllers.registry import register_factory
+from commitenv_controllers.epact.controller import EPACT
+from commitenv_controllers.registry import register_factory
 
 register_factory("static_target", lambda **kw: EPACT(static_target=True, **kw))
 

@@ -17,12 +17,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from controllers.base import Controller, ControllerContext
-from controllers.epact.planner import check_allocation, equal_allocation, interval_target
-from controllers.epact.search import Catalog, Rank, adaptive_search
-from controllers.epact.selection import Evaluation, best_admitted_cost, rank_key, select
-from controllers.epact.workers import WhatIfWorkers
-from controllers.registry import register
+from commitenv_controllers.base import Controller, ControllerContext
+from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
+from commitenv_controllers.epact.search import Catalog, Rank, adaptive_search
+from commitenv_controllers.epact.selection import Evaluation, best_admitted_cost, rank_key, select
+from commitenv_controllers.epact.workers import WhatIfWorkers
+from commitenv_controllers.registry import register
 
 
 @register("epact")

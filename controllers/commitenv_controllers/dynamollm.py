@@ -93,8 +93,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from controllers.base import Controller, ControllerContext
-from controllers.registry import register
+from commitenv_controllers.base import Controller, ControllerContext
+from commitenv_controllers.registry import register
 
 IN_EDGES = (256, 1024)  # input-length bins: short < 256 <= medium < 1024 <= long
 OUT_EDGES = (100, 350)  # output-length bins (predicted): short < 100 <= medium < 350 <= long

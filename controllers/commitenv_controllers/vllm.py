@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from controllers.base import Controller
-from controllers.registry import register
+from commitenv_controllers.base import Controller
+from commitenv_controllers.registry import register
 
 
 @register("vllm")
