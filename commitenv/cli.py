@@ -11,7 +11,14 @@ import re
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from commitenv.runner import RAY_LOCAL
+from commitenv.runner import log as _runner_log
+
+log = logging.getLogger(__name__)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -203,9 +210,19 @@ def _controller_kwargs(resolved, given: str, args: list[tuple[str | None, str, s
     return kwargs
 
 
+_RAY_ADDRESS = re.compile(r"^(auto|local|ray://\S+|[\w.-]+:\d+)$")
+
+
 def _check_seed_flags(args: argparse.Namespace) -> None:
-    if args.seeds is None and (args.jobs != 1 or args.rerun):
-        raise ValueError(f"{'--jobs' if args.jobs != 1 else '--rerun'}: only with --seeds (many episodes)")
+    """--jobs, --rerun and --ray belong to --seeds (many episodes); --ray's ADDRESS must look like one."""
+    if args.seeds is None:
+        given = [flag for flag, on in (("--jobs", args.jobs not in (None, 1)), ("--rerun", args.rerun),
+                                       ("--ray", args.ray is not None)) if on]
+        if given:
+            raise ValueError(f"{given[0]}: only with --seeds (many episodes)")
+    if args.ray is not None and not _RAY_ADDRESS.match(args.ray):
+        raise ValueError(f"--ray {args.ray}: not a Ray address (ray://HOST:10001, HOST:PORT or auto); to start a "
+                         f"local Ray give --ray without one, after the scenario")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -252,7 +269,7 @@ def _compare_controllers(args: argparse.Namespace) -> list[tuple]:
                 resolved.append(resolve(name))
                 given.append(name)
             except ValueError as e:
-                print(f"skipped {name}: {e}", file=sys.stderr)
+                log.warning("skipped %s: %s", name, e)
     seen: dict[str, str] = {}
     for g, r in zip(given, resolved):
         if r.name in seen:
@@ -284,7 +301,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                            controller_kwargs=kwargs or None)
         except ImportError as e:
             if not explicit:
-                print(f"skipped {name}: {e}", file=sys.stderr)
+                log.warning("skipped %s: %s", name, e)
                 continue
             errors.append({"controller": name, "error": f"cannot run here: {e}"})
         except Exception as e:  # noqa: BLE001  (one failing controller must not lose the others' results)
@@ -296,7 +313,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             if out is not None:
                 _write_run(res, out / name, out, requests=False)
         if errors and errors[-1]["controller"] == name:
-            print(f"error: {name} failed: {errors[-1]['error']}", file=sys.stderr)
+            log.error("%s failed: %s", name, errors[-1]["error"])
         if out is not None:
             _write_compare(out, args, rows, errors, [r.name for r, _ in todo])
     _print_table(rows)
@@ -336,16 +353,22 @@ _SEED_TABLE = [  # (metric, header, format)
 
 
 def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
-    """Every (controller, seed) episode of ``--seeds`` (``--jobs`` processes), resumable under
-    OUT/<controller>/seed-<s>/, then the aggregate (mean and 95 % CI per metric) printed and written as
-    OUT/compare.json and compare.csv."""
+    """Every (controller, seed) episode of ``--seeds`` (``--jobs`` processes, or Ray tasks with ``--ray``),
+    resumable under OUT/<controller>/seed-<s>/, then the aggregate (mean and 95 % CI per metric) printed and
+    written as OUT/compare.json and compare.csv."""
     from commitenv.evaluation import _scenario_file
-    from commitenv.runner import (Job, aggregate, episode_dir, finished, parse_seeds, run_jobs, scenario_seeds,
-                                  write_aggregate)
+    from commitenv.runner import (Job, aggregate, episode_dir, finished, import_ray, parse_seeds, run_jobs,
+                                  scenario_seeds, write_aggregate)
     from commitenv.scenarios import load_scenario
 
-    if args.jobs < 1:
-        raise ValueError(f"--jobs: expected at least 1 process, got {args.jobs}")
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs: expected at least 1 {'episode at a time' if args.ray else 'process'}, "
+                         f"got {args.jobs}")
+    if args.ray is not None:
+        try:
+            import_ray("--ray")
+        except ImportError as e:
+            raise ValueError(str(e)) from None
     sc = load_scenario(args.scenario)
     seeds = scenario_seeds(args.seeds, sc.seeds)
     if seeds is None:
@@ -367,7 +390,7 @@ def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
                 pending.append(job)
     n_all = len(todo) * len(seeds)
     if n_all > len(pending):
-        print(f"resuming: {n_all - len(pending)} of {n_all} episodes already finished in {out}", file=sys.stderr)
+        log.info("resuming: %d of %d episodes already finished in %s", n_all - len(pending), n_all, out)
 
     def write() -> None:
         if out is not None:
@@ -381,11 +404,10 @@ def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
             episodes[job.name][job.seed] = result["summary"]
         else:
             errors.append({"controller": job.name, "seed": job.seed, "error": result["error"]})
-            msg = f"error: {job.name} seed {job.seed} failed: {result['error']}"
-            print(msg, file=sys.stderr)
+            log.error("%s seed %s failed: %s", job.name, job.seed, result["error"])
         write()
 
-    run_jobs(pending, n_jobs=args.jobs, progress=not args.quiet, on_done=on_done)
+    run_jobs(pending, n_jobs=args.jobs, progress=not args.quiet, on_done=on_done, ray_address=args.ray)
     errors.sort(key=lambda e: ([c["controller"] for c in controllers].index(e["controller"]), e["seed"]))
     doc = aggregate(sc_name, seeds, controllers, episodes, errors)
     write()
@@ -654,13 +676,19 @@ def _seed_args(p: argparse.ArgumentParser) -> None:
                    help="many episodes: 0-9, 0,3,7, 0-4,10, or test[:N] / train[:N] (the scenario's declared seed "
                         "ranges); results under OUT/<controller>/seed-<s>/ with the "
                         "aggregate (mean, 95 %% CI) in OUT/compare.json and compare.csv; finished episodes are kept")
-    p.add_argument("--jobs", type=int, default=1, help="with --seeds: episodes run in N processes (default 1)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="with --seeds: episodes run in N processes (default 1); with --ray: at most N episodes at "
+                        "a time (default: all), and a local Ray gets N CPUs")
+    p.add_argument("--ray", nargs="?", const=RAY_LOCAL, default=None, metavar="ADDRESS",
+                   help="with --seeds: run the episodes as Ray tasks, on a new local Ray or on the cluster at "
+                        "ADDRESS (ray://HOST:10001, auto); this process writes the results (needs the 'ray' extra: "
+                        'pip install "commitenv[ray]")')
     p.add_argument("--rerun", action="store_true", help="with --seeds: run again episodes already in OUT")
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes ``level: message`` to whatever ``sys.stderr`` is when a record comes (not the stream of the
-    moment the handler was made)."""
+    """Writes to whatever ``sys.stderr`` is when a record comes (not the stream of the moment the handler was
+    made), above any progress bar: progress (INFO) as the bare message, warnings and errors as ``level: message``."""
 
     @property
     def stream(self):  # noqa: D102
@@ -671,28 +699,55 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"{record.levelname.lower()}: {record.getMessage()}"
+        msg = record.getMessage()
+        return msg if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {msg}"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=sys.stderr):
+            super().emit(record)
 
 
-def _log_to_stderr() -> None:
-    """Show the package's warnings (logger ``commitenv``, e.g. rejected requests) on stderr, unless the caller
-    has configured logging already (root handlers present)."""
+def _console_configured() -> bool:
+    """Whether the root logger writes to the terminal already (a program that set up logging calls `main`)."""
+    consoles = (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+    return any(isinstance(h, logging.StreamHandler) and h.stream in consoles for h in logging.getLogger().handlers)
+
+
+@contextmanager
+def _cli_logging() -> Iterator[None]:
+    """For one command, the package's messages (logger ``commitenv`` and its children) from INFO up on stderr:
+    the command's own (progress such as "resuming: ...", failed episodes) always, the library's warnings (such
+    as rejected requests) unless the root logger has handlers (the caller routes them). A root logger that
+    writes to the terminal already gets them all instead, so nothing shows twice. Undone afterwards, so a
+    program that calls `main` keeps its logging as it was."""
     lg = logging.getLogger("commitenv")
-    if logging.getLogger().handlers or any(isinstance(h, _StderrHandler) for h in lg.handlers):
-        return
-    h = _StderrHandler()
-    h.setLevel(logging.WARNING)
-    lg.addHandler(h)
+    level = lg.level
+    h = None if _console_configured() else _StderrHandler()
+    if h is not None:
+        if logging.getLogger().handlers:
+            own = (log.name, _runner_log.name)
+            h.addFilter(lambda record: record.name in own)
+        lg.addHandler(h)
+    if lg.getEffectiveLevel() > logging.INFO:
+        lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        lg.setLevel(level)
+        if h is not None:
+            lg.removeHandler(h)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _log_to_stderr()
-    try:
-        return args.func(args)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with _cli_logging():
+        try:
+            return args.func(args)
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

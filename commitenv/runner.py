@@ -1,28 +1,38 @@
-"""Many episodes: seed lists, a local process pool, resumable run folders and the seed aggregate.
+"""Many episodes: seed lists, a local process pool or Ray, resumable run folders and the seed aggregate.
 
 ``commitenv run|compare SCENARIO ... --seeds 0-9 --jobs N`` runs every (controller, seed) episode, in a
 ``ProcessPoolExecutor`` with the ``spawn`` start method when N > 1 (each worker builds its controller from the
-spec string, so a controller given as ``path/to/file.py:Class`` works there too). Each episode is written
-atomically into ``OUT/<controller>/seed-<s>/``; a folder whose summary.json matches the scenario, controller,
+spec string, so a controller given as ``path/to/file.py:Class`` works there too). With ``--ray [ADDRESS]`` the
+same jobs run as Ray tasks (one CPU each, at most N in flight), on a local Ray or a cluster; a task returns its
+episode's files and this process writes them, so the workers need not share this disk (they do need commitenv
+and any scenario or controller file named by path). Each episode is written atomically into
+``OUT/<controller>/seed-<s>/``; a folder whose summary.json matches the scenario, controller,
 origin, arguments and seed is finished and is not run again. `aggregate` reports per controller each numeric
 summary metric's mean with a 95 % confidence interval (Student t: mean +- t_{0.975, n-1} sd / sqrt(n)), the
 per-seed values and the SLO gate pass count.
 
-This module imports no controller code at import time (workers import it when they build a controller).
+This module imports no controller code and no Ray at import time (workers import the controller when they
+build it; Ray is imported when it is asked for).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import itertools
 import json
+import logging
 import math
 import os
 import re
+import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
+
+log = logging.getLogger(__name__)
 
 # ============================================================================================== seeds
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -108,7 +118,7 @@ def mean_ci95(values: list[float]) -> dict[str, Any]:
 # ============================================================================================== episodes
 @dataclass(frozen=True)
 class Job:
-    """One episode: the controller's spec string (what `controllers.make` accepts), the name and origin it
+    """One episode: the controller's spec string (what `commitenv_controllers.make` accepts), the name and origin it
     resolved to (for the folder and the resume check), its arguments, the scenario and seed, and the folder
     to write (None: do not write)."""
 
@@ -165,11 +175,30 @@ def error_text(e: BaseException) -> str:
     return str(e) if isinstance(e, ValueError) and str(e) else f"{type(e).__name__}: {e}"
 
 
-def run_jobs(jobs: list[Job], *, n_jobs: int = 1, progress: bool = False,
-             on_done: Callable[[Job, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run ``jobs`` (serially, or in ``n_jobs`` spawned processes); the results in the jobs' order.
+RAY_LOCAL = "local"  # the Ray address that starts a new local Ray (Ray's own spelling)
+RAY_EXTRA = 'pip install "commitenv[ray]"'
+
+
+def import_ray(what: str = "the Ray backend"):
+    """The ``ray`` module; ImportError saying that ``what`` needs the 'ray' extra when Ray is missing."""
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(f"{what} needs the 'ray' extra: {RAY_EXTRA} ({e})") from e
+    return ray
+
+
+def run_jobs(jobs: list[Job], *, n_jobs: int | None = 1, progress: bool = False,
+             on_done: Callable[[Job, dict[str, Any]], None] | None = None,
+             ray_address: str | None = None) -> list[dict[str, Any]]:
+    """Run ``jobs`` (serially, in ``n_jobs`` spawned processes, or with ``ray_address`` as Ray tasks, at most
+    ``n_jobs`` in flight, None: all; ``RAY_LOCAL`` starts a local Ray); the results in the jobs' order.
     ``on_done(job, result)`` is called in this process as each one finishes."""
     results: list[dict[str, Any] | None] = [None] * len(jobs)
+    ray, started = None, False
+    if ray_address is not None and jobs:  # before the progress bar, which Ray's start-up messages would break
+        ray = import_ray()
+        started = _ray_init(ray, ray_address, n_jobs)
     bar = None
     if progress and jobs:
         from tqdm import tqdm
@@ -184,7 +213,9 @@ def run_jobs(jobs: list[Job], *, n_jobs: int = 1, progress: bool = False,
             bar.update(1)
 
     try:
-        if n_jobs <= 1 or len(jobs) <= 1:
+        if ray is not None:
+            _run_ray(ray, jobs, done, in_flight=n_jobs)
+        elif (n_jobs or 1) <= 1 or len(jobs) <= 1:
             for i, job in enumerate(jobs):
                 done(i, run_job(job))
         else:
@@ -200,7 +231,87 @@ def run_jobs(jobs: list[Job], *, n_jobs: int = 1, progress: bool = False,
     finally:
         if bar is not None:
             bar.close()
+        if started:
+            ray.shutdown()
     return [r if r is not None else {"error": "not run"} for r in results]
+
+
+# ============================================================================================== Ray
+def _run_ray(ray, jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, in_flight: int | None) -> None:
+    """Run ``jobs`` as Ray tasks (one CPU each), keeping at most ``in_flight`` submitted (None: all), and pass
+    each result, its files written here, to ``done(index, result)`` as it finishes."""
+    cache = os.environ.get("COMMITENV_CACHE")
+    task = ray.remote(num_cpus=1, runtime_env={"env_vars": {"COMMITENV_CACHE": cache}} if cache else None)(
+        run_job_shipped)
+    limit = in_flight or len(jobs)
+    todo = iter(enumerate(jobs))
+    waiting: dict[Any, int] = {}
+    try:
+        while True:
+            for i, job in itertools.islice(todo, limit - len(waiting)):
+                waiting[task.remote(job)] = i
+            if not waiting:
+                break
+            ready, _ = ray.wait(list(waiting), num_returns=1)
+            for ref in ready:
+                i = waiting.pop(ref)
+                try:
+                    r = ray.get(ref)
+                except Exception as e:  # noqa: BLE001  (a task that failed or whose worker died)
+                    r = {"error": error_text(getattr(e, "cause", None) or e)}
+                done(i, _place(jobs[i], r))
+    finally:
+        for ref in waiting:  # interrupted: do not leave tasks running on a cluster
+            with contextlib.suppress(Exception):  # the interruption is what to report, not a failed cancel
+                ray.cancel(ref, force=True)
+
+
+def _ray_init(ray, address: str, in_flight: int | None) -> bool:
+    """Start a local Ray (``RAY_LOCAL``; ``in_flight`` CPUs when given) or connect to ``address``, unless Ray is
+    initialized in this process already; whether this call did it (then `run_jobs` shuts it down: stops the
+    local Ray, or disconnects from the cluster). ValueError when Ray cannot be started or reached."""
+    if ray.is_initialized():
+        log.info("ray: using the Ray already initialized in this process")
+        return False
+    extra = {"num_cpus": max(in_flight, 1)} if address == RAY_LOCAL and in_flight else {}
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, **extra)
+    except Exception as e:  # noqa: BLE001  (ConnectionError, RuntimeError, ...: say where and why)
+        raise ValueError(f"Ray at {address}: cannot {'start' if address == RAY_LOCAL else 'connect'} "
+                         f"({error_text(e)})") from None
+    where = "a local Ray" if address == RAY_LOCAL else f"Ray at {address}"
+    log.info("ray: %s with %g CPUs", where, ray.cluster_resources().get("CPU", 0))
+    return True
+
+
+def run_job_shipped(job: Job) -> dict[str, Any]:
+    """A Ray task: `run_job` into a temporary folder on the worker, whose files come back with the summary
+    (``{"files": {name: bytes}}``), since a cluster's worker need not share the disk of ``job.out``."""
+    if job.out is None:
+        return run_job(job)
+    with tempfile.TemporaryDirectory(prefix="commitenv-episode-") as d:
+        folder = Path(d) / "episode"
+        r = run_job(replace(job, out=str(folder)))
+        if "summary" in r:
+            r["files"] = {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+        return r
+
+
+def _place(job: Job, r: dict[str, Any]) -> dict[str, Any]:
+    """Write the files a Ray task shipped back into ``job.out``, each atomically and summary.json last (a folder
+    with summary.json is complete); ``r`` without them, or an error when they cannot be written."""
+    files = r.get("files")
+    r = {k: v for k, v in r.items() if k != "files"}
+    if files is None or job.out is None:
+        return r
+    out = Path(job.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in sorted(files, key=lambda n: n == "summary.json"):
+            _atomic(out / name, files[name])
+    except OSError as e:
+        return {"error": f"{out}: cannot write the results there ({e.strerror or e})"}
+    return r
 
 
 # ============================================================================================== aggregate
@@ -270,10 +381,14 @@ def write_aggregate(out: Path, doc: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _atomic(path: Path, text: str) -> None:
+def _atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
