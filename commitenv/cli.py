@@ -251,7 +251,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _compare_controllers(args: argparse.Namespace) -> list[tuple]:
     """(resolved controller, kwargs) of every controller to compare; names must be distinct. Without
-    ``--controllers``: every registered and entry-point controller (one that cannot be loaded is skipped)."""
+    ``--controllers``: every registered and entry-point controller (one that cannot be loaded is skipped) except
+    hindsight bounds (the ``oracle`` plans minutes ahead with the true trace: name it to add its row)."""
+    from commitenv.hindsight import uses_hindsight
     from commitenv.registry import all_names, resolve
 
     cargs = _parse_controller_args(args.controller_arg)
@@ -266,10 +268,14 @@ def _compare_controllers(args: argparse.Namespace) -> list[tuple]:
         given, resolved = [], []
         for name in all_names():
             try:
-                resolved.append(resolve(name))
-                given.append(name)
+                r = resolve(name)
             except ValueError as e:
                 log.warning("skipped %s: %s", name, e)
+                continue
+            if uses_hindsight(r.target):  # a bound, named explicitly when wanted (--controllers help)
+                continue
+            resolved.append(r)
+            given.append(name)
     seen: dict[str, str] = {}
     for g, r in zip(given, resolved):
         if r.name in seen:
@@ -635,8 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="run several controllers on one scenario side by side")
     c.add_argument("scenario", nargs="?", default=DEFAULT_COMPARE_SCENARIO)
     c.add_argument("--controllers", default=None,
-                   help="comma-separated specs, each a name, module:Class or path/to/file.py:Class (default: every "
-                        "registered and entry-point controller)")
+                   help="comma-separated specs, each a name, module:Class, path/to/file.py:Class or sb3:DIR "
+                        "(default: every registered and entry-point controller except the hindsight bound 'oracle', "
+                        "which plans for minutes with the true trace: name it to add its row)")
     c.add_argument("--controller-arg", action="append", metavar="[CONTROLLER.]KEY=VALUE",
                    help="constructor argument (repeatable), for every controller or, with CONTROLLER., for one")
     _seed_args(c)
@@ -666,6 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
                    ).set_defaults(func=_cmd_controllers)
     sub.add_parser("profiles", help="list shipped GPU x model profiles").set_defaults(func=_cmd_profiles)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=_cmd_workloads)
+    from commitenv.train.cli import add_train_parser  # `commitenv train` (no learning stack loaded until it runs)
+
+    add_train_parser(sub)
     return ap
 
 

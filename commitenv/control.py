@@ -9,19 +9,26 @@ profile in `ControllerContext`, and through ``ctx.probe`` (an `EnvProbe`) the re
 serving state (arrived requests with predicted lengths and visible deadlines, replica states, clocks, the
 controller's meter; ``snapshot.simulate(active, clock_mhz, horizon_s)`` predicts a configuration with the
 engine) and ``recent_arrivals(window_s)``.
+
+Hindsight (bounds only): a controller whose class declares ``hindsight = True`` (the ``oracle``) is given
+``ctx.hindsight``, a `commitenv.hindsight.HindsightAccess` (the true trace and forks of the ground-truth engine);
+every other controller gets None there. Runs that use it are marked, and the leaderboard refuses them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.view import ReplicaView, RequestView, Snapshot
 from commitenv.sim.whatif import WhatIf
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.hindsight import HindsightAccess
 
 __all__ = ["Controller", "ControllerContext", "EnvProbe", "Probe", "ReplicaView", "RequestView", "Snapshot", "WhatIf"]
 
@@ -80,8 +87,11 @@ class ControllerContext:
     alpha: float
     epsilon: float
     actuation_delay_s: float
+    miss_penalty_kwh: float = 0.0  # the scenario's price of one deadline miss in the reward (kWh-eq)
     profile: Profile | None = None
     probe: Probe | None = None
+    # --- hindsight door (oracle only): None unless built with from_env(env, hindsight=True) -----------------
+    hindsight: "HindsightAccess | None" = None
 
     def action(self, active: int, clock_mhz: int) -> dict[str, int]:
         """The env action for ``active`` replicas (a whole number in 1..n_replicas, as the env accepts; bools,
@@ -99,9 +109,18 @@ class ControllerContext:
         return {"active": int(active), "clock": self.clocks_mhz.index(clock_mhz)}
 
     @staticmethod
-    def from_env(env: Any) -> "ControllerContext":
-        """Context of a `CommitServeEnv` (unwrapped automatically), with an `EnvProbe` on it."""
+    def from_env(env: Any, hindsight: bool = False) -> "ControllerContext":
+        """Context of a `CommitServeEnv` (unwrapped automatically), with an `EnvProbe` on it. ``hindsight=True``
+        also opens the hindsight door (`commitenv.hindsight.HindsightAccess`: the episode's true workload and
+        ground-truth forks), for hindsight bounds only; call it after ``env.reset()``."""
+        if not isinstance(hindsight, bool):
+            raise ValueError(f"hindsight: expected True or False, got {hindsight!r}")
         e = env.unwrapped
+        access = None
+        if hindsight:
+            from commitenv.hindsight import HindsightAccess
+
+            access = HindsightAccess(e)
         sc = e.scenario
         return ControllerContext(
             scenario=sc.name,
@@ -116,9 +135,11 @@ class ControllerContext:
             lambda_minus=sc.lambda_minus,
             alpha=sc.alpha,
             epsilon=sc.epsilon,
+            miss_penalty_kwh=sc.miss_penalty_kwh,
             actuation_delay_s=sc.actuation_delay_s,
             profile=e.profile.model_copy(deep=True),
             probe=EnvProbe(e),
+            hindsight=access,
         )
 
 
@@ -126,6 +147,7 @@ class Controller(ABC):
     """Base class: subclasses implement `act`; `reset` stores the context; `close` and `stats` are optional."""
 
     name = "base"
+    hindsight = False  # True only for hindsight bounds (the oracle): gets ctx.hindsight; refused by the leaderboard
 
     def reset(self, ctx: ControllerContext, seed: int | None = None) -> None:
         """Start an episode: the scenario's public terms and probe in ``ctx``; ``seed`` for the controller's own

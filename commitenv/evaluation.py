@@ -34,7 +34,10 @@ stale              1 when the decision came too late for its interval
 planning_delay_s   the planning delay the controller reported for this decision (``probe.report_planning_delay``)
 =================  ===========================================================================================
 
-A controller's optional ``stats()`` dict adds its numeric entries to summary.json. summary.json also records
+A controller's optional ``stats()`` dict adds its numeric entries to summary.json. ``"hindsight": true`` marks a
+run whose controller declared ``hindsight = True`` (the ``oracle``): it was given the episode's true workload and
+ground-truth forks (`commitenv.hindsight`), so its numbers are a bound, never a competitor; the leaderboard refuses
+such controllers and results (`refuses_hindsight`). summary.json also records
 ``controller_origin`` (``builtin``, ``entry_point:<dist>``, ``module:<mod>:<Class>`` or ``path:<file>:<Class>``,
 see `commitenv_controllers.registry`), from which ``commitenv attribute`` rebuilds the controller.
 """
@@ -54,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from commitenv.hindsight import uses_hindsight
 from commitenv.metrics import deviation_cost_kwh, signed_deviation_pct, slo_gate, slo_outcome, summarize
 from commitenv.scenarios.build import derived_seed
 from commitenv.scenarios.schema import Scenario
@@ -210,8 +214,10 @@ def run_episode(
     env = CommitServeEnv(scenario, attribution=attribution)
     t_start = time.perf_counter()
     obs, info = env.reset(seed=seed)
+    # hindsight door: only for a controller whose class declares it (the oracle); the run is marked below
+    hindsight = uses_hindsight(ctrl)
     # the controller gets a seed derived one way from the run seed: the run seed would regenerate the trace
-    ctrl.reset(ControllerContext.from_env(env), derived_seed(seed, "controller"))
+    ctrl.reset(ControllerContext.from_env(env, hindsight=hindsight), derived_seed(seed, "controller"))
     steps = env.H * env.K
     bar = None
     if progress:
@@ -238,6 +244,8 @@ def run_episode(
     wall = time.perf_counter() - t_start
     res = score_episode(env, name, seed, wall, ret)
     res.decisions = decisions
+    if hindsight:
+        res.summary["hindsight"] = True  # a bound, not a competitor: the leaderboard refuses it
     if origin is not None:
         res.summary["controller_origin"] = origin
     if recorded:
@@ -247,6 +255,15 @@ def run_episode(
             continue
         res.summary[k] = v.item() if isinstance(v, np.generic) else v
     return env, res
+
+
+# ------------------------------------------------------------------------------------------ hindsight marking
+def refuses_hindsight(controller_or_summary: Any) -> bool:
+    """True when the leaderboard must refuse this: a controller (instance or class) whose class declares
+    ``hindsight = True``, or a run's summary dict marked ``"hindsight": true`` (see `commitenv.hindsight`)."""
+    if isinstance(controller_or_summary, dict):
+        return controller_or_summary.get("hindsight") is True
+    return uses_hindsight(controller_or_summary)
 
 
 def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale: bool) -> dict[str, Any]:

@@ -7,12 +7,14 @@ A controller is given by a *spec*, one of
 ``NAME``                   a registered name (``@register``), else an entry point of the group
                            ``commitenv.controllers`` (``NAME = "module:Class"`` in a distribution's metadata);
 ``module:Class``           a class importable from ``module`` (``mypkg.ctl:MyController``);
-``path/to/file.py:Class``  a class defined in a Python file (loaded once per process under a private name).
+``path/to/file.py:Class``  a class defined in a Python file (loaded once per process under a private name);
+``sb3:DIR``                a policy trained by ``commitenv train`` (folder DIR, or the name of a shipped baseline),
+                           run by ``commitenv_controllers.sb3_policy.SB3Policy`` (imported only then).
 
 `resolve` turns a spec into a `Resolved` (the name a run is recorded under, its origin, the constructor);
 `make` builds an instance. The origin (``builtin``, ``entry_point:<dist>``, ``module:<mod>:<Class>``,
-``path:<abs path>:<Class>``) is what `spec_from_origin` turns back into a spec, so a recorded run can be
-rebuilt (``commitenv attribute``).
+``path:<abs path>:<Class>``, ``sb3:<abs dir>``) is what `spec_from_origin` turns back into a spec, so a recorded run
+can be rebuilt (``commitenv attribute``).
 
 Constructor arguments (``--controller-arg KEY=VALUE``) are validated by `check_kwargs` against the controller's
 typed configuration, a pydantic model: made from the constructor's type hints, or declared by the class as
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import collections.abc
 import enum
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -43,6 +46,8 @@ from pydantic_core import PydanticCustomError
 from commitenv.control import Controller
 
 ENTRY_POINT_GROUP = "commitenv.controllers"
+SB3_PREFIX = "sb3:"  # sb3:DIR, a trained policy (commitenv train)
+_SB3_MODULE = "commitenv_controllers.sb3_policy"
 
 __all__ = ["ENTRY_POINT_GROUP", "ControllerConfig", "Listing", "Resolved", "all_names", "available", "check_kwargs",
            "config_model_of", "controller_name", "default_name", "describe_as", "discover", "first_doc_line", "make",
@@ -133,6 +138,8 @@ def resolve(spec: str) -> Resolved:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"controller: expected a name, module:Class or path/to/file.py:Class, got {spec!r}")
     spec = spec.strip()
+    if spec.startswith(SB3_PREFIX):
+        return _resolve_sb3(spec)
     if ":" not in spec:
         return _resolve_name(spec)
     where, _, cls_name = spec.rpartition(":")
@@ -161,13 +168,18 @@ def spec_from_origin(origin: str | None, name: str) -> str:
     kind, _, rest = origin.partition(":")
     if kind in ("module", "path") and ":" in rest:
         return rest
-    raise ValueError(f"controller origin '{origin}': expected builtin, entry_point:<dist>, module:<mod>:<Class> "
-                     "or path:<file>:<Class>")
+    if kind == SB3_PREFIX[:-1] and rest:
+        return origin  # sb3:<abs dir> is its own spec
+    raise ValueError(f"controller origin '{origin}': expected builtin, entry_point:<dist>, module:<mod>:<Class>, "
+                     "path:<file>:<Class> or sb3:<dir>")
 
 
 def origin_of(ctrl: Controller | type) -> str | None:
     """Where a controller instance's (or class's) code can be found again, or None (a class defined in
     ``__main__``, inside a function, or an instance of a registered factory that is not its class)."""
+    own = None if isinstance(ctrl, type) else getattr(ctrl, "spec_origin", None)
+    if isinstance(own, str) and own:  # an instance that knows its own origin (a trained policy: sb3:<dir>)
+        return own
     cls = ctrl if isinstance(ctrl, type) else type(ctrl)
     reg = _registered_name(cls)
     if reg is not None:
@@ -212,6 +224,22 @@ def _resolve_name(name: str) -> Resolved:
     origin = f"entry_point:{_dist_name(ep)}"
     _EP_ORIGINS[name] = origin
     return Resolved(name, name, origin, obj, obj)
+
+
+def _resolve_sb3(spec: str) -> Resolved:
+    """``sb3:DIR``: the trained-policy controller (`commitenv_controllers.sb3_policy`, imported now, not before) bound
+    to the folder DIR (or a shipped baseline of that name); its origin ``sb3:<abs dir>`` rebuilds it."""
+    where = spec[len(SB3_PREFIX):].strip()
+    if not where:
+        raise ValueError(f"controller '{spec}': expected sb3:DIR, DIR a folder written by `commitenv train`")
+    try:
+        module = importlib.import_module(_SB3_MODULE)
+    except Exception as e:  # ImportError, or whatever the module raised
+        raise ValueError(f"controller '{spec}': the trained-policy controller ({_SB3_MODULE}) cannot be imported "
+                         f"({type(e).__name__}: {e})") from None
+    path = module.policy_dir(where, spec)  # ValueError naming the folder and what is missing
+    cls = module.SB3Policy
+    return Resolved(spec, module.policy_name(path), f"{SB3_PREFIX}{path}", functools.partial(cls, str(path)), cls)
 
 
 def _registry_origin(name: str) -> str:

@@ -143,7 +143,7 @@ def test_ray_scheduling_in_flight_order_errors_and_shutdown(monkeypatch):
 def ray_session():
     """One local Ray (2 CPUs) for the tests that use it; `commitenv` finds it initialized and leaves it running."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never a running cluster
     yield ray
     ray.shutdown()
 

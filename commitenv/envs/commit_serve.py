@@ -5,29 +5,46 @@ Action (``Dict``): ``active`` replicas in 1..N and ``clock`` (index into the pro
 applied ``actuation_delay_s`` after the interval starts. The shared-GPU variant extends this dict with SM
 shares and placement keys; it never replaces these two.
 
-Observation (``Box`` float32, every feature is something a controller may legally know, scaled to about
-[0, 1] or [-1, 1]; ``OBS_FEATURES`` names them in order):
+Observation (``Box`` float32, 16 features, ``OBS_FEATURES`` names them in order): only what a controller may legally
+know, each scaled so that it stays in about [-1, 1] in operation with its unit kept readable: fractions stay linear,
+energy ratios are compressed only far from their normal range (``soft``: x up to 1, 1 + ln x beyond; ``slog``:
+sign(x) ln(1 + |x|), about x near 0), counts are log-scaled. Nothing is cut off: the ``observation_space`` bounds hold
+every value a scenario can produce (the final guard clip binds only at an energy ratio or a count beyond about 10^8).
+Learners: docs/training.md.
 
-====  =======================  ==============================================================
-idx   name                     meaning and scaling
-====  =======================  ==============================================================
-0     time_in_hour             elapsed fraction of the current hour
-1     hour_of_horizon          hour index / horizon hours
-2     commitment               E*_h / (N x TDP x 1 h)
-3     hour_energy              metered energy so far this hour / E*_h (the controller's meter)
-4     last_interval_energy     metered energy of the last interval / (E*_h / K)
-5     target                   equal split of the remaining commitment (E*_h - M_k)/(K - k) / (E*_h / K)
-6     arrivals                 log1p(arrivals in the last interval) / 10
-7     waiting                  log1p(queued requests) / 10
-8     running                  log1p(running requests) / 10
-9     waiting_tokens           log1p(prompt tokens still to prefill) / 15
-10    slack_min                tanh(min over live requests of visible deadline - now, s / 60)
-11    slack_mean               tanh(mean slack, s / 60)
-12    overdue_frac             fraction of live requests already past their deadline
-13    active                   configured active replicas / N
-14    clock                    clock level index / (levels - 1)
-15    misses                   log1p(deadline misses so far) / 10
-====  =======================  ==============================================================
+====  =======================  ===========================================  ==========  ===================
+idx   name                     meaning and scaling                          bounds      typical (bench hour)
+====  =======================  ===========================================  ==========  ===================
+0     time_in_hour             elapsed fraction of the current hour k/K     [0, 1]      0 .. 1
+1     hour_of_horizon          hour index / horizon hours (constant 0 in    [0, 1]      0
+                               single-hour scenarios)
+2     commitment               soft(E*_h / (N x TDP x 1 h)) (constant in    [0, 20]     0.16
+                               single-hour scenarios)
+3     hour_energy              soft(metered energy so far this hour /       [0, 20]     0 .. 1.1
+                               E*_h): 1 = the commitment is used up
+4     last_interval_energy     slog(last interval's metered energy /        [-20, 20]   -0.7 .. 0.35
+                               (E*_h / K) - 1): 0 = at the nominal share
+5     target                   slog(equal split of the remaining            [-20, 20]   -2.3 .. 2.8
+                               commitment (E*_h - M_k)/(K - k) / (E*_h / K)
+                               - 1): 0 = on track, > 0 behind, < 0 ahead
+6     arrivals                 log1p(arrivals in the last interval) / 10    [0, 2]      0 .. 0.7
+7     waiting                  log1p(queued requests) / 10                  [0, 2]      0 .. 0.6
+8     running                  log1p(running requests) / 10                 [0, 2]      0 .. 0.5
+9     waiting_tokens           log1p(prompt tokens still to prefill) / 15   [0, 2]      0 .. 0.9
+10    slack_min                tanh(min over live requests of visible       [-1, 1]     -1 .. 1
+                               deadline - now, s / 60)
+11    slack_mean               tanh(mean slack, s / 60)                     [-1, 1]     -0.6 .. 1
+12    overdue_frac             fraction of live requests already past       [0, 1]      0 .. 1
+                               their deadline
+13    active                   configured active replicas / N               [0, 1]      0.03 .. 1
+14    clock                    clock level index / (levels - 1)             [0, 1]      0 .. 1
+15    misses                   log1p(deadline misses so far) / 10           [0, 2]      0 .. 1
+====  =======================  ===========================================  ==========  ===================
+
+``hour_of_horizon`` and ``commitment`` are constant in a single-hour scenario; they are kept so that the observation is
+the same vector in every scenario (a policy can be carried to multi-hour days and other commitment levels), and a
+learner's running normalization turns a constant feature into a constant 0. The typical ranges are those of vLLM,
+random and under-provisioned policies on ``bench-h200-hour-fixed-a30``.
 
 Two meters (realism levels, docs/realism.md): observations and ``info`` energies are what the controller's
 NVML-like counters read (`commitenv.envs.meters`); the settlement and the reward use the pool meter. At ``ideal``
@@ -102,8 +119,20 @@ OBS_FEATURES = (
     "clock",
     "misses",
 )
-_OBS_LOW = np.array([0, 0, 0, 0, 0, -10, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0], dtype=np.float32)
-_OBS_HIGH = np.array([1, 1, 1, 10, 10, 10, 2, 2, 2, 2, 1, 1, 1, 1, 1, 2], dtype=np.float32)
+_R = 20.0  # bound of the compressed energy ratios: soft and slog reach it only at a ratio of ~10^8
+_OBS_LOW = np.array([0, 0, 0, 0, -_R, -_R, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0], dtype=np.float32)
+_OBS_HIGH = np.array([1, 1, _R, _R, _R, _R, 2, 2, 2, 2, 1, 1, 1, 1, 1, 2], dtype=np.float32)
+
+
+def _soft(x: float) -> float:
+    """A non-negative ratio whose unit is 1: itself up to 1, then 1 + ln x (continuous with slope 1 at 1), so
+    that an unusual ratio (a commitment far above the pool's draw) stays finite without being cut off."""
+    return x if x <= 1.0 else 1.0 + math.log(x)
+
+
+def _slog(x: float) -> float:
+    """Signed log, sign(x) ln(1 + |x|): about x near 0, logarithmic far from it (a deviation from a nominal share)."""
+    return math.copysign(math.log1p(abs(x)), x)
 
 
 class CommitServeEnv(gym.Env):
@@ -389,10 +418,10 @@ class CommitServeEnv(gym.Env):
             [
                 kin / K,
                 h / self.H,
-                ec / self._e_scale,
-                m / ec,
-                self.last_interval_j / (ec / K),
-                target / (ec / K),
+                _soft(ec / self._e_scale),
+                _soft(m / ec),
+                _slog(self.last_interval_j / (ec / K) - 1.0),
+                _slog(target / (ec / K) - 1.0),
                 math.log1p(arrivals) / 10,
                 math.log1p(cnt["waiting"]) / 10,
                 math.log1p(cnt["running"]) / 10,
@@ -406,7 +435,7 @@ class CommitServeEnv(gym.Env):
             ],
             dtype=np.float32,
         )
-        return np.clip(x, _OBS_LOW, _OBS_HIGH)
+        return np.clip(x, _OBS_LOW, _OBS_HIGH)  # a guard only: see the module docstring for when it can bind
 
     def _info(self, interval_j: float, *, new_misses: int, settlement: dict | None = None) -> dict[str, Any]:
         k, K = self.k, self.K

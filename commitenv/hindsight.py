@@ -1,0 +1,371 @@
+"""The hindsight door: the episode's true workload and forks of the ground-truth engine, for bounds only.
+
+Everything else a controller can reach is causal (DESIGN: causality is sacred). `HindsightAccess` is the one,
+clearly named exception: it hands out the true trace (arrivals, true output lengths, true deadlines) and
+`TruthRun` forks of the environment's *ground-truth* engine, which a planner can step forward under any
+candidate schedule. It exists for the ``oracle`` controller (the hindsight lower-bound row of every
+comparison); a controller gets it only when its class declares ``hindsight = True`` (`uses_hindsight`),
+`commitenv.evaluation.run_episode` then marks the run (``"hindsight": true`` in summary.json), and the
+leaderboard refuses such controllers (`commitenv.evaluation.refuses_hindsight`).
+
+Exactness: a fork is a deep copy of the environment's engine (queues, KV blocks, segments in flight, meters,
+completion records) that shares only objects the engine never writes (the trace, the profiles, the options)
+and the truth model: `TruthSource` draws every (GPU, time cell) factor from that GPU's own seeded stream, so
+forks that extend it lazily all see the same factors, whatever their order; a legacy per-segment
+`NoiseSource` (order-dependent) is copied with its generators' states. `TruthRun.step` makes exactly the
+engine calls `CommitServeEnv.step` makes (apply at interval start + actuation delay (+ the scenario's fixed
+planning delay), settle at the boundary, read the settlement meter), so a fork stepped with the actions the
+environment later receives meters the same joules and misses the same requests, bit for bit
+(``tests/test_oracle.py`` checks it at realism ``paper``). The controller's meter (NVML-like counters) is not
+modelled: it never enters settlement.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import pickle
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from commitenv.metrics import deviation_cost_kwh
+from commitenv.sim.noise import NoiseSource
+from commitenv.sim.gpu import GPU
+from commitenv.sim.pool import Pool
+from commitenv.sim.replica import Replica
+from commitenv.sim.request import Req
+from commitenv.sim.truth import TruthSource
+from commitenv.workload.table import RequestTable
+
+__all__ = ["HindsightAccess", "TrueWorkload", "TruthRun", "uses_hindsight"]
+
+
+def uses_hindsight(controller: Any) -> bool:
+    """True when ``controller`` (an instance or a class) declares ``hindsight = True`` on its class: only such a
+    controller is handed `HindsightAccess`, and the leaderboard refuses it. An attribute set on an instance
+    does not count."""
+    cls = controller if isinstance(controller, type) else type(controller)
+    return getattr(cls, "hindsight", False) is True
+
+
+@dataclass(frozen=True, eq=False)
+class TrueWorkload:
+    """The whole episode's requests as the ground truth serves them (hindsight only; read-only arrays)."""
+
+    table: RequestTable  # the trace itself: arrivals, prompts, true output lengths, tenants
+    output_tokens: np.ndarray  # int64: the output lengths the engine runs to (true, capped at the context limit)
+    deadline_s: np.ndarray  # float64: the true deadlines a_i + alpha L_ref_i that scoring uses
+    rejected: np.ndarray  # bool: prompts at or over the context limit (never served, always missed)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    out = np.array(a, copy=True)
+    out.flags.writeable = False
+    return out
+
+
+def _copy_noise(noise: NoiseSource) -> NoiseSource:
+    """A legacy per-segment noise source with the same future draws (generator states and buffers copied)."""
+    c = NoiseSource.__new__(NoiseSource)
+    c.spec = noise.spec
+    c._rngs = [copy.deepcopy(r) for r in noise._rngs]
+    c._buf = [list(b) for b in noise._buf]
+    return c
+
+
+def _read_only_parts(pool: Pool) -> dict[int, Any]:
+    """A deepcopy memo that makes every fork share what the engine never writes (trace, profiles, options, the
+    per-request arrays fixed at attach) and the order-independent truth model, and drops what a fork must not
+    carry (step log, attribution hook, the environment's completion list)."""
+    shared: list[Any] = [pool.profiles, pool.layout, pool.opt, pool.table]
+    shared += list(pool.profiles)
+    for name in ("_arr", "_prompt", "_out", "_deadline", "_model", "_hashes", "_hoff", "rejected", "deadline",
+                 "out_tokens", "pred_out", "visible_deadline", "lref", "overhead_s"):
+        v = getattr(pool, name, None)
+        if v is not None:
+            shared.append(v)
+    if isinstance(pool.truth, TruthSource):
+        shared.append(pool.truth)  # each GPU's cells come from its own stream: lazy extension is order-free
+    memo: dict[int, Any] = {id(o): o for o in shared}
+    dropped = [v for v in (getattr(pool, n, None) for n in ("log", "on_step", "done_slots")) if v is not None]
+    for v in dropped:
+        memo[id(v)] = None
+    memo[-1] = dropped  # keeps the dropped objects alive, so that their ids cannot be reused (never an id)
+    return memo
+
+
+_POOL_ATTRS = frozenset({
+    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_hashes", "_hoff", "_model", "_n", "_n_results", "_out",
+    "_pending", "_prompt", "_seq", "_slot_base", "captured_finish", "captured_left", "completed", "deadline",
+    "done_slots", "events", "finish_t", "first_t", "gpus", "heap", "layout", "live", "log", "lref", "n_models",
+    "noise", "now", "on_step", "opt", "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected",
+    "replica_of", "replicas", "routable", "table", "truth", "unrouted", "visible_deadline"})
+_GPU_ATTRS = frozenset({"clock_idx", "e_dyn", "e_floor", "floor_w", "index", "pending_clock", "pending_t",
+                        "power_factor", "replicas", "t_floor", "version"})
+_REPLICA_ATTRS = frozenset({
+    "D", "E0", "F", "T0", "_coeffs", "batch", "bs", "budget", "cap_blocks", "fe", "free_blocks", "ft", "gpu", "index",
+    "max_seqs", "model", "pcache", "pending_start", "profile", "run_k", "run_reqs", "running", "seg", "seg_energy",
+    "seg_floor_acc", "seg_floor_t", "seg_floor_w", "seg_log", "share", "state", "t0", "t1", "unf", "version",
+    "waiting", "wake_t"})
+_REQ_SLOTS = ("slot", "arrival", "prompt", "out", "computed", "generated", "blocks", "replica", "started", "deadline",
+              "first_t", "preemptions", "model", "captured", "hashes", "prefix", "pfx_next")
+
+
+def _fast_forkable(pool: Pool) -> bool:
+    """Whether `_fast_fork` knows every attribute of this engine (else the generic deep copy is used)."""
+    if set(vars(pool)) - _POOL_ATTRS or Req.__slots__ != _REQ_SLOTS:
+        return False
+    if any(set(vars(g)) - _GPU_ATTRS for g in pool.gpus):
+        return False
+    return all(not (set(vars(r)) - _REPLICA_ATTRS) and r.pcache is None for r in pool.replicas)
+
+
+def _fast_fork(pool: Pool) -> Pool:
+    """The deep copy of `fork_pool`, written out for the engine's known attributes (about 10x faster than
+    ``copy.deepcopy``): scalars, tuples and the read-only parts are shared, every mutable container is rebuilt."""
+    c = Pool.__new__(Pool)
+    c.__dict__.update(pool.__dict__)
+    reqs: dict[int, Req] = {}
+
+    def cr(r: Req) -> Req:
+        x = reqs.get(id(r))
+        if x is None:
+            x = reqs[id(r)] = r.copy()
+        return x
+
+    gmap: dict[int, GPU] = {}
+    for g in pool.gpus:
+        ng = GPU.__new__(GPU)
+        ng.__dict__.update(g.__dict__)
+        gmap[id(g)] = ng
+    rmap: dict[int, Replica] = {}
+    for rep in pool.replicas:
+        nr = Replica.__new__(Replica)
+        nr.__dict__.update(rep.__dict__)
+        nr.gpu = gmap[id(rep.gpu)]
+        nr.running = [cr(r) for r in rep.running]
+        nr.waiting = deque(cr(r) for r in rep.waiting)
+        nr.batch = [(cr(r), k) for r, k in rep.batch]
+        nr.run_reqs = [cr(r) for r in rep.run_reqs]
+        rmap[id(rep)] = nr
+    for g in pool.gpus:
+        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
+    c.gpus = [gmap[id(g)] for g in pool.gpus]
+    c.replicas = [rmap[id(r)] for r in pool.replicas]
+    c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
+    c.unrouted = [cr(r) for r in pool.unrouted]
+    c._pending = [rmap[id(r)] for r in pool._pending]
+    c.heap = list(pool.heap)  # entries are tuples of numbers
+    for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+        if getattr(pool, name, None) is not None:
+            setattr(c, name, getattr(pool, name).copy())
+    c.captured_finish = dict(pool.captured_finish)
+    if isinstance(pool.noise, NoiseSource):
+        c.noise = _copy_noise(pool.noise)
+    return c
+
+
+def fork_pool(pool: Pool, memo: dict[int, Any] | None = None) -> Pool:
+    """A deep copy of ``pool`` (ground truth kept: true lengths, truth model, noise state), stepping on alone.
+    Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared."""
+    if _fast_forkable(pool):
+        c = _fast_fork(pool)
+    else:
+        m = dict(memo if memo is not None else _read_only_parts(pool))
+        if isinstance(pool.noise, NoiseSource) and id(pool.noise) not in m:
+            m[id(pool.noise)] = _copy_noise(pool.noise)
+        c = copy.deepcopy(pool, m)
+    c.log = None
+    c.on_step = None
+    c.done_slots = None
+    return c
+
+
+class TruthRun:
+    """A fork of the environment's ground-truth engine at a decision boundary, stepped interval by interval with
+    exactly the engine calls of `CommitServeEnv.step`; it books the settlement meter hour by hour."""
+
+    def __init__(self, pool: Pool, *, k: int, cfg: tuple[int, int], meter_j: float, hour_start_j: float,
+                 closed_kwh: float, terms: "HindsightAccess", memo: dict[int, Any]) -> None:
+        self.pool = pool
+        self.k = k  # intervals done
+        self.cfg = cfg  # (active, clock index) in force, as the environment tracks it
+        self.meter_j = meter_j  # settlement meter at the last boundary (J, cumulative)
+        self.hour_start_j = hour_start_j
+        self.closed_kwh = closed_kwh  # settlement cost of the closed hours
+        self.terms = terms
+        self._memo = memo
+
+    # ------------------------------------------------------------------------------------------ state
+    @property
+    def done(self) -> bool:
+        """Every interval of the horizon has run (and the completion tail with it)."""
+        return self.k >= self.terms.horizon_hours * self.terms.intervals_per_hour
+
+    @property
+    def hour_energy_j(self) -> float:
+        """Settlement-meter energy of the open hour so far (0 right after an hour closes)."""
+        return self.meter_j - self.hour_start_j
+
+    def fork(self) -> "TruthRun":
+        """An independent copy of this run."""
+        return TruthRun(fork_pool(self.pool, self._memo), k=self.k, cfg=self.cfg, meter_j=self.meter_j,
+                        hour_start_j=self.hour_start_j, closed_kwh=self.closed_kwh, terms=self.terms,
+                        memo=self._memo)
+
+    # ------------------------------------------------------------------------------------------ stepping
+    def step(self, active: int, clock_mhz: int, planning_delay_s: float = 0.0) -> float:
+        """Run the next interval with (``active``, ``clock_mhz``) applied as the environment applies an action
+        (``planning_delay_s``: what the controller would report; a fixed scenario delay overrides it). Returns
+        the interval's settlement-meter energy (J); closes the hour (booking its cost) at an hour's end, and after
+        the last interval runs the completion tail, as the environment does."""
+        tm = self.terms
+        if self.done:
+            raise RuntimeError("TruthRun.step: every interval of the horizon has already run")
+        if not 1 <= active <= tm.n_replicas:
+            raise ValueError(f"active: expected 1..{tm.n_replicas} replicas, got {active}")
+        if clock_mhz not in tm.clocks_mhz:
+            raise ValueError(f"clock {clock_mhz} MHz not one of {tm.clocks_mhz}")
+        c = tm.clocks_mhz.index(clock_mhz)
+        pool = self.pool
+        t0 = self.k * tm.interval_s
+        t1 = t0 + tm.interval_s
+        delay = tm.fixed_planning_delay_s if tm.fixed_planning_delay_s is not None else planning_delay_s
+        t_apply = t0 + tm.actuation_delay_s + delay
+        if (active, c) != self.cfg and not t_apply >= t1:
+            pool.run_until(t_apply)
+            if active != self.cfg[0]:
+                pool.set_active(t_apply, active)
+            if c != self.cfg[1]:
+                pool.set_clock(t_apply, tm.clocks_mhz[c])
+            self.cfg = (active, c)
+        pool.run_until(t1)
+        pool.settle(t1)
+        e_now = pool.energy_j(t1) * tm.settle_factor
+        interval_j = e_now - self.meter_j
+        self.meter_j = e_now
+        self.k += 1
+        if self.k % tm.intervals_per_hour == 0:
+            h = self.k // tm.intervals_per_hour - 1
+            self.closed_kwh += float(deviation_cost_kwh(e_now - self.hour_start_j, tm.commitments_j[h],
+                                                        tm.lambda_plus, tm.lambda_minus))
+            self.hour_start_j = e_now
+        if self.done:
+            pool.run_until(math.inf)  # completion tails count for SLOs; their energy is not settled
+        return interval_j
+
+    # ------------------------------------------------------------------------------------------ misses
+    def misses(self) -> int:
+        """Misses certain by now: requests that finished (as the client sees it) after their true deadline,
+        unfinished ones whose deadline has passed, and rejected ones that arrived. After the last interval this
+        is the episode's exact miss count (the scores' ``misses``)."""
+        pool = self.pool
+        n = pool.arrived
+        fin = pool.finish_t[:n]
+        dl = pool.deadline[:n]
+        late = int(np.count_nonzero(fin > dl))
+        if self.done:
+            return int(np.count_nonzero(~(pool.finish_t <= pool.deadline)))
+        return late + int(np.count_nonzero(np.isnan(fin) & (dl < pool.now)))
+
+    def optimistic_misses(self) -> int:
+        """Misses if, from now, no request arrived any more and every replica ran at the top clock until the
+        requests in the pool finish: what the state already commits to (an estimate, used to rank plans before
+        their misses are certain; not a bound, since vLLM scheduling has no monotone speed-up)."""
+        if self.done:
+            return self.misses()
+        q = fork_pool(self.pool, self._memo)
+        q._n = q._cursor  # no more arrivals
+        now = q.now
+        q.set_active(now, self.terms.n_replicas)
+        q.set_clock(now, max(self.terms.clocks_mhz))
+        q.run_until(math.inf)
+        n = q.arrived
+        return int(np.count_nonzero(~(q.finish_t[:n] <= q.deadline[:n])))
+
+
+class HindsightAccess:
+    """The hindsight door (oracle only; the leaderboard refuses controllers that use it): the episode's true
+    workload (`workload`) and forks of the ground-truth engine from the environment's current state (`fork`),
+    with the scenario terms a planner needs (settlement weights, miss penalty, epsilon, delays)."""
+
+    def __init__(self, env: Any) -> None:
+        e = env.unwrapped if hasattr(env, "unwrapped") else env
+        if getattr(e, "pool", None) is None:
+            raise ValueError("HindsightAccess: the environment has no episode yet; call env.reset() first")
+        self._env = e
+        sc = e.scenario
+        self.scenario = sc.name
+        self.n_replicas: int = e.n_replicas
+        self.clocks_mhz: tuple[int, ...] = tuple(e.clocks_mhz)
+        self.reference_clock_mhz: int = e.profile.reference_clock_mhz
+        self.interval_s: float = e.dt
+        self.intervals_per_hour: int = e.K
+        self.horizon_hours: int = e.H
+        self.commitments_j: tuple[float, ...] = tuple(float(x) for x in np.asarray(e.commit_j))
+        self.lambda_plus: float = sc.lambda_plus
+        self.lambda_minus: float = sc.lambda_minus
+        self.miss_penalty_kwh: float = sc.miss_penalty_kwh
+        self.epsilon: float = sc.epsilon
+        self.actuation_delay_s: float = sc.actuation_delay_s
+        pd = e.realism.planning_delay
+        self.fixed_planning_delay_s: float | None = pd.seconds if pd.mode == "fixed" else None
+        self.settle_factor: float = e._settle_factor
+        pool = e.pool
+        self.workload = TrueWorkload(e.table, _frozen(pool.out_tokens), _frozen(pool.deadline), _frozen(pool.rejected))
+        self._pool_id = id(pool)
+        self._memo = _read_only_parts(pool)
+        shared = [v for key, v in self._memo.items() if key != -1 and v is not None] + [self, self._memo]
+        self._shared = {id(o): o for o in shared}
+
+    def fork(self) -> TruthRun:
+        """A ground-truth fork of the environment at its current decision boundary (call it between steps)."""
+        e = self._env
+        if e.pool is None or id(e.pool) != self._pool_id:
+            raise RuntimeError("HindsightAccess.fork: the environment was reset since this access was made; "
+                               "build a new one (ControllerContext.from_env(env, hindsight=True))")
+        st = e.settlement
+        h = e.k // e.K
+        return TruthRun(fork_pool(e.pool, self._memo), k=e.k, cfg=tuple(e.cfg), meter_j=float(st.e_prev),
+                        hour_start_j=float(st.e_hour_start), closed_kwh=float(np.sum(st.cost_kwh[:h])), terms=self,
+                        memo=self._memo)
+
+    # ------------------------------------------------------------------------------------------ transfer
+    def dumps(self, run: TruthRun) -> bytes:
+        """``run`` as bytes for a process forked after this access was made (planning in parallel): the shared,
+        read-only parts travel as references (the forked process holds the same objects at the same ids)."""
+        buf = io.BytesIO()
+        _SharedPickler(buf, self._shared).dump(run)
+        return buf.getvalue()
+
+    def loads(self, blob: bytes) -> TruthRun:
+        """A `TruthRun` from `dumps` (in this process or one forked after this access was made)."""
+        return _SharedUnpickler(io.BytesIO(blob), self._shared).load()
+
+
+class _SharedPickler(pickle.Pickler):
+    def __init__(self, f: io.BytesIO, shared: dict[int, Any]) -> None:
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._shared = shared
+
+    def persistent_id(self, obj: Any) -> int | None:
+        return id(obj) if id(obj) in self._shared else None
+
+
+class _SharedUnpickler(pickle.Unpickler):
+    def __init__(self, f: io.BytesIO, shared: dict[int, Any]) -> None:
+        super().__init__(f)
+        self._shared = shared
+
+    def persistent_load(self, pid: int) -> Any:
+        try:
+            return self._shared[pid]
+        except KeyError:
+            raise pickle.UnpicklingError("a TruthRun from another hindsight access (or an unrelated process)") from None
