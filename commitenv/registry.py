@@ -32,6 +32,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import json
+import os
 import sys
 import types
 import typing
@@ -151,7 +152,7 @@ def resolve(spec: str) -> Resolved:
         origin = f"path:{path}:{cls_name}"
     else:
         try:
-            module = importlib.import_module(where)
+            module = _import_module(where)
         except Exception as e:  # ImportError, or whatever the module raised while importing
             raise ValueError(f"controller '{spec}': module '{where}' cannot be imported "
                              f"({type(e).__name__}: {e})") from None
@@ -159,6 +160,24 @@ def resolve(spec: str) -> Resolved:
         origin = f"module:{where}:{cls_name}"
     _check_controller_class(obj, spec)
     return Resolved(spec, default_name(obj), origin, obj, obj)
+
+
+def _import_module(where: str) -> Any:
+    """``importlib.import_module``; when the top-level package is not installed but sits in the working directory
+    (a project's own package, run from its folder), imported from there, as ``python -m`` would."""
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as e:
+        top = where.split(".")[0]
+        cwd = os.getcwd()
+        local = os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, top + ".py"))
+        if e.name != top or not local or cwd in sys.path:
+            raise
+    sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(where)
+    finally:
+        sys.path.remove(cwd)
 
 
 def spec_from_origin(origin: str | None, name: str) -> str:

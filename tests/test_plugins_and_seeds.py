@@ -521,3 +521,28 @@ def test_seeds_from_the_scenarios_declared_ranges():
         scenario_seeds("test", None)
     bench = load_scenario("bench-h200-hour-fixed-a30")
     assert scenario_seeds("test:2", bench.seeds) == [100000, 100001]
+
+
+def test_readme_plugin_module_runs_from_its_project_folder(tmp_path):
+    """README's "Bring your own controller" module, saved as my_pkg/ctl.py in a project folder that is not
+    installed: `commitenv run --controller my_pkg.ctl:HalfPool` finds it from that folder (as ``python -m`` would),
+    with its typed argument validated and recorded."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme[readme.index("### Bring your own controller"):], re.S).group(1)
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "ctl.py").write_text(code)
+    script = Path(sys.executable).with_name("commitenv")  # the console script: the working directory is not on
+    if not script.exists():  # its sys.path (unlike python -c), so this exercises the project-folder lookup
+        pytest.skip("the commitenv console script is not installed beside this interpreter")
+    cli = [str(script), "run", "bench-h200-hour-fixed-a30", "--controller", "my_pkg.ctl:HalfPool", "--quiet"]
+    ok = subprocess.run(cli + ["--controller-arg", "share=0.75", "--out", str(tmp_path / "out")], cwd=tmp_path,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["controller"] == "HalfPool" and s["controller_kwargs"] == {"share": 0.75}
+    assert s["controller_origin"] == "module:my_pkg.ctl:HalfPool"
+    bad = subprocess.run(cli + ["--controller-arg", "mode=fast"], cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 2 and "argument 'mode' expects one of 'slack', 'fixed', got fast" in bad.stderr
