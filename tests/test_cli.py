@@ -142,9 +142,9 @@ def test_invalid_scenario_file_is_an_error(tmp_path, capsys):
 
 
 def test_controller_that_does_not_fit_the_pool_is_an_error(tmp_path, capsys):
-    path = toy_three_hour(tmp_path)  # 2 GPUs: fixed_config's 28 replicas do not fit
-    _assert_one_error_line(capsys, main(["run", str(path), "--controller", "fixed_config", "--quiet"]),
-                           "fixed_config", "1..2")
+    path = toy_three_hour(tmp_path)  # 2 GPUs: 28 replicas do not fit
+    _assert_one_error_line(capsys, main(["run", str(path), "--controller", "fixed_config", "--controller-arg",
+                                         "active=28", "--quiet"]), "fixed_config", "1..2")
 
 
 def test_compare_out_subfolder_blocked_by_a_file_is_an_error(tmp_path, capsys):

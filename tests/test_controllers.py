@@ -106,7 +106,10 @@ def test_fixed_config_options_and_bounds(tmp_path):
     env = CommitServeEnv(str(toy_three_hour(tmp_path)))  # 2 toy GPUs at 500 / 1000 MHz
     ctx = ControllerContext.from_env(env)
     with pytest.raises(ValueError, match=r"fixed_config: active=28 outside 1\.\.2"):
-        make("fixed_config").reset(ctx, 0)
+        make("fixed_config", active=28).reset(ctx, 0)  # the paper's 28, given explicitly, does not fit
+    scaled = make("fixed_config")  # by default the paper's 28 of 32 scale with the pool: round(1.75) = 2
+    scaled.reset(ctx, 0)
+    assert scaled.act(*env.reset(seed=0)) == {"active": 2, "clock": 1}
     c = make("fixed_config", active=1, clock_mhz=500)
     c.reset(ctx, 0)
     obs, info = env.reset(seed=0)

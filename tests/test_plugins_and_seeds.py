@@ -322,8 +322,8 @@ def test_controller_arg_makes_fixed_config_fit_a_small_pool(files, capsys):
 def test_compare_goes_on_past_failing_controllers(files, tmp_path, capsys):
     out = tmp_path / "cmp"
     specs = ["fixed_config", "vllm", f"{files.ctl}:HalfPool"]  # 28 replicas do not fit the 2-GPU pool
-    rc = main(["compare", str(files.scenario), "--controllers", ",".join(specs),
-               "--controller-arg", "HalfPool.fail_at=2", "--out", str(out), "--quiet"])
+    rc = main(["compare", str(files.scenario), "--controllers", ",".join(specs), "--controller-arg",
+               "fixed_config.active=28", "--controller-arg", "HalfPool.fail_at=2", "--out", str(out), "--quiet"])
     stdout, err = capsys.readouterr()
     assert rc == 1
     doc = json.loads((out / "compare.json").read_text())
@@ -484,8 +484,8 @@ def test_many_seeds_parallel_equals_serial_and_resumes(files, tmp_path, capsys, 
 
 def test_many_seeds_record_failing_episodes_and_go_on(files, tmp_path, capsys):
     out = tmp_path / "m"
-    rc = main(["compare", str(files.scenario), "--controllers", "fixed_config,vllm", "--seeds", "0,1", "--out",
-               str(out), "--quiet"])
+    rc = main(["compare", str(files.scenario), "--controllers", "fixed_config,vllm", "--controller-arg",
+               "fixed_config.active=28", "--seeds", "0,1", "--out", str(out), "--quiet"])
     stdout, err = capsys.readouterr()
     assert rc == 1
     doc = json.loads((out / "compare.json").read_text())

@@ -172,8 +172,8 @@ def test_ray_local_run_equals_one_process(files, tmp_path, capsys):
 
 def test_ray_resumes_and_records_failures(ray_session, files, tmp_path, capsys):
     out = tmp_path / "m"
-    argv = ["compare", str(files.scenario), "--controllers", "fixed_config,vllm", "--seeds", "0-1", "--quiet",
-            "--ray", "--out", str(out)]
+    argv = ["compare", str(files.scenario), "--controllers", "fixed_config,vllm", "--controller-arg",
+            "fixed_config.active=28", "--seeds", "0-1", "--quiet", "--ray", "--out", str(out)]
     assert main(argv) == 1
     stdout, err = capsys.readouterr()
     doc = json.loads((out / "compare.json").read_text())
