@@ -627,7 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_simulate)
     r = sub.add_parser("run", help="run one controller on a scenario and write its results")
-    r.add_argument("scenario", help="scenario name or Gymnasium id (commitenv/<name>-v0)")
+    r.add_argument("scenario", help="scenario name, Gymnasium id (commitenv/<name>-v0) or path of a scenario YAML file")
     r.add_argument("--controller", default="vllm",
                    help="a registered or entry-point name, module:Class or path/to/file.py:Class")
     r.add_argument("--controller-arg", action="append", metavar="KEY=VALUE",
@@ -639,7 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
     c = sub.add_parser("compare", help="run several controllers on one scenario side by side")
-    c.add_argument("scenario", nargs="?", default=DEFAULT_COMPARE_SCENARIO)
+    c.add_argument("scenario", nargs="?", default=DEFAULT_COMPARE_SCENARIO,
+                   help="scenario name, Gymnasium id or path of a scenario YAML file (default: %(default)s)")
     c.add_argument("--controllers", default=None,
                    help="comma-separated specs, each a name, module:Class, path/to/file.py:Class or sb3:DIR "
                         "(default: every registered and entry-point controller except the hindsight bound 'oracle', "

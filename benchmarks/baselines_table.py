@@ -1,0 +1,60 @@
+"""Markdown tables of a many-seed comparison (``commitenv compare ... --seeds test:5 --out DIR``) with every
+controller's gap to the hindsight bound (``oracle``), paired by seed; used for docs/baselines.md.
+
+    python benchmarks/baselines_table.py DIR/compare.json [DIR2/compare.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from commitenv.runner import mean_ci95
+
+
+def _cell(m: dict, fmt: str) -> str:
+    return f"{m['mean']:{fmt}} ± {m['half_width']:{fmt}}" if m["n"] > 1 else f"{m['mean']:{fmt}}"
+
+
+def table(doc: dict, penalty_kwh: float) -> str:
+    """One scenario's rows: cost, mean |dev|, attainment, misses, total (cost + penalty x misses), gap to oracle."""
+    rows = {c["controller"]: c for c in doc["controllers"]}
+    bound = rows.get("oracle")
+    lines = [f"**{doc['scenario']}**, seeds {doc['seeds'][0]}-{doc['seeds'][-1]} (mean ± 95 % t-interval half-width)",
+             "",
+             "| controller | cost kWh-eq | mean abs dev % | attainment % | misses | cost + misses x penalty | "
+             "gap to oracle (cost) | SLO gate |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, c in rows.items():
+        m = c["metrics"]
+        seeds = [str(s) for s in c["seeds"]]
+        total = [m["cost_kwh_eq"]["per_seed"][s] + penalty_kwh * m["misses"]["per_seed"][s] for s in seeds]
+        if bound is not None and name != "oracle":
+            gap = _cell(mean_ci95([m["cost_kwh_eq"]["per_seed"][s] - bound["metrics"]["cost_kwh_eq"]["per_seed"][s]
+                                   for s in seeds]), ".4f")
+        else:
+            gap = "0" if name == "oracle" else "n/a"
+        lines.append(f"| {name} | {_cell(m['cost_kwh_eq'], '.4f')} | {_cell(m['mean_abs_dev_pct'], '.2f')} | "
+                     f"{_cell(m['attainment_pct'], '.3f')} | {_cell(m['misses'], '.1f')} | "
+                     f"{_cell(mean_ci95(total), '.4f')} | {gap} | {c['slo_gate_pass_count']}/{c['episodes']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("compare_json", nargs="+", type=Path)
+    ap.add_argument("--penalty-kwh", type=float, default=0.015, help="miss penalty of the scenarios (kWh-eq)")
+    args = ap.parse_args(argv)
+    if not (args.penalty_kwh >= 0 and math.isfinite(args.penalty_kwh)):
+        ap.error("--penalty-kwh: expected a finite value >= 0")
+    for path in args.compare_json:
+        print(table(json.loads(path.read_text()), args.penalty_kwh))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
