@@ -111,6 +111,11 @@ class EPACT(Controller):
             return equal_allocation(commitment, K)
         return [f * commitment for f in self.nominal_fractions]
 
+    def nominal_allocation(self, commitment: float, info: dict[str, Any]) -> list[float]:
+        """The nominal allocation b_0..b_{K-1} of the current hour for this decision (``info``: the step's info).
+        A hook for planners that re-plan b_k at every decision (e.g. `plus.EPACTPlus`); ePACT's is fixed."""
+        return self._nominal(commitment)
+
     def _band_rel(self, info: dict[str, Any]) -> float:
         """The relative energy error that defines this decision's energy band (see the class docstring)."""
         if self._predicted_j is not None and "interval_energy_j" in info and abs(self._predicted_j) > 0:
@@ -125,8 +130,8 @@ class EPACT(Controller):
         t_start = time.perf_counter()
         k = int(info["interval"])
         commitment = float(info["commitment_j"])
-        target = interval_target(commitment, float(info["hour_energy_j"]), self._nominal(commitment), k,
-                                 static=self.static_target)
+        nominal = self.nominal_allocation(commitment, info)
+        target = interval_target(commitment, float(info["hour_energy_j"]), nominal, k, static=self.static_target)
         band_rel = self._band_rel(info)
         # the band trades a little deviation for service, which the next intervals' targets pay back; the
         # hour's last interval has none after it, so it is chosen by eq. 3 alone
