@@ -35,6 +35,7 @@ import numpy as np
 from commitenv.metrics import deviation_cost_kwh
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.gpu import GPU
+from commitenv.sim.interval import run_interval
 from commitenv.sim.pool import Pool
 from commitenv.sim.replica import Replica
 from commitenv.sim.request import Req
@@ -239,15 +240,7 @@ class TruthRun:
         t1 = t0 + tm.interval_s
         delay = tm.fixed_planning_delay_s if tm.fixed_planning_delay_s is not None else planning_delay_s
         t_apply = t0 + tm.actuation_delay_s + delay
-        if (active, c) != self.cfg and not t_apply >= t1:
-            pool.run_until(t_apply)
-            if active != self.cfg[0]:
-                pool.set_active(t_apply, active)
-            if c != self.cfg[1]:
-                pool.set_clock(t_apply, tm.clocks_mhz[c])
-            self.cfg = (active, c)
-        pool.run_until(t1)
-        pool.settle(t1)
+        self.cfg, _ = run_interval(pool, self.cfg, (active, c), t_apply, t1, tm.clocks_mhz)
         e_now = pool.energy_j(t1) * tm.settle_factor
         interval_j = e_now - self.meter_j
         self.meter_j = e_now

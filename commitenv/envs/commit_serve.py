@@ -99,6 +99,7 @@ from commitenv.scenarios.build import realism_of
 from commitenv.scenarios.schema import Scenario
 from commitenv.settlement import HourlySettlement
 from commitenv.sim import Pool, PoolLayout, Snapshot, observed_arrivals, take_snapshot
+from commitenv.sim.interval import run_interval
 from commitenv.workload.table import RequestTable
 
 OBS_FEATURES = (
@@ -261,17 +262,8 @@ class CommitServeEnv(gym.Env):
         t_apply = t0 + self.scenario.actuation_delay_s + delay
         self._planning_delay = 0.0
         stale = t_apply >= t1
-        if (a, c) != self.cfg and not stale:
-            pool.run_until(t_apply)
-            if a != self.cfg[0]:
-                pool.set_active(t_apply, a)
-                self.actions.append(("active", t_apply, a))
-            if c != self.cfg[1]:
-                pool.set_clock(t_apply, self.clocks_mhz[c])
-                self.actions.append(("clock", t_apply, self.clocks_mhz[c]))
-            self.cfg = (a, c)
-        pool.run_until(t1)
-        pool.settle(t1)
+        self.cfg, changes = run_interval(pool, self.cfg, (a, c), t_apply, t1, self.clocks_mhz)
+        self.actions.extend(changes)
         split = self.attributor.close(t1) if self.attributor is not None else None
         e_now = pool.energy_j(t1) * self._settle_factor  # the settlement meter
         reading = self.meter.read(pool, t1, self.dt)  # what the controller's counters say
