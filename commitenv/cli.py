@@ -677,6 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commitenv.train.cli import add_train_parser  # `commitenv train` (no learning stack loaded until it runs)
 
     add_train_parser(sub)
+    from commitenv.leaderboard.cli import add_leaderboard_parsers
+
+    add_leaderboard_parsers(sub)
     return ap
 
 
@@ -739,7 +742,7 @@ def _cli_logging() -> Iterator[None]:
     if h is not None:
         if logging.getLogger().handlers:
             own = (log.name, _runner_log.name)
-            h.addFilter(lambda record: record.name in own)
+            h.addFilter(lambda record: record.name in own or record.name.startswith("commitenv.leaderboard"))
         lg.addHandler(h)
     if lg.getEffectiveLevel() > logging.INFO:
         lg.setLevel(logging.INFO)

@@ -188,12 +188,15 @@ def import_ray(what: str = "the Ray backend"):
     return ray
 
 
-def run_jobs(jobs: list[Job], *, n_jobs: int | None = 1, progress: bool = False,
-             on_done: Callable[[Job, dict[str, Any]], None] | None = None,
-             ray_address: str | None = None) -> list[dict[str, Any]]:
+def run_jobs(jobs: list[Any], *, n_jobs: int | None = 1, progress: bool = False,
+             on_done: Callable[[Any, dict[str, Any]], None] | None = None,
+             ray_address: str | None = None, fn: Callable[[Any], dict[str, Any]] | None = None,
+             desc: str = "episodes") -> list[dict[str, Any]]:
     """Run ``jobs`` (serially, in ``n_jobs`` spawned processes, or with ``ray_address`` as Ray tasks, at most
     ``n_jobs`` in flight, None: all; ``RAY_LOCAL`` starts a local Ray); the results in the jobs' order.
+    ``fn`` (a module-level function, default `run_job` on `Job`s) runs one job and returns a dict;
     ``on_done(job, result)`` is called in this process as each one finishes."""
+    fn = fn or run_job
     results: list[dict[str, Any] | None] = [None] * len(jobs)
     ray, started = None, False
     if ray_address is not None and jobs:  # before the progress bar, which Ray's start-up messages would break
@@ -203,7 +206,7 @@ def run_jobs(jobs: list[Job], *, n_jobs: int | None = 1, progress: bool = False,
     if progress and jobs:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(jobs), unit="episode", desc="episodes")
+        bar = tqdm(total=len(jobs), unit="episode", desc=desc)
 
     def done(i: int, r: dict[str, Any]) -> None:
         results[i] = r
@@ -214,13 +217,13 @@ def run_jobs(jobs: list[Job], *, n_jobs: int | None = 1, progress: bool = False,
 
     try:
         if ray is not None:
-            _run_ray(ray, jobs, done, in_flight=n_jobs)
+            _run_ray(ray, jobs, done, in_flight=n_jobs, fn=fn)
         elif (n_jobs or 1) <= 1 or len(jobs) <= 1:
             for i, job in enumerate(jobs):
-                done(i, run_job(job))
+                done(i, fn(job))
         else:
             with ProcessPoolExecutor(max_workers=min(n_jobs, len(jobs)), mp_context=get_context("spawn")) as ex:
-                futures = {ex.submit(run_job, job): i for i, job in enumerate(jobs)}
+                futures = {ex.submit(fn, job): i for i, job in enumerate(jobs)}
                 for fut in as_completed(futures):
                     i = futures[fut]
                     try:
@@ -237,12 +240,13 @@ def run_jobs(jobs: list[Job], *, n_jobs: int | None = 1, progress: bool = False,
 
 
 # ============================================================================================== Ray
-def _run_ray(ray, jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, in_flight: int | None) -> None:
+def _run_ray(ray, jobs: list[Any], done: Callable[[int, dict[str, Any]], None], *, in_flight: int | None,
+             fn: Callable[[Any], dict[str, Any]] = run_job) -> None:
     """Run ``jobs`` as Ray tasks (one CPU each), keeping at most ``in_flight`` submitted (None: all), and pass
-    each result, its files written here, to ``done(index, result)`` as it finishes."""
+    each result, its files written here (for `run_job`), to ``done(index, result)`` as it finishes."""
     cache = os.environ.get("COMMITENV_CACHE")
     task = ray.remote(num_cpus=1, runtime_env={"env_vars": {"COMMITENV_CACHE": cache}} if cache else None)(
-        run_job_shipped)
+        run_job_shipped if fn is run_job else fn)
     limit = in_flight or len(jobs)
     todo = iter(enumerate(jobs))
     waiting: dict[Any, int] = {}
@@ -259,7 +263,7 @@ def _run_ray(ray, jobs: list[Job], done: Callable[[int, dict[str, Any]], None], 
                     r = ray.get(ref)
                 except Exception as e:  # noqa: BLE001  (a task that failed or whose worker died)
                     r = {"error": error_text(getattr(e, "cause", None) or e)}
-                done(i, _place(jobs[i], r))
+                done(i, _place(jobs[i], r) if fn is run_job else r)
     finally:
         for ref in waiting:  # interrupted: do not leave tasks running on a cluster
             with contextlib.suppress(Exception):  # the interruption is what to report, not a failed cancel

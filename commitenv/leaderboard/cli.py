@@ -1,0 +1,68 @@
+"""``commitenv submit PATH`` and ``commitenv leaderboard render``: the participant's and the maintainer's commands."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from commitenv.runner import RAY_LOCAL
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from commitenv.leaderboard.submission import load_submission
+    from commitenv.leaderboard.submit import submit
+
+    if args.jobs < 1:
+        raise ValueError(f"--jobs: expected at least 1, got {args.jobs}")
+    sub = load_submission(args.path, name=args.name)
+    res = submit(sub, args.suite, board=Path(args.board), n_jobs=args.jobs, ray_address=args.ray,
+                 secret_file=args.secret_file, progress=not args.quiet, render=not args.no_render)
+    if res.refused:
+        print(f"refused: {sub.name}: {res.refused}")
+        return 3
+    rec = res.record
+    print(f"{'episode':<40} {'status':<14} {'score':>8} {'cost kWh-eq':>12} {'attain %':>9}  gate")
+    for r in rec["episodes"]:
+        print(f"{r['label']:<40} {r['status']:<14} {r['score']:>8.1f} {r['cost_kwh_eq']:>12.4f} "
+              f"{r['attainment_pct']:>9.3f}  {'pass' if r['slo_gate_pass'] else 'FAIL'}")
+        if r["reason"]:
+            print(f"    {r['reason']}")
+    s = rec["score"]
+    ci = f" (95 % CI {s['ci95'][0]:.1f} to {s['ci95'][1]:.1f})" if s["ci95"] else ""
+    print(f"{sub.name} on {rec['suite']}: score {s['mean']:.1f}{ci} over {s['n']} episodes, "
+          f"{rec['metrics']['failed']} lost; {rec['wall_s']:.0f} s")
+    print(f"appended to {res.results_file}")
+    return 0
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    from commitenv.leaderboard.render import render_board
+
+    md, html = render_board(Path(args.board))
+    print(f"wrote {md} and {html}")
+    return 0
+
+
+def add_leaderboard_parsers(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("submit", help="score a controller on a leaderboard suite, in a sandbox, and record the result")
+    s.add_argument("path", metavar="PATH",
+                   help="a folder with submission.yaml (name, authors, description, learns, controller, kwargs), "
+                        "that file, or file.py:Class")
+    s.add_argument("--suite", default="dev", help="dev (public), test (drawn from the maintainer's secret; without it "
+                                                  "dev runs), or a suite file")
+    s.add_argument("--name", default=None, help="the name in the table (default: submission.yaml's)")
+    s.add_argument("--board", default="leaderboard", metavar="DIR",
+                   help="the leaderboard folder: suites/, references/, results/ (default ./leaderboard)")
+    s.add_argument("--jobs", type=int, default=1, metavar="N", help="episodes at a time (processes, or Ray tasks)")
+    s.add_argument("--ray", nargs="?", const=RAY_LOCAL, default=None, metavar="ADDRESS",
+                   help="run the episodes as Ray tasks (a new local Ray, or the cluster at ADDRESS)")
+    s.add_argument("--secret-file", default=None, metavar="FILE",
+                   help="the maintainer's secret for the test suite (else $COMMITENV_LEADERBOARD_SECRET)")
+    s.add_argument("--no-render", action="store_true", help="do not re-render LEADERBOARD.md and index.html")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_submit)
+    lb = sub.add_parser("leaderboard", help="leaderboard maintenance: render the table from the results")
+    lsub = lb.add_subparsers(dest="lb_cmd", required=True)
+    r = lsub.add_parser("render", help="write LEADERBOARD.md and index.html from results/*.jsonl")
+    r.add_argument("--board", default="leaderboard", metavar="DIR")
+    r.set_defaults(func=_cmd_render)

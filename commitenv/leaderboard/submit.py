@@ -1,0 +1,97 @@
+"""``commitenv submit``: score a submission on a suite, append the result and render the board.
+
+The board is a folder (default ``./leaderboard``): ``suites/`` (falls back to the shipped suites), ``references/``
+(cached reference runs), ``results/<suite>.jsonl``, ``LEADERBOARD.md`` and ``index.html``. Episodes run through the
+evaluation runner (`commitenv.runner.run_jobs`: local processes, or Ray tasks with ``ray_address``), each one
+sandboxed (`commitenv.leaderboard.sandbox`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from commitenv.leaderboard import references
+from commitenv.leaderboard.results import append_result, provenance
+from commitenv.leaderboard.sandbox import SandboxJob, run_sandboxed
+from commitenv.leaderboard.score import episode_row, suite_summary
+from commitenv.leaderboard.submission import Submission
+from commitenv.leaderboard.suite import episodes, load_suite, read_secret, seeds_hash
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What `submit` produced: the record appended (None when refused) and where, or why it was refused."""
+
+    record: dict[str, Any] | None
+    results_file: Path | None
+    refused: str | None = None
+
+
+def run_sandbox_job(job: SandboxJob) -> dict[str, Any]:
+    """A runner worker's entry point: `run_sandboxed`, with a host-side error returned, not raised."""
+    from commitenv.runner import error_text
+
+    try:
+        return run_sandboxed(job)
+    except Exception as e:  # noqa: BLE001
+        return {"error": error_text(e)}
+
+
+def submit(sub: Submission, suite_name: str = "dev", *, board: Path = Path("leaderboard"), n_jobs: int = 1,
+           ray_address: str | None = None, secret_file: str | Path | None = None, progress: bool = False,
+           render: bool = True) -> Scored:
+    """Score ``sub`` on the suite, append the result to ``board/results/<suite>.jsonl`` and render the board. A
+    secret suite without the secret falls back to ``dev`` (logged). ValueError for bad input or a failed run."""
+    from commitenv.runner import run_jobs
+
+    t0 = time.perf_counter()
+    suite, shash = load_suite(suite_name, board)
+    secret = None
+    if suite.secret:
+        secret = read_secret(secret_file)
+        if secret is None:
+            log.warning("suite '%s' needs the maintainer's secret (COMMITENV_LEADERBOARD_SECRET or --secret-file); "
+                        "running the public 'dev' suite instead", suite.name)
+            suite, shash = load_suite("dev", board)
+    eps = episodes(suite, shash, secret)
+    denied = tuple(str(p) for p in (board.resolve(), Path(secret_file).resolve() if secret_file else None) if p)
+
+    def run(jobs: list[Any], fn: Any, desc: str) -> list[dict[str, Any]]:
+        return run_jobs(jobs, n_jobs=n_jobs, ray_address=ray_address, fn=fn, progress=progress, desc=desc)
+
+    ref_file = board / "references" / f"{suite.name}.json"
+    refs = references.ensure(ref_file, eps, (suite.lower, suite.upper), secret=secret,
+                             run=lambda jobs: run(jobs, references.run_reference, "references"))
+    outcomes = run([SandboxJob(sub, ep, suite.limits, denied, ep.controller_seed) for ep in eps], run_sandbox_job, sub.name)
+    refused = next((o["refused"] for o in outcomes if "refused" in o), None)
+    if refused:
+        return Scored(None, None, refused)
+    errors = [f"{ep.label}: {o['error']}" for ep, o in zip(eps, outcomes) if "error" in o]
+    if errors:
+        raise ValueError("scoring failed (not the submission's fault): " + "; ".join(errors))
+    rows = [episode_row(ep.label, ep.scenario, None if ep.hidden else ep.seed, o, lo, up)
+            for ep, o, (lo, up) in zip(eps, outcomes, refs)]
+    score, metrics = suite_summary(rows)
+    m = sub.meta
+    record = {
+        "name": m.name, "authors": list(m.authors), "description": m.description, "learns": m.learns,
+        "suite": suite.name, "suite_hash": shash, "seeds_hash": seeds_hash(eps) if suite.secret else None,
+        "submitted_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "wall_s": round(time.perf_counter() - t0, 3), "jobs": n_jobs, "limits": suite.limits.model_dump(),
+        "score": score, "reference": {"lower": suite.lower, "upper": suite.upper}, "metrics": metrics,
+        "episodes": rows, "provenance": provenance([ep.scenario for ep in eps], sub.sha256),
+    }
+    out = board / "results" / f"{suite.name}.jsonl"
+    append_result(out, record)
+    if render:
+        from commitenv.leaderboard.render import render_board
+
+        render_board(board)
+    return Scored(record, out)

@@ -1,0 +1,66 @@
+"""Framing between the scoring host and a sandboxed submission: length-prefixed messages on two pipes.
+
+The host sends pickles (its own data: context, observations, snapshots); the submission answers in JSON only, and the
+host reads at most `MAX_REPLY` bytes of it, so nothing the submission writes is ever unpickled or grows unbounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+from typing import Any
+
+_HEADER = struct.Struct(">I")
+MAX_REPLY = 1 << 20  # bytes of one JSON message from a submission
+
+
+class WireError(Exception):
+    """The other side closed the pipe, or sent a malformed or oversized message."""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        b = os.read(fd, min(left, 1 << 16))
+        if not b:
+            raise WireError("the pipe closed")
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def send_pickle(fd: int, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    _write_all(fd, _HEADER.pack(len(data)) + data)
+
+
+def recv_pickle(fd: int) -> Any:
+    (n,) = _HEADER.unpack(_read_exact(fd, _HEADER.size))
+    return pickle.loads(_read_exact(fd, n))
+
+
+def send_json(fd: int, obj: dict[str, Any]) -> None:
+    data = json.dumps(obj, allow_nan=False).encode()
+    _write_all(fd, _HEADER.pack(len(data)) + data)
+
+
+def recv_json(fd: int) -> dict[str, Any]:
+    (n,) = _HEADER.unpack(_read_exact(fd, _HEADER.size))
+    if n > MAX_REPLY:
+        raise WireError(f"a message of {n} bytes (at most {MAX_REPLY})")
+    try:
+        msg = json.loads(_read_exact(fd, n))
+    except ValueError as e:
+        raise WireError(f"not JSON ({e})") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+        raise WireError("expected a JSON object with an 'op'")
+    return msg
