@@ -142,7 +142,8 @@ MD_DEV_BREAKDOWN = """\
 """
 
 NORMALIZATION = ("score per episode: 100 x (cost_lower - cost) / (cost_lower - cost_upper), lower = vllm (0), "
-                 "upper = oracle (100); an episode that fails the SLO gate scores min(that, 0); "
+                 "upper = oracle (100); an episode that fails the SLO gate scores "
+                 "min(that, 0) minus the shortfall of its worst hour in attainment points; "
                  "suite score = mean with 95 % t-interval")
 
 

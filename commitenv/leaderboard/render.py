@@ -26,7 +26,8 @@ __all__ = ["load_results", "latest_by_name", "render_markdown", "render_html", "
 DASH = "—"
 NORMALIZATION = (
     "score per episode: 100 x (cost_lower - cost) / (cost_lower - cost_upper), lower = {lower} (0), "
-    "upper = {upper} (100); an episode that fails the SLO gate scores min(that, 0); "
+    "upper = {upper} (100); an episode that fails the SLO gate scores "
+    "min(that, 0) minus the shortfall of its worst hour in attainment points; "
     "suite score = mean with 95 % t-interval"
 )
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from commitenv.leaderboard.suite import load_yaml_model
 
 META_FILE = "submission.yaml"
 MAX_BYTES = 64 << 20  # a submission folder's size limit
@@ -97,14 +98,7 @@ def load_submission(path: str | Path, *, name: str | None = None, authors: list[
     if not meta_path.is_file():
         raise ValueError(f"submission {text}: expected a folder with {META_FILE}, a {META_FILE} file, or "
                          "file.py:Class")
-    try:
-        doc = yaml.safe_load(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ValueError(f"{meta_path}: cannot read the submission metadata ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{meta_path}: expected a mapping (name, authors, description, learns, controller)")
-    doc.update(override)
-    meta = _validate(doc, str(meta_path))
+    meta, _ = load_yaml_model(meta_path, SubmissionMeta, "submission", override)
     folder = meta_path.parent.resolve()
     files = _files(folder)
     return Submission(meta, folder, tuple(files), _hash(folder, files))
@@ -115,8 +109,7 @@ def _validate(doc: dict[str, Any], where: str) -> SubmissionMeta:
         return SubmissionMeta.model_validate(doc)
     except ValidationError as e:
         err = e.errors()[0]
-        field_name = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise ValueError(f"{where}: field {field_name}: {err['msg']}") from None
+        raise ValueError(f"{where}: field {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
 def sandbox_spec(sub: Submission, root: Path) -> str:

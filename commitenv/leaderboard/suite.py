@@ -115,25 +115,31 @@ def suite_path(name_or_path: str | Path, board: Path | None = None) -> Path:
                      + (f" in {board}" if board is not None else "") + " nor a shipped one")
 
 
-def load_suite(name_or_path: str | Path, board: Path | None = None) -> tuple[Suite, str]:
-    """The suite and its hash (``sha256:`` of the file's bytes); ValueError naming the file and field."""
-    path = suite_path(name_or_path, board)
+def load_yaml_model(path: Path, model: type[BaseModel], what: str, override: dict | None = None
+                    ) -> tuple[BaseModel, bytes]:
+    """``model`` validated from the YAML file ``path`` (``override`` fields replacing the file's) and the file's
+    bytes; ValueError naming the file, and the field with what was expected."""
     try:
         raw = path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read the suite ({e.strerror or e})") from None
-    try:
         doc = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a mapping of suite fields")
+        raise ValueError(f"{path}: expected a mapping of {what} fields")
+    doc.update(override or {})
     try:
-        suite = Suite.model_validate(doc)
+        return model.model_validate(doc), raw
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "(top level)"
         raise ValueError(f"{path}: field {where}: {err['msg']}") from None
+
+
+def load_suite(name_or_path: str | Path, board: Path | None = None) -> tuple[Suite, str]:
+    """The suite and its hash (``sha256:`` of the file's bytes); ValueError naming the file and field."""
+    suite, raw = load_yaml_model(suite_path(name_or_path, board), Suite, "suite")
     return suite, "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
