@@ -132,6 +132,7 @@ def test_the_secret_is_neither_in_the_environment_nor_readable(tmp_path, toy, mo
 
 def test_the_host_process_is_out_of_reach(tmp_path, toy):
     """gc finds no environment in the child; /proc of the host, processes, sockets and ctypes calls are refused."""
+    escape = tmp_path / "escaped.txt"
     body = """
     import gc, os, socket, subprocess
     class Reach(Served):
@@ -146,7 +147,7 @@ def test_the_host_process_is_out_of_reach(tmp_path, toy):
                 "system": lambda: os.system("true"),
                 "socket": lambda: socket.create_connection(("127.0.0.1", 22), timeout=1),
                 "fork": lambda: os.fork(),
-                "write_outside": lambda: open("/tmp/commitenv-sandbox-escape", "w"),
+                "write_outside": lambda: open(ESCAPE, "w"),
                 "kill_host": lambda: os.kill(os.getppid(), 0),
             }
             for name, attempt in attempts.items():
@@ -160,13 +161,13 @@ def test_the_host_process_is_out_of_reach(tmp_path, toy):
         def stats(self):
             return self.hits
     """
-    out = sandboxed(submission(tmp_path, body, "Reach"), toy)
+    out = sandboxed(submission(tmp_path, body.replace("ESCAPE", repr(str(escape))), "Reach"), toy)
     assert out["status"] == "ok", out["reason"]
     s = out["summary"]
     for k in ("envs", "host_mem", "host_environ", "subprocess", "system", "socket", "fork", "write_outside",
               "kill_host"):
         assert s[k] == 0, k
-    assert not Path("/tmp/commitenv-sandbox-escape").exists()
+    assert not escape.exists()
 
 
 def test_a_snapshot_sent_to_the_sandbox_holds_no_truth(tmp_path, toy):

@@ -28,6 +28,24 @@ STATE_NAMES = ("active", "draining", "standby", "waking")
 SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 
 
+def batch_terms(batch: list[tuple[Req, int]]) -> tuple[int, int, int, int, list[bool]]:
+    """The step laws' terms of a scheduled batch of (request, new tokens), before it runs: prefill tokens P,
+    prefill attention pairs A, decoding requests n, summed decode context L, and per entry whether it decodes
+    (one new token of a request whose prompt and earlier tokens are all computed)."""
+    P = A = n = L = 0
+    flags = []
+    for r, k in batch:
+        if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:
+            n += 1
+            L += r.computed + 1
+            flags.append(True)
+        else:
+            flags.append(False)
+            P += k
+            A += k * r.computed + k * (k + 1) // 2
+    return P, A, n, L, flags
+
+
 class Replica:
     """A model instance on a GPU: scheduler queues, KV blocks, lifecycle state and the segment in flight."""
 
@@ -230,24 +248,8 @@ class Replica:
             self.seg = SEG_NONE
             return False
         c = self.coeffs
-        P = 0
-        A = 0
-        n = 0
-        L = 0
-        all_decode = True
-        flags = [] if record else None
-        for r, k in batch:
-            if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:
-                n += 1
-                L += r.computed + 1
-                if record:
-                    flags.append(True)
-            else:
-                all_decode = False
-                if record:
-                    flags.append(False)
-                P += k
-                A += k * r.computed + k * (k + 1) // 2
+        P, A, n, L, flags = batch_terms(batch)
+        all_decode = P == 0
         ft, fe, t_next = noise.draw_for(self, t) if noise is not None else (1.0, 1.0, math.inf)
         self.ft, self.fe = ft, fe
         self.t0 = t

@@ -1,0 +1,90 @@
+"""`SimEngine`: the `ServingEngine` seam played by the simulator's own replica (vLLM V1 scheduling, the profile's
+step laws) on a virtual clock, metering each step into a `FakeGpu`. Steps run one at a time (never in closed-form
+runs), so every step is a record, as on the real engine."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from commitenv.backends.clock import VirtualClock
+from commitenv.backends.engine import ServingEngine, StepRecord
+from commitenv.backends.fake_gpu import FakeGpu
+from commitenv.profiles.schema import Profile
+from commitenv.sim.gpu import GPU
+from commitenv.sim.replica import ACTIVE, STANDBY, Replica, batch_terms
+from commitenv.sim.request import Req
+
+
+class SimEngine(ServingEngine):
+    """See the module docstring. ``noise_sigma`` draws each step's time and energy factor from a mean-one
+    lognormal (seeded), as measured steps scatter around their law."""
+
+    def __init__(self, profile: Profile, gpu: FakeGpu, clock: VirtualClock, *, noise_sigma: float = 0.0,
+                 seed: int = 0) -> None:
+        self.profile, self.fake, self.clock = profile, gpu, clock
+        self._gpu = GPU(0, gpu.clock_index_at(clock.now()))
+        self.rep = Replica(0, self._gpu, profile)
+        self._gpu.replicas = [self.rep]
+        self.noise_sigma = noise_sigma
+        self._rng = np.random.default_rng(seed)
+        self._ids: dict[int, str] = {}
+        self._slot = 0
+
+    def add_request(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
+        limit = self.profile.scheduler.context_limit
+        if prompt_tokens < 1 or max_tokens < 1 or prompt_tokens + max_tokens > limit:
+            raise ValueError(f"request {request_id}: prompt {prompt_tokens} + output {max_tokens} tokens must be >= 1 "
+                             f"each and fit the context limit {limit}")
+        if self.rep.state == STANDBY:
+            raise RuntimeError("the engine sleeps: wake() it before adding requests")
+        r = Req(self._slot, self.clock.now(), int(prompt_tokens), int(max_tokens), math.inf)
+        r.replica = 0
+        self._ids[self._slot] = request_id
+        self._slot += 1
+        self.rep.waiting.append(r)
+        self.rep.unf += 1
+
+    def has_work(self) -> bool:
+        return self.rep.has_work()
+
+    def step(self) -> StepRecord | None:
+        if not self.rep.has_work():
+            return None
+        t0 = self.clock.now()
+        idx = self.fake.clock_index_at(t0)
+        if idx != self._gpu.clock_idx:
+            self._gpu.clock_idx = idx
+            self.rep.invalidate_coeffs()
+        rep = self.rep
+        if not rep.start(t0, None, False, False):
+            return None
+        P, A, n, L, _ = batch_terms(rep.batch)
+        fresh = [r for r, _ in rep.batch if r.generated == 0]
+        ft = fe = 1.0
+        if self.noise_sigma > 0:
+            s = self.noise_sigma
+            ft, fe = np.exp(s * self._rng.standard_normal(2) - s * s / 2)
+        elapsed = (rep.t1 - t0) * ft
+        energy = rep.seg_energy * fe
+        rep.t1 = t0 + elapsed
+        self.clock.advance(elapsed)
+        self.fake.add_step(t0, t0 + elapsed, energy)
+        done = rep.finish()
+        first = tuple(self._ids[r.slot] for r in fresh if r.generated >= 1)
+        finished = tuple(self._ids.pop(r.slot) for r in done)
+        return StepRecord(t0, elapsed, P, A, n, L, first, finished)
+
+    def sleep(self) -> None:
+        if self.rep.has_work():
+            raise RuntimeError("sleep(): requests are still queued or running")
+        self.rep.state = STANDBY
+        self.fake.set_state("standby")
+
+    def wake(self) -> None:
+        if self.rep.state == ACTIVE:
+            return
+        self.fake.set_state("active")  # waking: the instance draws active idle while weights come back
+        self.clock.advance(self.profile.latencies.activation_s)
+        self.rep.state = ACTIVE
