@@ -44,3 +44,21 @@ class VirtualClock:
         if not seconds >= 0:
             raise ValueError(f"clock: cannot advance by {seconds} s")
         self.t += seconds
+
+
+class ScaledClock:
+    """Wall time run ``speed`` times faster (seconds of this clock per real second): the CPU fakes of a whole pool
+    serve a trace in real time, only sooner. Every reader and sleeper of one pool shares it."""
+
+    def __init__(self, speed: float) -> None:
+        if not speed > 0:
+            raise ValueError(f"speed: expected > 0, got {speed}")
+        self.speed = float(speed)
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return (time.monotonic() - self._t0) * self.speed
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds / self.speed)

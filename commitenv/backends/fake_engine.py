@@ -1,5 +1,5 @@
 """`SimEngine`: the `ServingEngine` seam played by the simulator's own replica (vLLM V1 scheduling, the profile's
-step laws) on a virtual clock, metering each step into a `FakeGpu`. Steps run one at a time (never in closed-form
+step laws) on a virtual clock (or a scaled wall clock, in a pool of such engines), metering each step into a `FakeGpu`. Steps run one at a time (never in closed-form
 runs), so every step is a record, as on the real engine."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from commitenv.backends.clock import VirtualClock
+from commitenv.backends.clock import Clock
 from commitenv.backends.engine import ServingEngine, StepRecord
 from commitenv.backends.fake_gpu import FakeGpu
 from commitenv.profiles.schema import Profile
@@ -21,7 +21,7 @@ class SimEngine(ServingEngine):
     """See the module docstring. ``noise_sigma`` draws each step's time and energy factor from a mean-one
     lognormal (seeded), as measured steps scatter around their law."""
 
-    def __init__(self, profile: Profile, gpu: FakeGpu, clock: VirtualClock, *, noise_sigma: float = 0.0,
+    def __init__(self, profile: Profile, gpu: FakeGpu, clock: Clock, *, noise_sigma: float = 0.0,
                  seed: int = 0) -> None:
         self.profile, self.fake, self.clock = profile, gpu, clock
         self._gpu = GPU(0, gpu.clock_index_at(clock.now()))
@@ -68,9 +68,11 @@ class SimEngine(ServingEngine):
             ft, fe = np.exp(s * self._rng.standard_normal(2) - s * s / 2)
         elapsed = (rep.t1 - t0) * ft
         energy = rep.seg_energy * fe
+        self.fake.begin_step(t0)
+        self.clock.sleep(elapsed)  # a virtual clock advances; a scaled one runs the step in (shortened) real time
+        self.fake.add_step(t0, t0 + elapsed, energy)  # a scaled clock's oversleep is idle time, metered as such
+        elapsed = max(self.clock.now() - t0, elapsed)
         rep.t1 = t0 + elapsed
-        self.clock.advance(elapsed)
-        self.fake.add_step(t0, t0 + elapsed, energy)
         done = rep.finish()
         first = tuple(self._ids[r.slot] for r in fresh if r.generated >= 1)
         finished = tuple(self._ids.pop(r.slot) for r in done)
@@ -86,5 +88,5 @@ class SimEngine(ServingEngine):
         if self.rep.state == ACTIVE:
             return
         self.fake.set_state("active")  # waking: the instance draws active idle while weights come back
-        self.clock.advance(self.profile.latencies.activation_s)
+        self.clock.sleep(self.profile.latencies.activation_s)
         self.rep.state = ACTIVE

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import threading
 
-from commitenv.backends.clock import VirtualClock
+from commitenv.backends.clock import Clock
 from commitenv.backends.gpu import GpuControl, GpuInvalidArgument, GpuPermissionError
 from commitenv.profiles.schema import Profile
 
@@ -19,7 +20,7 @@ class FakeGpu(GpuControl):
     """See the module docstring. ``permitted=False`` refuses clock locks as an unprivileged process is refused;
     ``power_factor`` scales every power and energy (a part that draws more than the profile says)."""
 
-    def __init__(self, profile: Profile, clock: VirtualClock, index: int = 0, *, energy_update_s: float = 0.05,
+    def __init__(self, profile: Profile, clock: Clock, index: int = 0, *, energy_update_s: float = 0.05,
                  permitted: bool = True, power_factor: float = 1.0) -> None:
         if not 0.02 <= energy_update_s <= 0.1:
             raise ValueError(f"energy_update_s: NVML's counter updates every 20-100 ms, got {energy_update_s}")
@@ -34,6 +35,8 @@ class FakeGpu(GpuControl):
         self._bp_t = [self._t]  # breakpoints of the cumulative energy (piecewise linear in time), J
         self._bp_e = [0.0]
         self.locks: list[int] = []  # every locked MHz, in order (what a test may check)
+        self._mutex = threading.RLock()  # a pool's worker thread books steps while the pool reads the counter
+        self._busy_from: float | None = None  # a step started here and is not booked yet
 
     # ------------------------------------------------------------------------------------------ GpuControl
     def supported_clocks_mhz(self) -> list[int]:
@@ -56,6 +59,10 @@ class FakeGpu(GpuControl):
         self._set(self._default)
 
     def energy_mj(self) -> int:
+        with self._mutex:
+            return self._energy_mj()
+
+    def _energy_mj(self) -> int:
         now = self.clock.now()
         self._idle_to(now)
         tick = math.floor(now / self.energy_update_s + 1e-9) * self.energy_update_s
@@ -76,20 +83,34 @@ class FakeGpu(GpuControl):
         """The hosted instance's lifecycle state from now on (it sets the idle floor)."""
         if state not in STATES:
             raise ValueError(f"state: expected one of {STATES}, got {state!r}")
-        self._idle_to(self.clock.now())
-        self.state = state
+        with self._mutex:
+            self._idle_to(self.clock.now())
+            self.state = state
+
+    def begin_step(self, t0: float) -> None:
+        """A step starts at ``t0``: the floor is metered up to here and no further until `add_step` books it (a
+        counter read meanwhile shows the energy up to the step's start)."""
+        with self._mutex:
+            self._idle_to(t0)
+            self._busy_from = t0
 
     def add_step(self, t0: float, t1: float, energy_j: float) -> None:
         """A step ran over [t0, t1] and drew ``energy_j`` (whole GPU); the floor is metered up to t0."""
-        if t0 < self._t - 1e-12 or t1 < t0:
-            raise ValueError(f"step [{t0}, {t1}] overlaps metered time up to {self._t}")
-        self._idle_to(t0)
-        self._t = t1
-        self._bp_t.append(t1)
-        self._bp_e.append(self._bp_e[-1] + energy_j * self.power_factor)
+        with self._mutex:
+            self._busy_from = None
+            if t0 < self._t - 1e-12 or t1 < t0:
+                raise ValueError(f"step [{t0}, {t1}] overlaps metered time up to {self._t}")
+            self._idle_to(t0)
+            self._t = t1
+            self._bp_t.append(t1)
+            self._bp_e.append(self._bp_e[-1] + energy_j * self.power_factor)
 
     # ------------------------------------------------------------------------------------------ internals
     def _set(self, idx: int) -> None:
+        with self._mutex:
+            self._set_locked(idx)
+
+    def _set_locked(self, idx: int) -> None:
         now = self.clock.now()
         self._changes = [c for c in self._changes if c[0] <= now]  # a newer lock replaces a pending one
         self._changes.append((now + self.profile.latencies.clock_change_s, idx))
@@ -101,6 +122,8 @@ class FakeGpu(GpuControl):
 
     def _idle_to(self, t: float) -> None:
         """Meter the idle floor from the last metered time to ``t``, split where the clock changes."""
+        if self._busy_from is not None:
+            t = min(t, self._busy_from)
         if t <= self._t:
             return
         cuts = [c[0] for c in self._changes if self._t < c[0] < t] + [t]

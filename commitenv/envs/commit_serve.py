@@ -85,7 +85,7 @@ end of the episode): own energy, shared energy, and their sum, which add up to t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -142,8 +142,14 @@ class CommitServeEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
     def __init__(self, scenario: str | Scenario = "epact-h200-hour-fixed-a30", render_mode: str | None = None,
-                 attribution: bool = False) -> None:
+                 attribution: bool = False, backend: Callable[..., Any] | None = None) -> None:
         self.attribution = bool(attribution)
+        if backend is not None and not callable(backend):
+            raise ValueError(f"backend: expected None (the simulator) or a pool factory such as "
+                             f"commitenv.backends.pool.fake_backend(), got {backend!r}")
+        if backend is not None and self.attribution:
+            raise ValueError("attribution needs the simulator's step log; a hardware backend has none")
+        self.backend = backend  # None: the simulator; else (profile, replicas, options, clock MHz) -> a pool
         self.attributor: PoolAttributor | None = None
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -192,13 +198,19 @@ class CommitServeEnv(gym.Env):
         sc = self.scenario
         table = self._workload(self.run_seed)
         self.table = table
-        pool = Pool(self.profile, PoolLayout.single(self.n_replicas), engine_options(sc, self.run_seed),
-                    clock_mhz=self.clocks_mhz[self._init_clock])
+        if self.backend is None:
+            pool = Pool(self.profile, PoolLayout.single(self.n_replicas), engine_options(sc, self.run_seed),
+                        clock_mhz=self.clocks_mhz[self._init_clock])
+        else:  # a hardware pool (real or fake GPUs): the hardware is the truth, its counters are the meter
+            self.close()
+            pool = self.backend(self.profile, self.n_replicas, engine_options(sc, self.run_seed),
+                                self.clocks_mhz[self._init_clock])
         if self._init_active != self.n_replicas:
             pool.set_active(0.0, self._init_active)
         pool.attach(table)
         self.pool = pool
-        self.meter = ControllerMeter(self.realism.meters, self.n_replicas, pool.opt.seed)
+        meters = self.realism.meters if self.backend is None else type(self.realism.meters)()  # real counters
+        self.meter = ControllerMeter(meters, self.n_replicas, pool.opt.seed)
         self.meter_prev = 0.0  # controller-meter reading at the last boundary, and at the hour's start
         self.meter_hour_start = 0.0
         self._pending_done: list[int] = []
@@ -481,6 +493,13 @@ class CommitServeEnv(gym.Env):
         if self.pool is None:
             raise RuntimeError("recent_arrivals() called before reset()")
         return observed_arrivals(self.pool, window_s)
+
+    def close(self) -> None:
+        """Release a hardware pool's workers and reset its GPUs' clocks (nothing to do on the simulator)."""
+        pool = getattr(self, "pool", None)
+        if pool is not None and hasattr(pool, "close"):
+            pool.close()
+        super().close()
 
     # ------------------------------------------------------------------------------------------ render
     def render(self):

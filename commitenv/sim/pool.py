@@ -102,6 +102,58 @@ class EngineOptions:
             raise ValueError("engine options: give either the legacy per-segment `noise` or `truth`, not both")
 
 
+@dataclass(frozen=True)
+class RequestTerms:
+    """What the engine fixes for every request of a workload at attach time: rejected on arrival (prompt over the
+    serving model's context limit), the output length it runs to (capped at the context limit), the standalone
+    reference latency L_ref, the true deadline a + alpha L_ref, the predicted output length a controller sees and
+    the deadline it sees (computed from the predicted length when deadlines are predicted)."""
+
+    rejected: np.ndarray
+    out_tokens: np.ndarray
+    lref: np.ndarray
+    deadline: np.ndarray
+    pred_out: np.ndarray
+    visible_deadline: np.ndarray
+
+
+def _capped_lref(profiles: list[Profile], table: RequestTable, model_of: np.ndarray,
+                 out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Output lengths capped at each model's context limit, and the requests' reference latencies L_ref."""
+    out = np.asarray(out).astype(np.int64)  # a copy
+    lref = np.zeros(len(out))
+    for m, prof in enumerate(profiles):
+        sel = model_of == m
+        out[sel] = np.minimum(out[sel], np.maximum(prof.scheduler.context_limit - table.prompt_tokens[sel], 1))
+        lref[sel] = reference_latency(prof, table.prompt_tokens[sel], out[sel])
+    return out, lref
+
+
+def request_terms(profiles: list[Profile], opt: "EngineOptions", table: RequestTable,
+                  model_of: np.ndarray) -> RequestTerms:
+    """The `RequestTerms` of ``table`` served by ``profiles`` (request i by model ``model_of[i]``) under ``opt``
+    (SLO scale, length prediction error and bias with its seed, visible deadlines); shared by the simulated pool
+    and the hardware backend, so both judge a request alike."""
+    n = len(table)
+    rejected = np.zeros(n, dtype=bool)
+    for m, prof in enumerate(profiles):
+        rejected |= (model_of == m) & (table.prompt_tokens >= prof.scheduler.context_limit)
+    out, lref = _capped_lref(profiles, table, model_of, table.output_tokens)
+    deadline = table.arrival_s + opt.alpha * lref
+    s = opt.length_error_sigma
+    if opt.oracle_lengths or (s == 0 and opt.length_bias == 0):
+        pred_out = out.copy()
+    else:
+        rng = np.random.default_rng(np.random.SeedSequence([opt.seed, 7919]))
+        f = np.exp(s * rng.standard_normal(n) - 0.5 * s * s) * (1.0 + opt.length_bias)
+        pred_out = np.maximum(1, np.rint(out * f)).astype(np.int64)
+    visible = deadline
+    if opt.visible_deadlines == "predicted" and not opt.oracle_lengths:
+        # what an operator can state at arrival: the SLO of the predicted length (scoring keeps the true one)
+        visible = table.arrival_s + opt.alpha * _capped_lref(profiles, table, model_of, pred_out)[1]
+    return RequestTerms(rejected, out, lref, deadline, pred_out, visible)
+
+
 class Pool:
     """A pool of GPUs serving one or more models with vLLM scheduling semantics."""
 
@@ -182,25 +234,11 @@ class Pool:
                     raise ValueError(f"tenant_model: tenant {ten} mapped to model {m}, but the pool has {self.n_models}")
                 tm[table.tenant == ten] = m
         self._model = tm.tolist()
-        self.rejected = np.zeros(n, dtype=bool)
-        for m, prof in enumerate(self.profiles):
-            self.rejected |= (tm == m) & (table.prompt_tokens >= prof.scheduler.context_limit)
-        out, self.lref = self._capped_lref(table, tm, table.output_tokens)
-        self.out_tokens = out
-        self.deadline = table.arrival_s + self.opt.alpha * self.lref
-        self._out = out.tolist()
+        terms = request_terms(self.profiles, self.opt, table, tm)
+        self.rejected, self.out_tokens, self.lref = terms.rejected, terms.out_tokens, terms.lref
+        self.deadline, self.pred_out, self.visible_deadline = terms.deadline, terms.pred_out, terms.visible_deadline
+        self._out = self.out_tokens.tolist()
         self._deadline = self.deadline.tolist()
-        s = self.opt.length_error_sigma
-        if self.opt.oracle_lengths or (s == 0 and self.opt.length_bias == 0):
-            self.pred_out = out.copy()
-        else:
-            rng = np.random.default_rng(np.random.SeedSequence([self.opt.seed, 7919]))
-            f = np.exp(s * rng.standard_normal(n) - 0.5 * s * s) * (1.0 + self.opt.length_bias)
-            self.pred_out = np.maximum(1, np.rint(out * f)).astype(np.int64)
-        self.visible_deadline = self.deadline
-        if self.opt.visible_deadlines == "predicted" and not self.opt.oracle_lengths:
-            # what an operator can state at arrival: the SLO of the predicted length (scoring keeps the true one)
-            self.visible_deadline = table.arrival_s + self.opt.alpha * self._capped_lref(table, tm, self.pred_out)[1]
         self.overhead_s = self.truth.request_overheads(n) if self.truth is not None else None
         self.done_slots: list[int] | None = None  # a list when the environment tracks completions (misses)
         self._n_results = n
@@ -211,16 +249,6 @@ class Pool:
         self.preemptions = np.zeros(n, dtype=np.int32)
         self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))
         self.now = max(self.now, t_start)
-
-    def _capped_lref(self, table: RequestTable, model_of: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Output lengths capped at each model's context limit, and the requests' reference latencies L_ref."""
-        out = np.asarray(out).astype(np.int64)  # a copy
-        lref = np.zeros(len(out))
-        for m, prof in enumerate(self.profiles):
-            sel = model_of == m
-            out[sel] = np.minimum(out[sel], np.maximum(prof.scheduler.context_limit - table.prompt_tokens[sel], 1))
-            lref[sel] = reference_latency(prof, table.prompt_tokens[sel], out[sel])
-        return out, lref
 
     def _attach_prefixes(self, table: RequestTable) -> None:
         """Give every replica a prefix cache when the workload has hash blocks and caching is on."""

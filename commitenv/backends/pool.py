@@ -1,0 +1,278 @@
+"""`HardwarePool`: GPUs serving a trace in real time, behind the surface of the simulator's `Pool` that the
+environment, the settlement and the scores use, so `CommitServeEnv(..., backend=...)` runs a controller against
+hardware (NVML + vLLM) or against the CPU fakes unchanged.
+
+A worker thread per GPU owns its engine: it admits the requests routed to it, runs one engine step after another
+and records each request's first token and finish at the step's end. The pool's thread replays the trace in real
+time: at each arrival's time it routes the request to the least-loaded active worker (as the simulator's router
+does) and, at interval boundaries, reads each GPU's energy counter. Deactivated workers stop receiving requests,
+finish what they hold (the simulator moves their queued requests away instead: an engine cannot hand its queue
+over) and sleep; reactivated ones wake (the engine's wake latency). Clock changes lock every GPU's clock.
+
+Not modelled here, because the hardware is the truth: the realism level's truth model (speed and power factors,
+noise), which this pool ignores. Not built yet: what-if snapshots (`clone`), so controllers that simulate (ePACT,
+MPC) cannot run on this backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+from typing import Callable
+
+import numpy as np
+
+from commitenv.backends.clock import Clock
+from commitenv.backends.engine import ServingEngine
+from commitenv.backends.gpu import GpuControl
+from commitenv.profiles.schema import Profile
+from commitenv.sim.pool import EngineOptions, request_terms
+from commitenv.sim.request import Req
+from commitenv.workload.table import RequestTable
+
+log = logging.getLogger(__name__)
+ACTIVE, DRAINING, STANDBY = "active", "draining", "standby"
+
+
+class DeviceWorker:
+    """One GPU and its engine, stepped by a thread of its own (engines are not thread-safe: only this thread
+    calls its engine)."""
+
+    def __init__(self, index: int, gpu: GpuControl, engine: ServingEngine, clock: Clock,
+                 on_finish: Callable[[Req, float], None]) -> None:
+        self.index, self.gpu, self.engine, self.clock = index, gpu, engine, clock
+        self.on_finish = on_finish
+        self.state = ACTIVE
+        self.live: dict[str, Req] = {}
+        self._inbox: collections.deque[Req] = collections.deque()
+        self._want: str = ACTIVE
+        self._cv = threading.Condition()
+        self._stop = False
+        self.error: BaseException | None = None
+        self.steps = 0
+        self._thread = threading.Thread(target=self._run, name=f"commitenv-gpu{index}", daemon=True)
+        self._thread.start()
+
+    @property
+    def load(self) -> int:
+        return len(self.live) + len(self._inbox)
+
+    def submit(self, r: Req) -> None:
+        with self._cv:
+            self._inbox.append(r)
+            self._cv.notify()
+
+    def want(self, state: str) -> None:
+        """Ask for ``ACTIVE`` (wake if asleep) or ``DRAINING`` (finish the held requests, then sleep)."""
+        with self._cv:
+            self._want = state
+            if state == DRAINING and self.state == ACTIVE:
+                self.state = DRAINING
+            self._cv.notify()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        eng = self.engine
+        try:
+            while True:
+                with self._cv:
+                    if self._stop:
+                        return
+                    while self._inbox:
+                        r = self._inbox.popleft()
+                        self.live[str(r.slot)] = r
+                        eng.add_request(str(r.slot), r.prompt, r.out)
+                    if not eng.has_work():
+                        if self.state == DRAINING and self._want == DRAINING:
+                            eng.sleep()
+                            self.state = STANDBY
+                        if not (self.state == STANDBY and self._want == ACTIVE):
+                            self._cv.wait(timeout=0.002)
+                            continue
+                if self.state == STANDBY:  # asked to serve again: wake outside the lock (it takes a while)
+                    eng.wake()
+                    with self._cv:
+                        self.state = ACTIVE if self._want == ACTIVE else DRAINING
+                    continue
+                if self.state == DRAINING and self._want == ACTIVE:
+                    self.state = ACTIVE
+                rec = eng.step()
+                if rec is None:
+                    continue
+                self.steps += 1
+                t_end = rec.t_start + rec.elapsed_s
+                for rid in rec.first_token:
+                    r = self.live[rid]
+                    r.first_t, r.generated, r.computed = t_end, 1, r.prompt
+                for rid in rec.finished:
+                    r = self.live.pop(rid)
+                    r.generated = r.out
+                    self.on_finish(r, t_end)
+        except BaseException as e:  # noqa: BLE001  (the pool's thread raises it at its next call)
+            self.error = e
+
+
+class HardwarePool:
+    """See the module docstring. ``devices``: one (GPU, engine) per replica, all serving ``profile``'s model."""
+
+    def __init__(self, profile: Profile, devices: list[tuple[GpuControl, ServingEngine]], clock: Clock,
+                 options: EngineOptions, *, clock_mhz: int | None = None) -> None:
+        self.profiles = [profile]
+        self.opt = options
+        self.clock = clock
+        self.now = 0.0
+        self._lock = threading.Lock()
+        self.workers = [DeviceWorker(i, g, e, clock, self._finished) for i, (g, e) in enumerate(devices)]
+        self.gpus = [w.gpu for w in self.workers]
+        self._clock_mhz = clock_mhz if clock_mhz is not None else profile.reference_clock_mhz
+        for g in self.gpus:
+            g.lock_clock(self._clock_mhz)
+        self._e0 = np.array([g.energy_mj() for g in self.gpus], dtype=np.float64)
+        self.unrouted: list[Req] = []
+        self.done_slots: list[int] | None = None
+        self._cursor = 0
+        self.completed = 0
+
+    # ------------------------------------------------------------------------------------------ workload
+    def attach(self, table: RequestTable) -> None:
+        """Serve ``table``; its time 0 is now on the pool's clock."""
+        n = len(table)
+        self.table = table
+        t = request_terms(self.profiles, self.opt, table, np.zeros(n, dtype=np.int64))
+        self.rejected, self.out_tokens, self.lref = t.rejected, t.out_tokens, t.lref
+        self.deadline, self.pred_out, self.visible_deadline = t.deadline, t.pred_out, t.visible_deadline
+        self.finish_t = np.full(n, np.nan)
+        self.first_t = np.full(n, np.nan)
+        self.replica_of = np.full(n, -1, dtype=np.int32)
+        self.preemptions = np.zeros(n, dtype=np.int32)  # not observable through the engine seam
+        self._arr = table.arrival_s.tolist()
+        self._origin = self.clock.now()
+
+    @property
+    def arrived(self) -> int:
+        return self._cursor
+
+    def _finished(self, r: Req, t_clock: float) -> None:
+        with self._lock:
+            s = r.slot
+            self.finish_t[s] = t_clock - self._origin
+            self.first_t[s] = r.first_t - self._origin
+            self.replica_of[s] = r.replica
+            self.completed += 1
+            if self.done_slots is not None:
+                self.done_slots.append(s)
+
+    def _route(self, r: Req) -> None:
+        cands = [w for w in self.workers if w.state == ACTIVE]
+        if not cands:
+            self.unrouted.append(r)
+            return
+        best = min(cands, key=lambda w: w.load)  # least loaded; ties to the lowest index, as the simulator's router
+        r.replica = best.index
+        best.submit(r)
+
+    def _check(self) -> None:
+        for w in self.workers:
+            if w.error is not None:
+                raise RuntimeError(f"GPU {w.index}: the engine failed: {type(w.error).__name__}: {w.error}")
+
+    # ------------------------------------------------------------------------------------------ the pool's time
+    def run_until(self, t_end: float) -> None:
+        """Replay arrivals in real time until the pool's clock reaches ``t_end`` (trace time)."""
+        n = len(self._arr)
+        while True:
+            self._check()
+            now = self.clock.now() - self._origin
+            while self._cursor < n and self._arr[self._cursor] <= now:
+                i = self._cursor
+                self._cursor += 1
+                if self.rejected[i]:
+                    continue
+                r = Req(i, self._arr[i], int(self.table.prompt_tokens[i]), int(self.out_tokens[i]),
+                        float(self.deadline[i]))
+                self._route(r)
+            if now >= t_end or (math.isinf(t_end) and self._cursor >= n and self._idle()):
+                break
+            nxt = min(self._arr[self._cursor] if self._cursor < n else math.inf, t_end)
+            self.clock.sleep(min(max(nxt - now, 0.0), 0.005 * getattr(self.clock, "speed", 1.0)))
+        self.now = max(self.now, min(t_end, self.clock.now() - self._origin))
+
+    def _idle(self) -> bool:
+        return all(w.load == 0 for w in self.workers) and not self.unrouted
+
+    def settle(self, t: float) -> None:
+        """Nothing to cut: hardware steps are what they are."""
+
+    def set_active(self, t: float, count: int, model: int = 0) -> None:
+        """The first ``count`` workers serve; the others finish what they hold and sleep."""
+        for w in self.workers:
+            w.want(ACTIVE if w.index < count else DRAINING)
+        if self.unrouted and count > 0:
+            pending, self.unrouted = self.unrouted, []
+            for r in pending:
+                self._route(r)
+
+    def set_clock(self, t: float, mhz: int, gpus: list[int] | None = None) -> None:
+        for g in (self.gpus if gpus is None else [self.gpus[i] for i in gpus]):
+            g.lock_clock(int(mhz))
+        self._clock_mhz = int(mhz)
+
+    def active_count(self, model: int = 0) -> int:
+        return sum(1 for w in self.workers if w.state == ACTIVE)
+
+    # ------------------------------------------------------------------------------------------ meters and views
+    def gpu_energy_j(self, t: float | None = None) -> np.ndarray:
+        """Each GPU's energy counter since the pool started (J), read now (NVML's counter lags by up to one
+        update period)."""
+        return (np.array([g.energy_mj() for g in self.gpus], dtype=np.float64) - self._e0) / 1000.0
+
+    def energy_j(self, t: float | None = None) -> float:
+        return float(math.fsum(self.gpu_energy_j(t)))
+
+    def live_requests(self) -> list[Req]:
+        out = [r for w in self.workers for r in list(w.live.values())]
+        return out + list(self.unrouted)
+
+    def counts(self) -> dict[str, int]:
+        live = self.live_requests()
+        running = sum(1 for r in live if r.generated > 0)
+        return {"waiting": len(live) - running, "running": running, "live": len(live), "arrived": self._cursor,
+                "completed": self.completed}
+
+    def clone(self, *, hide_lengths: bool, own_profiles: bool = False):
+        raise NotImplementedError("what-if snapshots of a hardware pool are not built yet: controllers that "
+                                  "simulate (epact, mpc) cannot run on the hardware backend")
+
+    def close(self) -> None:
+        """Stop the workers and reset the GPUs' clocks."""
+        for w in self.workers:
+            w.stop()
+        for g in self.gpus:
+            g.reset_clock()
+
+
+def fake_backend(speed: float = 200.0, *, energy_update_s: float = 0.05, noise_sigma: float = 0.0,
+                 seed: int = 0) -> Callable[[Profile, int, EngineOptions, int], HardwarePool]:
+    """A pool factory for `CommitServeEnv(backend=...)`: one `FakeGpu` + `SimEngine` per replica on a shared
+    clock running ``speed`` times real time."""
+
+    def build(profile: Profile, n: int, options: EngineOptions, clock_mhz: int) -> HardwarePool:
+        from commitenv.backends.clock import ScaledClock
+        from commitenv.backends.fake_engine import SimEngine
+        from commitenv.backends.fake_gpu import FakeGpu
+
+        clock = ScaledClock(speed)
+        devices = []
+        for i in range(n):
+            g = FakeGpu(profile, clock, i, energy_update_s=energy_update_s)
+            devices.append((g, SimEngine(profile, g, clock, noise_sigma=noise_sigma, seed=seed + i)))
+        return HardwarePool(profile, devices, clock, options, clock_mhz=clock_mhz)
+
+    return build
