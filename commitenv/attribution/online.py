@@ -19,11 +19,12 @@ and add up to the energy its steps drew from the meter:
     busy_j  = sum of the (parts of) step energies inside the period  = sum of the requests' shares
     idle_j  = metered_j - busy_j                                       (the floor over time no step covers)
 
-With one instance per GPU (every `CommitServeEnv` pool) ``idle_j`` is exactly the floor energy of the time no
-step covers, whatever lifecycle or clock changes happened inside the period, because the GPU meter is the floor
-plus each step's energy above it. (On co-located GPUs whose instances' steps overlap, each step carries the floor
-once, so ``idle_j`` is that floor minus the floor counted twice under overlapping steps.) Idle energy is never
-billed to requests.
+``idle_j`` is exactly the floor energy of the time no step covers, whatever lifecycle or clock changes happened
+inside the period, because the GPU meter is the floor plus each step's energy above it. On a GPU that hosts
+several instances, steps of different instances overlap and each one's energy includes the whole GPU's floor: there
+a step is billed its energy above the floor plus, of the floor over each stretch of time, an equal part among the
+steps running then (the Shapley value of the GPU-level game of its steps, `_share_floor`), so bills never exceed the
+meter and idle is never negative. Idle energy is never billed to requests.
 
 A request's bill is the sum of its parts over all periods (``own_j + shared_j``), final once it has finished;
 it equals the closed form of the whole log (`closed_form_from_log` with ``scale="step"``) and the bills of a
@@ -42,6 +43,8 @@ import numpy as np
 
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.replica import SEG_NONE, SEG_RUN
+
+_HEAD = 9  # float64 fields of a packed row before its members' (see PoolAttributor._new_buffers)
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,9 @@ class PoolAttributor:
         self._rep_model = np.array([r.model for r in pool.replicas], dtype=np.int64)
         self.n_gpus = len(pool.gpus)
         self._coef: dict[tuple[int, int, float], tuple[float, float, float, float, float]] = {}
-        self._carry: dict[int, tuple[float, float]] = {}  # replica -> (t0 of in-flight segment, J attributed)
+        self._carry: dict[int, tuple[float, float, float]] = {}  # replica -> (t0 in flight, J and floor J attributed)
+        self._gpu_shared = np.array([len(g.replicas) > 1 for g in pool.gpus])
+        self._colocated = bool(self._gpu_shared.any())
         self._new_buffers()
         self._start = pool.now
         self._meter_prev = pool.gpu_energy_j(pool.now)
@@ -99,7 +104,7 @@ class PoolAttributor:
 
     def _new_buffers(self) -> None:
         """The hook packs each booked segment's fields into bytes (float64s): (replica, t0, n_steps, energy,
-        clock, share, m), then the m slots, new tokens, computed-before counts and decode flags. Bytes are not
+        clock, share, m, t1, floor), then the m slots, new tokens, computed-before counts and decode flags. Bytes are not
         tracked by the garbage collector, so buffering segments between closes triggers no full collections
         (whose cost grows with the engine's per-request lists), and a close reads them in one
         ``np.frombuffer``."""
@@ -108,7 +113,7 @@ class PoolAttributor:
         packers = self._packers = {}
 
         def packer(m: int):
-            p = packers[m] = struct.Struct(f"<{7 + 4 * m}d").pack
+            p = packers[m] = struct.Struct(f"<{_HEAD + 4 * m}d").pack
             return p
 
         one = packer(1)
@@ -117,11 +122,12 @@ class PoolAttributor:
             sl = e.slots
             m = len(sl)
             if m == 1:  # the common case, without building argument tuples
-                ap(one(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, 1, sl[0], e.new_tokens[0],
-                       e.computed_before[0], e.decode[0]))
+                ap(one(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, 1, e.t1, e.floor_j, sl[0],
+                       e.new_tokens[0], e.computed_before[0], e.decode[0]))
             else:
                 ap((packers.get(m) or packer(m))(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, m,
-                                                 *sl, *e.new_tokens, *e.computed_before, *e.decode))
+                                                 e.t1, e.floor_j, *sl, *e.new_tokens, *e.computed_before,
+                                                 *e.decode))
 
         self._on_step = on_step
         self._packer = packer
@@ -172,23 +178,27 @@ class PoolAttributor:
         mhz = vals[off + 4].astype(np.int64)
         share = vals[off + 5]
         m = vals[off + 6].astype(np.int64)
+        t1, floor = vals[off + 7], vals[off + 8]
         if old:
             for i in np.flatnonzero(t0[:nb] < start).tolist():
                 c = old.get(int(replica[i]))
                 if c is not None and c[0] == t0[i]:
                     energy[i] -= c[1]
-        if not np.array_equal(lens, 7 + 4 * m):
+                    floor[i] -= c[2]
+        if not np.array_equal(lens, _HEAD + 4 * m):
             raise ValueError("PoolAttributor: step-log entries without per-member decode flags")
+        if self._colocated:
+            energy = self._share_floor(replica, np.maximum(t0, start), t1, energy, floor)
         nm = int(m.sum())
         single = nm == ne  # one request per segment (the common case on a lightly loaded replica)
         if single:
-            pos = off + 7
+            pos = off + _HEAD
             mm = 1
         else:
             ent = np.repeat(np.arange(ne), m)
             first = np.zeros(ne, dtype=np.int64)
             np.cumsum(m[:-1], out=first[1:])
-            pos = off[ent] + 7 + (np.arange(nm) - first[ent])  # a member's slot in its segment's row
+            pos = off[ent] + _HEAD + (np.arange(nm) - first[ent])  # a member's slot in its segment's row
             mm = m[ent]
         s = vals[pos].astype(np.int64)
         k, c0, d = vals[pos + mm], vals[pos + 2 * mm], vals[pos + 3 * mm] != 0
@@ -221,6 +231,32 @@ class PoolAttributor:
         self.entries += ne
         return tj, gj
 
+    def _share_floor(self, replica: np.ndarray, ts: np.ndarray, te: np.ndarray, energy: np.ndarray,
+                     floor: np.ndarray) -> np.ndarray:
+        """Energies of the (parts of) segments on co-located GPUs with the GPU's idle floor counted once: each
+        segment keeps its energy above the floor, and the floor over every stretch of time is split equally among
+        the segments running then (the Shapley value of the GPU-level game whose players are the segments, in
+        which a coalition's energy is the floor over the union of its segments' times plus their energies above
+        the floor). A GPU with one instance keeps its segments' energies as they are."""
+        out = energy.copy()
+        gpu = self._rep_gpu[replica]
+        for g in np.unique(gpu[self._gpu_shared[gpu]]).tolist():
+            idx = np.flatnonzero(gpu == g)
+            a, b, f = ts[idx], te[idx], floor[idx]
+            dur = b - a
+            p = np.divide(f, dur, out=np.zeros(len(idx)), where=dur > 0)  # floor power over each segment
+            pts = np.unique(np.concatenate([a, b]))
+            ia, ib = np.searchsorted(pts, a), np.searchsorted(pts, b)
+            m = np.zeros(len(pts))  # segments running over each piece [pts[j], pts[j + 1])
+            np.add.at(m, ia, 1.0)
+            np.add.at(m, ib, -1.0)
+            m = np.cumsum(m)[:-1]
+            per = np.divide(np.diff(pts), m, out=np.zeros(len(pts) - 1), where=m > 0)
+            cum = np.concatenate([[0.0], np.cumsum(per)])
+            share = p * (cum[ib] - cum[ia])  # the floor of its pieces, each split among those running then
+            out[idx] = energy[idx] - f + share
+        return out
+
     # ------------------------------------------------------------------------------------------ periods
     def close(self, t: float) -> PeriodSplit:
         """End the open period at ``t`` (after ``pool.run_until(t)`` and ``pool.settle(t)``)."""
@@ -231,18 +267,19 @@ class PoolAttributor:
         rows = self._buf
         nb = len(rows)
         old = self._carry
-        carry: dict[int, tuple[float, float]] = {}
+        carry: dict[int, tuple[float, float, float]] = {}
         for rep in pool.replicas:  # in flight at t: attribute the part the meter has counted by t
             if rep.seg != SEG_NONE and rep.t0 < t and rep.seg_log is not None:
                 e_until = rep.energy_until(t)
+                f_until = rep.floor_part(min(t, rep.t1))
                 c = old.get(rep.index)
-                done = c[1] if c is not None and c[0] == rep.t0 else 0.0
-                carry[rep.index] = (rep.t0, e_until)
+                done, f_done = (c[1], c[2]) if c is not None and c[0] == rep.t0 else (0.0, 0.0)
+                carry[rep.index] = (rep.t0, e_until, f_until)
                 sl = rep.seg_log
                 m = len(sl[0])
                 rows.append((self._packers.get(m) or self._packer(m))(
                     rep.index, rep.t0, rep.run_k if rep.seg == SEG_RUN else 1, e_until - done, sl[4], sl[5], m,
-                    *sl[0], *sl[1], *sl[2], *sl[3]))
+                    t, f_until - f_done, *sl[0], *sl[1], *sl[2], *sl[3]))
         self._carry = carry
         nseg = len(rows)
         if nseg:

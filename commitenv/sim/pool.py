@@ -74,6 +74,7 @@ class StepLogEntry:
     decode: tuple[bool, ...] = ()  # per member: a decode token (n, L terms) rather than a prefill chunk
     clock_mhz: int = 0  # clock the segment ran at
     share: float = 1.0  # SM share of the replica
+    floor_j: float = 0.0  # the GPU's idle floor over [t0, t1] that energy_j includes (the meter counts it once per GPU)
 
 
 @dataclass
@@ -392,7 +393,7 @@ class Pool:
               n_steps: int) -> None:
         rep.gpu.book(energy, floor_j)
         if entry is not None and (self.log is not None or self.on_step is not None):
-            e = StepLogEntry(rep.gpu.index, rep.index, t0, t1, n_steps, energy, *entry)
+            e = StepLogEntry(rep.gpu.index, rep.index, t0, t1, n_steps, energy, *entry, floor_j=floor_j)
             if self.log is not None:
                 self.log.append(e)
             if self.on_step is not None:
