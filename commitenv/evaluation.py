@@ -193,11 +193,14 @@ def run_episode(
     progress: bool = False,
     controller_kwargs: dict[str, Any] | None = None,
     attribution: bool = False,
+    backend: Any = None,
 ) -> tuple[Any, EvalResult]:
     """`evaluate`, also returning the finished environment (its pool, table, actions and attributor).
 
     ``controller`` is an instance or a spec string (a registered or entry-point name, ``module:Class`` or
-    ``path/to/file.py:Class``; see `commitenv_controllers.registry.resolve`)."""
+    ``path/to/file.py:Class``; see `commitenv_controllers.registry.resolve`). ``backend``: None for the simulator,
+    or a pool factory (`commitenv.backends.pool.fake_backend`, or one of real GPUs); the run is marked
+    ``"backend": "hardware"``."""
     from commitenv.envs import CommitServeEnv
     from commitenv.control import Controller, ControllerContext
     from commitenv.registry import controller_name, origin_of, resolve
@@ -211,7 +214,7 @@ def run_episode(
     if not isinstance(ctrl, Controller):
         raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(ctrl).__name__}")
     name = controller_name(ctrl)
-    env = CommitServeEnv(scenario, attribution=attribution)
+    env = CommitServeEnv(scenario, attribution=attribution, backend=backend)
     t_start = time.perf_counter()
     obs, info = env.reset(seed=seed)
     # hindsight door: only for a controller whose class declares it (the oracle); the run is marked below
@@ -241,11 +244,15 @@ def run_episode(
         if bar is not None:
             bar.close()
         ctrl.close()
+        if backend is not None:
+            env.close()  # the workers stop and the GPUs' clocks are reset; the records stay readable
     wall = time.perf_counter() - t_start
     res = score_episode(env, name, seed, wall, ret)
     res.decisions = decisions
     if hindsight:
         res.summary["hindsight"] = True  # a bound, not a competitor: the leaderboard refuses it
+    if backend is not None:
+        res.summary["backend"] = "hardware"
     if origin is not None:
         res.summary["controller_origin"] = origin
     if recorded:

@@ -24,7 +24,7 @@ from commitenv.workload.table import RequestTable
 from conftest import toy_profile
 from test_env import toy_three_hour
 
-OPTS = EngineOptions(noise=NoiseSpec(0, 0), alpha=10.0)
+OPTS = EngineOptions(noise=NoiseSpec(0, 0), alpha=10.0, length_error_sigma=0.0)  # predictions fit the toy KV
 
 
 def _table(n: int = 40, span_s: float = 60.0, seed: int = 2) -> RequestTable:
@@ -114,9 +114,12 @@ def test_the_env_runs_on_the_fake_backend_and_scores_like_the_simulator(tmp_path
         while not done:
             obs, reward, done, _, info = env.step({"active": 2, "clock": env.profile.reference_clock_index})
             assert env.observation_space.contains(obs)
+            if info["interval"] == 3:  # the what-if view of the hardware's state
+                snap = env.snapshot()
+                assert snap.t == pytest.approx(info["t"]) and len(snap.replicas) == 2
+                assert all(s == "active" for s in snap.replicas.state)
+                assert snap.simulate(2, env.clocks_mhz[-1], 600.0).energy_j > 0
         res = score_episode(env, "vllm", 0, time.perf_counter() - t0, 0.0)
-        with pytest.raises(NotImplementedError, match="what-if snapshots"):
-            env.snapshot()
     finally:
         env.close()
     _, sim = run_episode("vllm", str(sc), 0)
@@ -132,3 +135,45 @@ def test_backend_argument_errors():
         CommitServeEnv("epact-h200-hour-fixed-a30", backend="vllm")
     with pytest.raises(ValueError, match="step log"):
         CommitServeEnv("epact-h200-hour-fixed-a30", backend=fake_backend(), attribution=True)
+
+
+def test_the_what_if_view_mirrors_the_workers_queues():
+    """A snapshot of the hardware pool holds exactly its live requests, with their progress, predicted lengths
+    and visible deadlines; a what-if run from it serves them all."""
+    from commitenv.sim.view import take_snapshot
+
+    n = 40
+    table = RequestTable(arrival_s=np.linspace(0.0, 1.0, n), prompt_tokens=np.full(n, 12),
+                         output_tokens=np.full(n, 30), tenant=np.zeros(n, dtype=np.int32),
+                         request_id=np.arange(n, dtype=np.int64))
+    hw, prof = _pool(speed=50.0)
+    try:
+        hw.attach(table)
+        hw.run_until(1.5)
+        live = {r.slot: (r.computed, r.generated) for r in hw.live_requests()}
+        snap = take_snapshot(hw)
+    finally:
+        hw.close()
+    assert 0 < len(live) <= n
+    seen = dict(zip(snap.requests.slot.tolist(), zip(snap.requests.computed_tokens.tolist(),
+                                                     snap.requests.generated_tokens.tolist())))
+    assert set(seen) == set(live)
+    # progress read after the snapshot may have moved on by a step: never backwards, never past the pool's
+    assert all(seen[s][0] <= live[s][0] + 42 and seen[s][1] <= live[s][1] + 1 for s in live)
+    slots = snap.requests.slot
+    assert np.array_equal(snap.requests.deadline_s, hw.visible_deadline[slots])
+    assert np.all(snap.requests.output_tokens == np.maximum(hw.pred_out[slots],
+                                                            snap.requests.generated_tokens + 1))
+    w = snap.simulate(2, prof.reference_clock_mhz, 600.0)
+    assert w.energy_j > 0 and w.complete and set(w.finish) == set(live)
+    assert all(math.isfinite(t) for t in w.finish.values())
+
+
+def test_epact_runs_on_the_fake_backend_through_the_what_if_view(tmp_path):
+    """ePACT plans with snapshots of the hardware pool; its hourly energy lands within 2 % of its simulated run."""
+    sc = toy_three_hour(tmp_path / "sc", horizon_hours=1, commitment={"mj": [0.2]}, alpha=30.0, name="toy-ep")
+    _, hw = run_episode("epact", str(sc), 0, controller_kwargs={"workers": 0}, backend=fake_backend(speed=600.0))
+    _, sim = run_episode("epact", str(sc), 0, controller_kwargs={"workers": 0})
+    assert hw.summary["energy_mj"] == pytest.approx(sim.summary["energy_mj"], rel=0.02)
+    assert hw.summary["misses"] == sim.summary["misses"] == 0
+    assert hw.summary["backend"] == "hardware"

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 class StepRecord:
     """One engine step: when it started and how long it took (s), its prefill tokens ``P``, prefill attention
     pairs ``A``, decoding requests ``n`` and summed decode context ``L``, the requests that got their first token and
-    those that finished (ids)."""
+    those that finished (ids), and each scheduled request's progress after it (id, tokens computed, tokens
+    generated: absolute counts, so a recomputation after a preemption shows as such), from which a backend
+    follows every request."""
 
     t_start: float
     elapsed_s: float
@@ -25,6 +27,7 @@ class StepRecord:
     L: int
     first_token: tuple[str, ...] = field(default=())
     finished: tuple[str, ...] = field(default=())
+    progress: tuple[tuple[str, int, int], ...] = field(default=())
 
 
 class ServingEngine(ABC):

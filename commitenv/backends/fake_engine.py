@@ -61,7 +61,8 @@ class SimEngine(ServingEngine):
         if not rep.start(t0, None, False, False):
             return None
         P, A, n, L, _ = batch_terms(rep.batch)
-        fresh = [r for r, _ in rep.batch if r.generated == 0]
+        batch = [r for r, _ in rep.batch]
+        fresh = [r for r in batch if r.generated == 0]
         ft = fe = 1.0
         if self.noise_sigma > 0:
             s = self.noise_sigma
@@ -74,9 +75,10 @@ class SimEngine(ServingEngine):
         elapsed = max(self.clock.now() - t0, elapsed)
         rep.t1 = t0 + elapsed
         done = rep.finish()
+        progress = tuple((self._ids[r.slot], r.computed, r.generated) for r in batch)
         first = tuple(self._ids[r.slot] for r in fresh if r.generated >= 1)
         finished = tuple(self._ids.pop(r.slot) for r in done)
-        return StepRecord(t0, elapsed, P, A, n, L, first, finished)
+        return StepRecord(t0, elapsed, P, A, n, L, first, finished, progress)
 
     def sleep(self) -> None:
         if self.rep.has_work():

@@ -10,8 +10,8 @@ finish what they hold (the simulator moves their queued requests away instead: a
 over) and sleep; reactivated ones wake (the engine's wake latency). Clock changes lock every GPU's clock.
 
 Not modelled here, because the hardware is the truth: the realism level's truth model (speed and power factors,
-noise), which this pool ignores. Not built yet: what-if snapshots (`clone`), so controllers that simulate (ePACT,
-MPC) cannot run on this backend.
+noise), which this pool ignores. What-if snapshots (`clone`) mirror the workers' queues into a nominal simulated
+pool, so controllers that simulate (ePACT, MPC) run here too.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import collections
 import logging
 import math
 import threading
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -28,7 +29,9 @@ from commitenv.backends.clock import Clock
 from commitenv.backends.engine import ServingEngine
 from commitenv.backends.gpu import GpuControl
 from commitenv.profiles.schema import Profile
-from commitenv.sim.pool import EngineOptions, request_terms
+from commitenv.sim import replica as sim_replica
+from commitenv.sim.noise import NoiseSpec
+from commitenv.sim.pool import EngineOptions, Pool, PoolLayout, request_terms
 from commitenv.sim.request import Req
 from commitenv.workload.table import RequestTable
 
@@ -108,9 +111,14 @@ class DeviceWorker:
                     continue
                 self.steps += 1
                 t_end = rec.t_start + rec.elapsed_s
+                for rid, computed, generated in rec.progress:  # as the engine counts them, after the step
+                    r = self.live[rid]
+                    r.computed, r.generated, r.started = computed, generated, True
                 for rid in rec.first_token:
                     r = self.live[rid]
-                    r.first_t, r.generated, r.computed = t_end, 1, r.prompt
+                    r.first_t = t_end
+                    if not rec.progress:  # an engine that does not report progress: the prompt is in
+                        r.generated, r.computed = max(r.generated, 1), max(r.computed, r.prompt)
                 for rid in rec.finished:
                     r = self.live.pop(rid)
                     r.generated = r.out
@@ -246,9 +254,42 @@ class HardwarePool:
         return {"waiting": len(live) - running, "running": running, "live": len(live), "arrived": self._cursor,
                 "completed": self.completed}
 
-    def clone(self, *, hide_lengths: bool, own_profiles: bool = False):
-        raise NotImplementedError("what-if snapshots of a hardware pool are not built yet: controllers that "
-                                  "simulate (epact, mpc) cannot run on the hardware backend")
+    def clone(self, *, hide_lengths: bool, own_profiles: bool = False) -> Pool:
+        """The serving state now as a simulated pool for what-if runs (what `commitenv.sim.take_snapshot` needs):
+        a nominal mirror of every worker's state and queue (requests with their computed and generated tokens, KV
+        blocks, started or waiting), cloned as the simulator clones its own pool. A step the hardware is running
+        now is not in the mirror: its requests restart from their last reported progress."""
+        prof = self.profiles[0]
+        mirror = Pool(prof, PoolLayout.single(len(self.workers)),
+                      replace(self.opt, truth=None, noise=NoiseSpec(0, 0), log_steps=False, seed=0),
+                      clock_mhz=self._clock_mhz)
+        mirror.now = self.now
+        mirror.pred_out, mirror.visible_deadline = self.pred_out, self.visible_deadline
+        mirror._n_results = len(self.out_tokens)
+        states = {ACTIVE: sim_replica.ACTIVE, DRAINING: sim_replica.DRAINING, STANDBY: sim_replica.STANDBY}
+        bs = prof.scheduler.block_size
+        for w, rep in zip(self.workers, mirror.replicas):
+            rep.state = states[w.state]
+            reqs = sorted((r.copy() for r in list(w.live.values())), key=lambda q: q.slot)
+            evicted = []
+            for c in reqs:  # started ones keep their KV while it fits (the last report may predate a preemption)
+                need = -(-c.computed // bs) if c.started else 0
+                if c.started and need <= rep.free_blocks and len(rep.running) < rep.max_seqs:
+                    c.blocks = need
+                    rep.free_blocks -= need
+                    rep.running.append(c)
+                elif c.started:
+                    c.computed, c.blocks = 0, 0  # as the engine would have preempted it: recompute from scratch
+                    evicted.append(c)
+            rep.waiting.extend(evicted + [c for c in reqs if not c.started])
+            rep.unf = len(rep.running) + len(rep.waiting)
+            rep.gpu.floor_w = rep.gpu.floor_power()
+        mirror.unrouted = [r.copy() for r in self.unrouted]
+        mirror.live = sum(rep.unf for rep in mirror.replicas) + len(mirror.unrouted)
+        mirror.routable = [[r for r in mirror.replicas if r.state == sim_replica.ACTIVE]]
+        copy = mirror.clone(hide_lengths=hide_lengths, own_profiles=own_profiles)
+        copy.resume(copy.now)
+        return copy
 
     def close(self) -> None:
         """Stop the workers and reset the GPUs' clocks."""

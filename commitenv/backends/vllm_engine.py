@@ -171,7 +171,7 @@ class VllmEngine(ServingEngine):
             raise RuntimeError(f"VllmEngine: one LLMEngine.step() scheduled {len(self._captured)} batches")
         chunks = scheduled_chunks(self._captured[0]) if self._captured else []
         P, A, n, L = step_terms((c, h, *self._reqs[rid][1:]) for rid, c, h in chunks)
-        first, finished = [], []
+        first, finished, gone = [], [], []
         for o in outputs:  # RequestOutput carries the id we gave (0.33.0); token_ids are cumulative (the default)
             internal = self._internal.get(o.request_id, o.request_id)
             state = self._reqs[internal]
@@ -181,8 +181,11 @@ class VllmEngine(ServingEngine):
             state[2] = generated
             if o.finished:
                 finished.append(state[0])
-                del self._reqs[internal], self._internal[state[0]]
-        return StepRecord(t_start, elapsed, P, A, n, L, tuple(first), tuple(finished))
+                gone.append(internal)
+        progress = tuple((self._reqs[rid][0], h + c, self._reqs[rid][2]) for rid, c, h in chunks)
+        for internal in gone:
+            del self._internal[self._reqs[internal][0]], self._reqs[internal]
+        return StepRecord(t_start, elapsed, P, A, n, L, tuple(first), tuple(finished), progress)
 
     def sleep(self) -> None:
         """vLLM sleep level 1: weights offloaded to CPU memory, KV cache dropped."""

@@ -292,6 +292,14 @@ class Pool:
             rep.version += 1
             self._push(rep.t1, EV_SEG, rep.index, rep.version)
 
+    def resume(self, t: float) -> None:
+        """Start, at ``t``, every active or draining replica that holds work but runs no segment: a serving state
+        assembled outside the engine (a hardware pool's mirror for what-if runs) continues from there."""
+        for rep in self.replicas:
+            if rep.has_work():
+                self._poke(rep, t)
+        self._flush(t)
+
     def _flush(self, t: float) -> None:
         """Start the steps of replicas that received work at ``t``."""
         pend = self._pending
