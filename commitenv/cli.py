@@ -236,17 +236,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--controller-arg: '{scoped[0]}.' scopes an argument to a controller, which only "
                          "`compare` needs; give KEY=VALUE")
     kwargs = _controller_kwargs(resolved, args.controller, cargs, scoped=False)
+    backend = _backend(args.backend)
     if args.seeds is not None:
+        if backend is not None:
+            raise ValueError("--backend: one episode at a time (a pool of GPUs serves one trace), not with --seeds")
         return _run_seeds(args, [(resolved, kwargs)])
     out = _check_out(args.out, beside=True)
-    res = evaluate(args.controller, args.scenario, seed=args.seed, progress=not args.quiet,
-                   controller_kwargs=kwargs or None)
+    if backend is not None:
+        from commitenv.evaluation import run_episode
+
+        res = run_episode(args.controller, args.scenario, args.seed, progress=not args.quiet,
+                          controller_kwargs=kwargs or None, backend=backend)[1]
+    else:
+        res = evaluate(args.controller, args.scenario, seed=args.seed, progress=not args.quiet,
+                       controller_kwargs=kwargs or None)
     _print_table([res.summary])
     if out is not None:
         _write_run(res, out, out)
         print(f"wrote {out}/summary.json, hourly.csv, decisions.csv, requests.csv, overview.png")
     print(json.dumps(res.summary))
     return 0
+
+
+def _backend(text: str | None):
+    """``--backend fake[:SPEED]``: the CPU fakes of a GPU pool on a clock SPEED times real time (default 200)."""
+    if text is None or text == "sim":
+        return None
+    kind, _, speed = text.partition(":")
+    if kind != "fake":
+        raise ValueError(f"--backend {text}: expected sim or fake[:SPEED] (real GPUs: build a pool factory in Python, "
+                         "docs/real-gpu.md)")
+    try:
+        x = float(speed) if speed else 200.0
+    except ValueError:
+        x = -1.0
+    if not x > 0:
+        raise ValueError(f"--backend {text}: SPEED must be a number > 0 (how many times real time)")
+    from commitenv.backends.pool import fake_backend
+
+    return fake_backend(speed=x)
 
 
 def _compare_controllers(args: argparse.Namespace) -> list[tuple]:
@@ -637,6 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for summary.json, hourly.csv, decisions.csv, requests.csv, overview.png (with "
                         "--seeds: OUT/<controller>/seed-<s>/ and compare.json)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--backend", default=None, metavar="sim|fake[:SPEED]",
+                   help="serve on the simulator (default) or on the hardware backend's CPU fakes, a GPU pool replayed "
+                        "in real time SPEED times faster (docs/real-gpu.md)")
     r.set_defaults(func=_cmd_run)
     c = sub.add_parser("compare", help="run several controllers on one scenario side by side")
     c.add_argument("scenario", nargs="?", default=DEFAULT_COMPARE_SCENARIO,

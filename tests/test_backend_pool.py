@@ -177,3 +177,16 @@ def test_epact_runs_on_the_fake_backend_through_the_what_if_view(tmp_path):
     assert hw.summary["energy_mj"] == pytest.approx(sim.summary["energy_mj"], rel=0.02)
     assert hw.summary["misses"] == sim.summary["misses"] == 0
     assert hw.summary["backend"] == "hardware"
+
+
+def test_cli_run_on_the_fake_backend(tmp_path, capsys):
+    from commitenv.cli import main
+
+    sc = toy_three_hour(tmp_path / "sc", horizon_hours=1, commitment={"mj": [0.2]}, alpha=30.0, name="toy-cli")
+    assert main(["run", str(sc), "--backend", "fake:600", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert '"backend": "hardware"' in out
+    assert main(["run", str(sc), "--backend", "gpu"]) == 2
+    assert "fake[:SPEED]" in capsys.readouterr().err
+    assert main(["run", str(sc), "--backend", "fake:0"]) == 2
+    assert main(["run", str(sc), "--backend", "fake", "--seeds", "0-1"]) == 2

@@ -27,7 +27,7 @@ import numpy as np
 
 from commitenv.backends.clock import Clock
 from commitenv.backends.engine import ServingEngine
-from commitenv.backends.gpu import GpuControl
+from commitenv.backends.gpu import GpuControl, LockedClocks
 from commitenv.profiles.schema import Profile
 from commitenv.sim import replica as sim_replica
 from commitenv.sim.noise import NoiseSpec
@@ -140,6 +140,7 @@ class HardwarePool:
         self.workers = [DeviceWorker(i, g, e, clock, self._finished) for i, (g, e) in enumerate(devices)]
         self.gpus = [w.gpu for w in self.workers]
         self._clock_mhz = clock_mhz if clock_mhz is not None else profile.reference_clock_mhz
+        self._locked = LockedClocks(self.gpus).__enter__()  # reset on close, exceptions, exit and signals
         for g in self.gpus:
             g.lock_clock(self._clock_mhz)
         self._e0 = np.array([g.energy_mj() for g in self.gpus], dtype=np.float64)
@@ -292,11 +293,10 @@ class HardwarePool:
         return copy
 
     def close(self) -> None:
-        """Stop the workers and reset the GPUs' clocks."""
+        """Stop the workers and reset the GPUs' clocks (once; later calls do nothing)."""
         for w in self.workers:
             w.stop()
-        for g in self.gpus:
-            g.reset_clock()
+        self._locked.__exit__(None, None, None)
 
 
 def fake_backend(speed: float = 200.0, *, energy_update_s: float = 0.05, noise_sigma: float = 0.0,
