@@ -1,8 +1,8 @@
 """Attribution in the environment, evaluation and command line: per-interval and per-hour tenant shares that add
-up to the busy energy with idle energy apart, hourly cost shares that add up to the settlement cost, bills that
-add up to the run's busy energy and equal the closed form computed independently from a ``log_steps=True`` run
-(two tenants sharing steps), bills.csv written by evaluation and reproduced by ``commitenv attribute``, and
-determinism (attribution never changes the run).
+up to the busy energy with idle energy apart, hourly cost shares (Shapley, `hour_cost_shares`) that add up to the
+settlement cost, bills that add up to the run's busy energy and equal the closed form computed independently from
+a ``log_steps=True`` run (two tenants sharing steps), bills.csv written by evaluation and reproduced by
+``commitenv attribute``, and determinism (attribution never changes the run).
 
 Cases run on a two-hour, two-tenant toy scenario: two BurstGPT-format traces tagged ``alpha`` and ``beta``,
 merged, with bursts of both tenants just before interval and hour boundaries and at the horizon's end (so steps
@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from commitenv.attribution import PoolAttributor, StepLaw, decompose
+from commitenv.attribution import PoolAttributor, StepLaw, decompose, hour_cost_shares
 from commitenv.cli import main
 from commitenv.envs import CommitServeEnv, commit_serve
 from commitenv.evaluation import BILL_COLUMNS, evaluate
@@ -103,8 +103,13 @@ def test_hour_cost_shares_sum_to_settlement_cost(two_tenants):
         assert hr["cost_kwh_eq"] == st["cost_kwh_eq"] > 0
         costs = math.fsum(hr["tenant_cost_kwh_eq"].values()) + hr["idle_cost_kwh_eq"]
         assert costs == pytest.approx(st["cost_kwh_eq"], rel=1e-12)
-        for name, c in hr["tenant_cost_kwh_eq"].items():  # cost x tenant energy / hour energy
-            assert c == pytest.approx(st["cost_kwh_eq"] * hr["tenant_j"][name] / st["energy_j"], rel=1e-12)
+        # the Shapley split of the hour's cost game (docs/attribution-cost.md), not cost x tenant energy / energy
+        ref = hour_cost_shares(hr["tenant_j"], hr["idle_j"], st["commitment_j"], env.settlement.lambda_plus,
+                               env.settlement.lambda_minus)
+        assert ref.exact and hr["tenant_cost_se_kwh_eq"] is None
+        assert hr["idle_cost_kwh_eq"] == pytest.approx(ref.idle_kwh_eq, rel=1e-12)
+        for name, c in hr["tenant_cost_kwh_eq"].items():
+            assert c == pytest.approx(ref.tenant_kwh_eq[name], rel=1e-9, abs=1e-12)
         # the hour is the sum of its intervals
         ivs = [infos[j]["attribution"]["interval"] for j in range(k + 1 - 5, k + 2)]
         assert hr["start_s"] == ivs[0]["start_s"] and hr["end_s"] == ivs[-1]["end_s"]

@@ -20,11 +20,15 @@ Prefix caching (section 6.7): `prefix_split` adds the equal split of every cache
 `ReplayGame` serves tables with prefix hash blocks through the engine's prefix cache, and `model_game_for` then
 returns the matching `PrefixModelGame` as control variate.
 
+`cost_split.hour_cost_shares` splits an hour's settlement cost among tenants by their Shapley values in the cost
+game of the hour's energy (idle energy's cost to the operator).
+
 `windows.replay_correction` applies the scheduler-replay correction to a finished run's bills, window by window.
 """
 
 from commitenv.attribution.baselines import solo_split, time_sharing_split, token_split
 from commitenv.attribution.closed_form import Attribution, closed_form, closed_form_from_log, l1_distance
+from commitenv.attribution.cost_split import CostSplit, hour_cost_shares
 from commitenv.attribution.law import OwnTracker, StepLaw, StepTable, decompose
 from commitenv.attribution.ledger import Ledger, WindowSettlement, ledger_horizon
 from commitenv.attribution.moe import moe_game, moe_split
@@ -52,6 +56,7 @@ from commitenv.attribution.shapley import (
 
 __all__ = [
     "Attribution",
+    "CostSplit",
     "FunctionGame",
     "Ledger",
     "ModelGame",
@@ -72,6 +77,7 @@ __all__ = [
     "coalition_values",
     "decompose",
     "exact_shapley",
+    "hour_cost_shares",
     "l1_distance",
     "ledger_horizon",
     "marginals",

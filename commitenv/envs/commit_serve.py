@@ -74,8 +74,12 @@ Every step's ``info["attribution"]`` then holds
   step covers; billed to no request) and ``tenant_j`` ({tenant name: joules}, tenants seen so far; sums to
   ``busy_j``). A step in flight at the boundary is split where the meter splits it.
 * ``"hour"`` (when an hour settles): the same for the hour, plus ``cost_kwh_eq`` (the hour's settlement cost),
-  ``tenant_cost_kwh_eq`` ({tenant: cost x tenant energy / hour energy}) and ``idle_cost_kwh_eq`` (cost x idle /
-  hour energy, the operator's part); tenant and idle costs add up to the settlement cost.
+  ``idle_cost_kwh_eq`` (the cost the idle energy alone would have settled at, the operator's part) and
+  ``tenant_cost_kwh_eq`` ({tenant: its Shapley share of the rest}, negative = a credit: in an under-used hour a
+  tenant's energy lowers the cost), by `commitenv.attribution.cost_split.hour_cost_shares` on the settlement
+  meter's energies (docs/attribution-cost.md); tenant and idle costs add up to the settlement cost. Exact for up
+  to 17 tenants (and more when the hour is on one side of E* or energies repeat); otherwise sampled, and
+  ``tenant_cost_se_kwh_eq`` ({tenant: standard error}; None when exact) says how closely.
 * ``"tail"`` (at the end): the same for the completion tail after the horizon (not settled).
 
 A request's share spans the periods its steps ran in; ``env.bills()`` gives the per-request totals (final at the
@@ -91,6 +95,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from commitenv.attribution.cost_split import hour_cost_shares
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import slo_outcome
 from commitenv.envs.meters import ControllerMeter
@@ -332,12 +337,14 @@ class CommitServeEnv(gym.Env):
         if settlement is not None:
             hour = self._period_info(self._attr_hour)
             self._attr_hour = []
-            cost = float(settlement["cost_kwh_eq"])
-            e = hour["energy_j"]
-            f = cost / e if e > 0 else 0.0
-            hour["cost_kwh_eq"] = cost
-            hour["tenant_cost_kwh_eq"] = {k: v * f for k, v in hour["tenant_j"].items()}
-            hour["idle_cost_kwh_eq"] = hour["idle_j"] * f if e > 0 else cost
+            hour["cost_kwh_eq"] = float(settlement["cost_kwh_eq"])
+            f = self._settle_factor  # the GPU boards' energies on the settlement meter
+            split_cost = hour_cost_shares({k: v * f for k, v in hour["tenant_j"].items()}, hour["idle_j"] * f,
+                                          settlement["commitment_j"], self.settlement.lambda_plus,
+                                          self.settlement.lambda_minus)
+            hour["tenant_cost_kwh_eq"] = split_cost.tenant_kwh_eq
+            hour["idle_cost_kwh_eq"] = split_cost.idle_kwh_eq
+            hour["tenant_cost_se_kwh_eq"] = split_cost.se_kwh_eq  # None: exact (always for <= 17 tenants)
             out["hour"] = hour
         if terminated:
             tail = self.attributor.close(self.pool.now)
