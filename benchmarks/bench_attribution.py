@@ -19,7 +19,21 @@ windows of the Azure conversation trace at 10x its rate (StepSplit sections 6.4 
   Compared: Token (cached tokens billed as computed), Solo, First (step sharing on the logged steps, which
   charges a block to whoever computed it), StepSplit (step sharing plus the equal split of each block) and
   StepSplit with the replay correction (20 sampled pairs, the prefix model game as control variate).
+* Preemption (issue 14): a replica with a tight KV cache (3,200 tokens, token budget 512, context limit 2,048)
+  serves the first 7-request window of the trace at or after ``--preempt-start`` in which a request is preempted
+  at least 10 times. Reference: the exact Shapley value of the engine's busy energy, enumerated over 127 engine
+  runs (noise off). Compared: the closed form on the logged run (the bills), the replay game with own energy
+  fixed at the full run's (``own_mode="fixed"``, Eq. (6)) and replayed per coalition (``"replayed"``, the
+  default), Token.
+* Co-located GPU: two 0.5-share instances of the model on one GPU behind the least-loaded router, 8 requests of
+  the trace from ``--start``. Reference: exact Shapley of the GPU's metered busy energy (the idle floor counted
+  once over the time any step runs, as the meter does), enumerated over 255 engine runs. Compared: the bills
+  (`PoolAttributor`: the floor split among the steps running at each instant, then the closed form), the closed
+  form of the log, the replay game fixed / replayed (law energies per instance), Token.
+* ``--prefix-limits``: the limits of the prefix split (docs/attribution-replay.md): the Table-5 groups with
+  overlapping arrivals (0.05 s apart) and with a 512-token budget that chunks the prompts (0.5 s apart and static).
 
+Figures are printed beside the machine factor of ../shared/tools/machine_factor.py (1.0 = the reference machine).
 Prints one JSON object as its last line.
 """
 
@@ -28,6 +42,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +51,7 @@ import numpy as np
 
 from commitenv.attribution import (
     Ledger,
+    PoolAttributor,
     ReplayGame,
     StepLaw,
     closed_form_for,
@@ -44,19 +61,29 @@ from commitenv.attribution import (
     ledger_horizon,
     model_game_for,
     sample_shapley,
+    shapley_from_values,
     solo_split,
     time_sharing_split,
     token_split,
 )
 from commitenv.attribution.prefix import prefix_split
+from commitenv.attribution.replay import floor_overlap_j
 from commitenv.profiles import load_profile
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload import builtin_workload
 from commitenv.workload.loaders import load_azure_csv
 from commitenv.workload.table import RequestTable
 from commitenv.workload.transforms import compress_time
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv_2023.csv"
+
+
+def machine_factor() -> float | None:
+    tool = Path(__file__).resolve().parents[2] / "shared" / "tools" / "machine_factor.py"
+    if not tool.is_file():
+        return None
+    out = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
 
 
 def load_trace(rate: float) -> tuple[RequestTable, str]:
@@ -212,6 +239,124 @@ def prefix_accuracy(profile, group: RequestTable, spacing: float) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------------ engine games
+def engine_busy_j(profile, layout: PoolLayout, table: RequestTable) -> float:
+    """Busy energy the GPU meters count while serving ``table`` alone (noise off): every step's energy above the
+    idle floor, plus the floor over the time any step runs on each GPU (once on a GPU hosting several instances;
+    on one instance this is the sum of the step energies)."""
+    pool = Pool(profile, layout, EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool.attach(table)
+    pool.run_until(math.inf)
+    return math.fsum(e.energy_j for e in pool.log) + floor_overlap_j(pool.log)
+
+
+def engine_shapley(profile, layout: PoolLayout, table: RequestTable) -> np.ndarray:
+    """Exact Shapley value of the engine's busy energy: every coalition served alone (2**n - 1 engine runs)."""
+    n = len(table)
+    v = np.zeros(1 << n)
+    for mask in range(1, 1 << n):
+        v[mask] = engine_busy_j(profile, layout, table.take(np.array([i for i in range(n) if mask >> i & 1])))
+    return shapley_from_values(v)
+
+
+def tight_profile(profile):
+    """The issue's small replica: KV cache 3,200 tokens, token budget 512 (context limit 2,048 to fit)."""
+    sch = profile.scheduler.model_copy(update={"token_budget": 512, "kv_capacity_tokens": 3200,
+                                               "context_limit": 2048})
+    return profile.model_copy(update={"scheduler": sch})
+
+
+def replay_splits(profile, layout: PoolLayout, window: RequestTable, total: float) -> dict:
+    out = {}
+    for mode in ("fixed", "replayed"):
+        phi = exact_shapley(ReplayGame(window, profile, layout, own_mode=mode))
+        out[f"replay_{mode}"] = phi * total / phi.sum()
+    return out
+
+
+def preemption_case(profile, trace: RequestTable, start: int, n: int = 7) -> dict:
+    prof = tight_profile(profile)
+    lim = prof.scheduler.context_limit
+    law = StepLaw.from_profiles(prof)
+    if start >= len(trace) - n:  # a shorter (built-in) trace: search from its start
+        start = 0
+    for s in range(start, min(start + 5000, len(trace) - n)):
+        w = rebased(trace, np.arange(s, s + n))
+        if np.any(w.prompt_tokens + w.output_tokens > lim):
+            continue
+        pool = serve(prof, w)
+        pool.run_until(math.inf)
+        if pool.preemptions.max() >= 10:
+            break
+    else:
+        raise RuntimeError(f"no {n}-request window with 10 preemptions from {start}")
+    t0 = time.perf_counter()
+    ref = engine_shapley(prof, PoolLayout.single(1), w)
+    total = float(ref.sum())
+    splits = {
+        "closed_form": closed_form_for(pool.log, w, law, total_j=total).shares,
+        **replay_splits(prof, PoolLayout.single(1), w, total),
+        "token": token_split(w.prompt_tokens, pool.out_tokens, total).shares,
+    }
+    i = int(np.argmax(pool.preemptions))
+    out = {f"l1_{k}": l1_distance(v, ref, total) for k, v in splits.items()}
+    out.update({
+        "start": s, "requests": n, "token_budget": prof.scheduler.token_budget,
+        "kv_capacity_tokens": prof.scheduler.kv_capacity_tokens, "preemptions": pool.preemptions.tolist(),
+        "energy_j": total, "preempted": i,
+        "preempted_recompute_j": float(ReplayGame(w, prof).recompute_j()[i]),
+        "preempted_bill_j": {k: float(v[i]) for k, v in splits.items()} | {"exact": float(ref[i])},
+        "wall_s": time.perf_counter() - t0,
+    })
+    return out
+
+
+def colocated_case(profile, trace: RequestTable, start: int, n: int = 8) -> dict:
+    layout = PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),))
+    w = rebased(trace, np.arange(start, start + n))
+    t0 = time.perf_counter()
+    pool = Pool(profile, layout, EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool.attach(w)
+    att = PoolAttributor(pool)
+    t_end = 1.0
+    while pool.live or pool.arrived < n:
+        pool.run_until(t_end)
+        pool.settle(t_end)
+        t_end *= 2
+    att.close(pool.now)
+    ref = engine_shapley(profile, layout, w)
+    total = float(ref.sum())
+    law = StepLaw.from_profiles(profile, layout)
+    splits = {
+        "bills": att.bills_j * total / att.bills_j.sum(),
+        "closed_form": closed_form_for(pool.log, w, law, total_j=total).shares,
+        **replay_splits(profile, layout, w, total),
+        "token": token_split(w.prompt_tokens, pool.out_tokens, total).shares,
+    }
+    out = {f"l1_{k}": l1_distance(v, ref, total) for k, v in splits.items()}
+    overlap = sum(e.energy_j for e in pool.log) / total - 1.0  # the floor the step energies count twice
+    out.update({"start": start, "requests": n, "instances": [0, 0], "shares": [0.5, 0.5],
+                "replica_of": pool.replica_of.tolist(), "bills_over_busy": float(att.bills_j.sum() / total),
+                "steps_over_busy_minus_1": overlap, "wall_s": time.perf_counter() - t0})
+    return out
+
+
+def prefix_limits(profile, trace: RequestTable, start: int) -> dict:
+    """The prefix split (no replay) against First and the exact replay game: Table-5 groups with overlapping
+    arrivals (0.05 s apart, a request still prefills or decodes when the next arrives) and a 512-token budget
+    that splits the prompts over steps (0.5 s apart, and all at t = 0)."""
+    out = {}
+    chunked = profile.model_copy(update={"scheduler": profile.scheduler.model_copy(update={"token_budget": 512})})
+    for kind in ("system", "nested"):
+        group = prefix_group(kind, trace, start, profile.scheduler.block_size)
+        for label, prof, spacing in (("overlap", profile, 0.05), ("budget512", chunked, 0.5),
+                                     ("static_budget512", chunked, 0.0)):
+            q = prefix_accuracy(prof, group, spacing)
+            out[f"{kind}_{label}"] = {k: q[k] for k in ("l1_first", "l1_stepsplit", "l1_stepsplit_replay",
+                                                        "cache_saving")}
+    return out
+
+
 def replay_cost(profile, window: RequestTable, pairs: int) -> float:
     game = ReplayGame(window, profile)
     sample_shapley(game, pairs, seed=1)
@@ -230,7 +375,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--ledger-seconds", type=float, default=30.0)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--preempt-start", type=int, default=5887,
+                    help="first trace index searched for the preemption-heavy 7-request window")
+    ap.add_argument("--prefix-limits", action="store_true",
+                    help="also measure the prefix split with overlapping arrivals and a chunking budget")
     args = ap.parse_args()
+    factor = machine_factor()
     prof = load_profile(args.profile)
     if args.token_budget:
         prof = prof.model_copy(update={"scheduler": prof.scheduler.model_copy(update={"token_budget": args.token_budget})})
@@ -278,8 +428,28 @@ def main() -> None:
                   f"L1 token {q['l1_token']:.3f} solo {q['l1_solo']:.3f} first {q['l1_first']:.4f} "
                   f"stepsplit {q['l1_stepsplit']:.4f} stepsplit+replay(20 pairs) {q['l1_stepsplit_replay']:.4f} "
                   f"(exact reference, {q['exact_wall_s']:.2f} s)")
+    pre = preemption_case(prof, trace, args.preempt_start)
+    print(f"preemption (KV {pre['kv_capacity_tokens']} tokens, budget {pre['token_budget']}, trace window at "
+          f"{pre['start']}): preemptions {pre['preemptions']}; request {pre['preempted']}: recompute "
+          f"{pre['preempted_recompute_j']:.1f} J, bill closed form {pre['preempted_bill_j']['closed_form']:.1f} J, "
+          f"replay fixed {pre['preempted_bill_j']['replay_fixed']:.1f} J, replayed "
+          f"{pre['preempted_bill_j']['replay_replayed']:.1f} J, exact {pre['preempted_bill_j']['exact']:.1f} J; "
+          f"L1 closed form {pre['l1_closed_form']:.3f} replay fixed {pre['l1_replay_fixed']:.3f} replayed "
+          f"{pre['l1_replay_replayed']:.2e} token {pre['l1_token']:.3f} ({pre['wall_s']:.1f} s)")
+    co = colocated_case(prof, trace, args.start)
+    print(f"co-located (two 0.5-share instances on one GPU, routed {co['replica_of']}): L1 bills "
+          f"{co['l1_bills']:.4f} closed form {co['l1_closed_form']:.4f} replay fixed {co['l1_replay_fixed']:.2e} "
+          f"replayed {co['l1_replay_replayed']:.2e} token {co['l1_token']:.3f}; the instances' step energies add up "
+          f"to {100 * co['steps_over_busy_minus_1']:+.1f} % of the metered busy energy ({co['wall_s']:.1f} s)")
+    limits = None
+    if args.prefix_limits:
+        limits = prefix_limits(prof, trace, args.start + 200)
+        for k, q in limits.items():
+            print(f"prefix limits {k:18s}: L1 first {q['l1_first']:.4f} stepsplit {q['l1_stepsplit']:.4f} "
+                  f"stepsplit+replay(20 pairs) {q['l1_stepsplit_replay']:.4f}")
     big = max(sizes)
     res = {
+        "machine_factor": factor,
         "profile": prof.name,
         "trace": source,
         "rate": args.rate,
@@ -298,8 +468,12 @@ def main() -> None:
         "l1_prefix_first_max": max(q["l1_first"] for q in prefix.values()),
         "l1_prefix_stepsplit_max": max(q["l1_stepsplit"] for q in prefix.values()),
         "l1_prefix_stepsplit_replay_max": max(q["l1_stepsplit_replay"] for q in prefix.values()),
+        "preemption": pre,
+        "colocated": co,
+        **({"prefix_limits": limits} if limits is not None else {}),
         "wall_s": time.perf_counter() - t_all,
     }
+    print(f"machine factor {factor} (1.0 = reference); wall {res['wall_s']:.1f} s")
     print(json.dumps(res))
 
 

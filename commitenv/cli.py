@@ -564,12 +564,15 @@ def _cmd_attribute(args: argparse.Namespace) -> int:
             from tqdm import tqdm
 
             bar = tqdm(total=todo, unit="window", desc="replay", leave=False)
+        # when each request left the engine (finish_t is what the client sees: serving overheads included)
+        oh = env.pool.overhead_s
+        finish = env.pool.finish_t if oh is None else env.pool.finish_t - oh
         try:
             corr = replay_correction(
-                env.table, bills["total_j"], env.profile, env.pool.replica_of, finish_s=env.pool.finish_t,
+                env.table, bills["total_j"], env.profile, env.pool.replica_of, finish_s=finish,
                 actions=env.actions, initial_clock_mhz=env.clocks_mhz[env._init_clock], window=args.window,
                 n_pairs=args.pairs, seed=seed, max_windows=args.max_windows,
-                progress=None if bar is None else (lambda k: bar.update(1)),
+                progress=None if bar is None else (lambda k: bar.update(1)), own_mode=args.replay_own,
             )
         finally:
             if bar is not None:
@@ -588,10 +591,7 @@ def _cmd_attribute(args: argparse.Namespace) -> int:
     for name, mj in report["tenant_mj"].items():
         print(f"  tenant {name}: {mj:.4f} MJ")
     if args.replay:
-        r = report["replay"]
-        print(f"replay correction: {r['windows']} of {r['windows_total']} windows ({r['requests']} requests, "
-              f"{r['pairs']} pairs, {r['exact_windows']} exact): L1 distance to the closed form "
-              f"{100 * r['l1_vs_closed_form']:.3f} % +- {100 * r['l1_noise']:.3f} % (sampling noise)")
+        print(corr.summary())
     print(f"wrote {run / 'bills.csv'}")
     print(json.dumps(report))
     return 0
@@ -697,6 +697,11 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--pairs", type=int, default=10, help="antithetic permutation pairs per window (--replay)")
     at.add_argument("--window", type=int, default=16, help="requests per attribution window (--replay)")
     at.add_argument("--max-windows", type=int, default=None, help="replay only the first N windows (--replay)")
+    at.add_argument("--replay-own", choices=["replayed", "fixed"], default="replayed",
+                    help="own energy in the replay game (--replay): 'replayed' sums each coalition's replayed steps, "
+                         "so recompute after a preemption is shared by who caused it (the engine's game, default); "
+                         "'fixed' keeps every request's own energy of the full window (StepSplit Eq. 6), which bills "
+                         "all recompute to the preempted request")
     at.add_argument("--scenario", default=None, help="scenario name or file, when summary.json does not locate it")
     at.add_argument("--quiet", action="store_true", help="no progress bars")
     at.set_defaults(func=_cmd_attribute)

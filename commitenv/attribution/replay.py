@@ -1,16 +1,26 @@
 """The scheduler-replay game (StepSplit section 5.3) on the real engine, and the replay-corrected shares.
 
-    v(S) = sum_{i in S} e_i + sum_{k in T(S)} a(m_k)          (= sum e_i + a*|T(S)| for a constant a)
+    v(S) = sum_{i in S} e_i(S) + sum_{k in T(S)} a(m_k)          (= sum e_i + a*|T(S)| for a constant a)
 
 ``T(S)`` are the steps the engine's own scheduler produces when it serves coalition S alone: the sub-workload
 of S's requests keeps their arrival times, and a fresh `Pool` (noise off, same profiles, layout, clock and
 controller actions) serves it, so with several replicas the router is replayed too. Nothing of the scheduler
-is re-implemented here. ``e_i`` is each request's own energy under the law, fixed across coalitions as in the
-paper's Eq. (6) (by default taken from the full window served alone; pass the attributed run's values to use
-those). With ``own="replayed"`` the own terms are instead summed over S's replayed steps, which differs only
-when a coalition changes preemptions (recompute). A table with prefix hash blocks is served with the engine's
-prefix cache (``prefix_block_tokens`` per hash block) and then defaults to ``own="replayed"``: which blocks a
-coalition computes depends on who is in it (section 6.7).
+is re-implemented here. On a GPU hosting several instances (SM shares) each step's energy includes the GPU's idle
+floor over its time while the meter counts the floor once; the game subtracts what overlapping steps count
+twice (`floor_overlap_j`), so ``v(S)`` is the metered busy energy there too.
+
+Own energy. By default (``own_mode="replayed"``) ``e_i(S)`` is request i's own law energy summed over the steps
+S's replay actually runs, so ``v(S)`` is the engine's energy of serving S (noise off) and the game's Shapley
+value is the Shapley value of the engine's actual game. Without preemption a request's own energy does not
+depend on the schedule (prefill chunks telescope, each output token costs ``b + kappa*context``), so this equals
+the paper's Eq. (6) with ``e_i`` fixed. With preemption it does not: a preempted request recomputes its prompt
+and the tokens generated so far, and whether it is preempted, how often and how far it had got depends on who
+else holds KV blocks. ``own_mode="fixed"`` is the paper's Eq. (6) with ``e_i`` fixed across coalitions (taken
+from the full window served alone, or the ``own`` values given): it charges every recompute of the full run to
+the preempted request in every coalition, so it is not the Shapley value of the engine's game once a run
+preempts (``docs/attribution-replay.md`` has a measured case). A table with prefix hash blocks is served with
+the engine's prefix cache (``prefix_block_tokens`` per hash block); which blocks a coalition computes depends on
+who is in it (section 6.7), so fixed own energies are wrong there too.
 
 Exact Shapley values enumerate the ``2**N - 1`` coalitions (N <= 12 is quick); larger windows sample
 antithetic permutation pairs, replay every prefix of each order, and use the model game of the logged timeline
@@ -41,6 +51,8 @@ from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions, Pool, PoolLayout
 from commitenv.workload.table import RequestTable
 
+OWN_MODES = ("replayed", "fixed")
+
 # A controller action replayed at its time: ("clock", t, mhz[, gpus]), ("active", t, count[, model]),
 # ("share", t, replica, share).
 Action = tuple
@@ -51,7 +63,9 @@ class ReplayGame:
 
     ``layout`` defaults to one GPU; ``clock_mhz`` to the reference clock (the clock the attributed run used);
     ``actions`` replays a controller's lifecycle/clock/share changes at their times; ``law`` (default: the
-    profiles' law at ``clock_mhz`` for every replica) prices the replayed steps.
+    profiles' law at ``clock_mhz`` for every replica) prices the replayed steps. ``own_mode``: ``"replayed"``
+    (default: own energy summed over each coalition's replayed steps, the engine's game) or ``"fixed"`` (Eq. (6):
+    ``own``, or by default the full window's own energies, in every coalition; passing ``own`` implies it).
     """
 
     def __init__(
@@ -69,11 +83,12 @@ class ReplayGame:
         cache_size: int = 1 << 16,
         prefix_block_tokens: int = 512,
     ) -> None:
-        has_prefix = table.prefix_offsets is not None and table.prefix_hashes is not None
-        if own_mode is None:
-            own_mode = "replayed" if has_prefix else "fixed"
-        if own_mode not in ("fixed", "replayed"):
-            raise ValueError(f"own_mode: expected 'fixed' or 'replayed', got {own_mode!r}")
+        if own_mode is None:  # the engine's game, unless the caller fixes the own energies
+            own_mode = "fixed" if own is not None else "replayed"
+        if own_mode not in OWN_MODES:
+            raise ValueError(f"own_mode: expected 'replayed' or 'fixed', got {own_mode!r}")
+        if own is not None and own_mode != "fixed":
+            raise ValueError("own: fixed own energies are only used with own_mode='fixed'")
         self.table = table
         self.n = len(table)
         self.profiles = [profiles] if isinstance(profiles, Profile) else list(profiles)
@@ -91,11 +106,34 @@ class ReplayGame:
         self.counters = {"replays": 0, "replay_s": 0.0, "replayed_requests": 0}
         self._opts = EngineOptions(noise=NoiseSpec(0.0, 0.0), log_steps=True, closed_form=True,
                                    prefix_block_tokens=prefix_block_tokens)
-        if own is None and own_mode == "fixed":
-            own = self.own_of_full()
-        self.own = None if own is None else np.asarray(own, dtype=np.float64)
-        if self.own is not None and len(self.own) != self.n:
-            raise ValueError(f"own: expected {self.n} values, got {len(self.own)}")
+        self._has_prefix = table.prefix_offsets is not None and table.prefix_hashes is not None
+        self._own: np.ndarray | None = None
+        if own is not None:
+            self._own = np.asarray(own, dtype=np.float64)
+            if len(self._own) != self.n:
+                raise ValueError(f"own: expected {self.n} values, got {len(self._own)}")
+        elif own_mode == "fixed":
+            self._own = self.own_of_full()
+        self._nominal = None if self._has_prefix else self._nominal_coeffs()
+        self._colocated = any(len(g) > 1 for g in self.layout.gpus)
+
+    @property
+    def own(self) -> np.ndarray:
+        """The fixed own energies (``own_mode="fixed"``); with ``"replayed"`` the own energy of every request in
+        the full window served alone (for reference: the game itself sums each coalition's replayed steps)."""
+        if self._own is None:
+            self._own = self.own_of_full()
+        return self._own
+
+    def _nominal_coeffs(self) -> np.ndarray | None:
+        """(replicas, 4) array of the law's c1, c2, b, kappa per replica, for the own energy of a request that is
+        never preempted (schedule-independent); None when the law has no per-replica coefficients to read."""
+        n_rep = sum(len(g) for g in self.layout.gpus)
+        try:
+            rows = [self.law.coeffs(r) for r in range(n_rep)]
+        except ValueError:
+            return None
+        return np.array([[c.c1, c.c2, c.b, c.kappa] for c in rows], dtype=np.float64)
 
     # ------------------------------------------------------------------------------------------ engine
     def serve(self, members: Sequence[int]) -> Pool:
@@ -144,11 +182,12 @@ class ReplayGame:
         shared = 0.0
         for e in pool.log:
             shared += e.n_steps * law.shared(e.replica, len(e.slots))
+        if self._colocated:
+            shared += floor_overlap_j(pool.log)
         if self.own_mode == "fixed":
             own = float(self.own[list(members)].sum())
         else:
-            st = decompose(pool.log, pool.table.prompt_tokens, law, players=range(len(members)))
-            own = float(st.own_law.sum())
+            own = self._replayed_own(pool, members)
         c = self.counters
         c["replays"] += 1
         c["replay_s"] += time.perf_counter() - t0
@@ -158,11 +197,68 @@ class ReplayGame:
             self._cache[mask] = v
         return v
 
+    def _nominal_own(self, pool: Pool) -> np.ndarray:
+        """Own law energy of every request of ``pool`` (a replay) had it never been preempted: schedule-independent,
+        ``c1*p + c2*p(p+1)/2 + (d-1)*b + kappa*((d-1)*p + d(d-1)/2)`` on the replica it was routed to (0 for a request
+        never served)."""
+        rep = np.asarray(pool.replica_of)
+        out = np.zeros(len(rep))
+        ok = rep >= 0
+        c = self._nominal[rep[ok]]
+        p = pool.table.prompt_tokens[ok].astype(np.float64)
+        d1 = np.asarray(pool.out_tokens, dtype=np.float64)[ok] - 1.0
+        out[ok] = (c[:, 0] * p + c[:, 1] * (p * (p + 1.0) / 2.0) + d1 * c[:, 2]
+                   + c[:, 3] * (d1 * p + d1 * (d1 + 1.0) / 2.0))
+        return out
+
+    def _replayed_own(self, pool: Pool, members: Sequence[int]) -> float:
+        """Own law energy of the requests over the steps ``pool`` (a coalition's replay) ran: without a preemption
+        (and without prefix caching) the schedule-independent `_nominal_own`; otherwise the replayed log
+        decomposed under the law (recompute chunks included)."""
+        if self._nominal is not None and not np.any(pool.preemptions):
+            return float(self._nominal_own(pool).sum())
+        st = decompose(pool.log, pool.table.prompt_tokens, self.law, players=range(len(members)))
+        return float(st.own_law.sum())
+
+    def recompute_j(self) -> np.ndarray:
+        """Recompute energy of every request when the full window is served alone: its own law energy over the
+        steps it ran minus its own energy had it never been preempted (0 for a request never preempted)."""
+        if self._nominal is None:
+            raise ValueError("recompute_j: needs a table without prefix blocks (a cached prefix also changes the "
+                             "own energy)")
+        pool = self.serve(range(self.n))
+        st = decompose(pool.log, pool.table.prompt_tokens, self.law, players=range(self.n))
+        return st.own_per_player("none") - self._nominal_own(pool)
+
     @property
     def replay_ms(self) -> float:
         """Mean wall time of one coalition replay so far (ms)."""
         c = self.counters
         return 1e3 * c["replay_s"] / c["replays"] if c["replays"] else float("nan")
+
+
+def floor_overlap_j(log: Sequence) -> float:
+    """The idle floor that overlapping steps of co-located instances count more than once (<= 0): every step's
+    energy includes its GPU's floor over its own time, the meter counts it once over the time any step runs, so
+    ``sum(step energies) + floor_overlap_j(log)`` is the GPUs' metered busy energy."""
+    spans: dict[int, list[tuple[float, float, float]]] = {}
+    counted = 0.0
+    for e in log:
+        counted += e.floor_j
+        if e.t1 > e.t0:
+            spans.setdefault(e.gpu, []).append((e.t0, e.t1, e.floor_j / (e.t1 - e.t0)))
+    once = 0.0
+    for ivs in spans.values():
+        ivs.sort()
+        a, b, w = ivs[0]
+        for x, y, p in ivs[1:]:
+            if x > b:
+                once += w * (b - a)
+                a, b, w = x, y, p
+            else:
+                b = max(b, y)
+        once += w * (b - a)
+    return once - counted
 
 
 @dataclass(frozen=True)
