@@ -133,3 +133,46 @@ def test_kv_capacity_not_multiple_of_block_size_is_rejected():
     the limit could never be scheduled, so the profile is refused (as vLLM refuses such a configuration)."""
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         toy_profile(scheduler=dict(kv_capacity_tokens=66, context_limit=66))
+
+
+# ----------------------------------------------------------------------------- full-sequence admission (issue 14)
+LOOP_ARR = [0.019, 0.052, 0.077, 0.115, 0.124, 0.127, 0.143]
+LOOP_PROMPT = [629, 458, 64, 264, 383, 472, 740]
+LOOP_OUT = [553, 262, 648, 325, 263, 42, 331]
+LOOP_KV = dict(token_budget=512, max_seqs=16, context_limit=2048, block_size=4, kv_capacity_tokens=3200)
+
+
+def _tight_run(reserve: bool, closed_form: bool = True) -> Pool:
+    prof = toy_profile(scheduler={**LOOP_KV, "reserve_full_sequence": reserve})
+    pool = Pool(prof, PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True,
+                                                          closed_form=closed_form))
+    pool.attach(make_table(LOOP_ARR, LOOP_PROMPT, LOOP_OUT))
+    pool.run_until(float("inf"))
+    return pool
+
+
+@pytest.mark.parametrize("closed_form", [True, False])
+def test_reserving_the_full_sequence_ends_the_preemption_loop(closed_form):
+    """Without the gate a request whose first 512-token chunk fits but whose 740-token prompt does not is admitted,
+    preempted and admitted again with no progress (44 times here: the admission of vLLM V1 before its
+    scheduler_reserve_full_isl); with it, the request waits until its whole sequence fits."""
+    loop, gated = _tight_run(False, closed_form), _tight_run(True, closed_form)
+    assert loop.preemptions.tolist()[6] == 44
+    assert gated.preemptions.tolist()[6] <= 2 and sum(gated.preemptions.tolist()) <= 3
+    assert (gated.finish_t > 0).all() and (gated.out_tokens == loop.out_tokens).all()
+    assert gated.energy_j() < loop.energy_j()  # the recompute is gone
+    cap = 3200 // 4
+    for e in gated.log:  # the KV never overflows: every running request's blocks fit (token conservation elsewhere)
+        assert len(e.slots) <= 16
+    assert all(r.free_blocks == cap for r in gated.replicas)
+
+
+def test_reserve_full_sequence_is_a_scenario_setting(tmp_path):
+    from commitenv.scenarios import load_scenario
+    from commitenv.scenarios.build import scenario_profile
+    from test_env import toy_three_hour
+
+    sc = toy_three_hour(tmp_path, name="gate", engine={"reserve_full_sequence": True})
+    assert scenario_profile(load_scenario(sc)).scheduler.reserve_full_sequence is True
+    plain = toy_three_hour(tmp_path, name="plain")
+    assert scenario_profile(load_scenario(plain)).scheduler.reserve_full_sequence is False

@@ -250,6 +250,8 @@ def test_cli_submit_prints_the_score_and_refuses_hindsight(board, tmp_path, caps
     assert len((d / "results" / "dev.jsonl").read_text().splitlines()) == n
     assert main(["leaderboard", "render", "--board", str(d)]) == 0
     assert "cli-half" in (d / "LEADERBOARD.md").read_text()
+    assert main(["leaderboard", "references", "--board", str(d), "--quiet"]) == 0  # cached: nothing runs
+    assert "2 reference runs of suite dev up to date" in capsys.readouterr().out
 
 
 def test_a_single_file_submission_and_process_and_ray_runs_agree(board, tmp_path):

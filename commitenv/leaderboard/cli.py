@@ -43,6 +43,15 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_references(args: argparse.Namespace) -> int:
+    from commitenv.leaderboard.submit import ensure_references
+
+    n = ensure_references(args.suite, board=Path(args.board), n_jobs=args.jobs, secret_file=args.secret_file,
+                          progress=not args.quiet)
+    print(f"{n} reference runs of suite {args.suite} up to date in {Path(args.board) / 'references'}")
+    return 0
+
+
 def add_leaderboard_parsers(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("submit", help="score a controller on a leaderboard suite, in a sandbox, and record the result")
     s.add_argument("path", metavar="PATH",
@@ -66,3 +75,11 @@ def add_leaderboard_parsers(sub: argparse._SubParsersAction) -> None:
     r = lsub.add_parser("render", help="write LEADERBOARD.md and index.html from results/*.jsonl")
     r.add_argument("--board", default="leaderboard", metavar="DIR")
     r.set_defaults(func=_cmd_render)
+    rf = lsub.add_parser("references", help="run (or check) the reference episodes of a suite (vLLM and the oracle), "
+                                            "as the first submission would")
+    rf.add_argument("--suite", default="dev")
+    rf.add_argument("--board", default="leaderboard", metavar="DIR")
+    rf.add_argument("--jobs", type=int, default=1, metavar="N")
+    rf.add_argument("--secret-file", default=None, metavar="FILE")
+    rf.add_argument("--quiet", action="store_true")
+    rf.set_defaults(func=_cmd_references)

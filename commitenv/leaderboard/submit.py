@@ -44,14 +44,8 @@ def run_sandbox_job(job: SandboxJob) -> dict[str, Any]:
         return {"error": error_text(e)}
 
 
-def submit(sub: Submission, suite_name: str = "dev", *, board: Path = Path("leaderboard"), n_jobs: int = 1,
-           ray_address: str | None = None, secret_file: str | Path | None = None, progress: bool = False,
-           render: bool = True) -> Scored:
-    """Score ``sub`` on the suite, append the result to ``board/results/<suite>.jsonl`` and render the board. A
-    secret suite without the secret falls back to ``dev`` (logged). ValueError for bad input or a failed run."""
-    from commitenv.runner import run_jobs
-
-    t0 = time.perf_counter()
+def _suite_episodes(suite_name: str, board: Path, secret_file: str | Path | None):
+    """(suite, its hash, its episodes, the secret): a secret suite without the secret falls back to ``dev``."""
     suite, shash = load_suite(suite_name, board)
     secret = None
     if suite.secret:
@@ -60,15 +54,42 @@ def submit(sub: Submission, suite_name: str = "dev", *, board: Path = Path("lead
             log.warning("suite '%s' needs the maintainer's secret (COMMITENV_LEADERBOARD_SECRET or --secret-file); "
                         "running the public 'dev' suite instead", suite.name)
             suite, shash = load_suite("dev", board)
-    eps = episodes(suite, shash, secret)
-    denied = tuple(str(p) for p in (board.resolve(), Path(secret_file).resolve() if secret_file else None) if p)
+    return suite, shash, episodes(suite, shash, secret), secret
+
+
+def _references(board: Path, suite, eps, secret, run) -> list:
+    return references.ensure(board / "references" / f"{suite.name}.json", eps, (suite.lower, suite.upper),
+                             secret=secret, run=lambda jobs: run(jobs, references.run_reference, "references"))
+
+
+def _runner(n_jobs: int, ray_address: str | None, progress: bool):
+    from commitenv.runner import run_jobs
 
     def run(jobs: list[Any], fn: Any, desc: str) -> list[dict[str, Any]]:
         return run_jobs(jobs, n_jobs=n_jobs, ray_address=ray_address, fn=fn, progress=progress, desc=desc)
 
-    ref_file = board / "references" / f"{suite.name}.json"
-    refs = references.ensure(ref_file, eps, (suite.lower, suite.upper), secret=secret,
-                             run=lambda jobs: run(jobs, references.run_reference, "references"))
+    return run
+
+
+def ensure_references(suite_name: str = "dev", *, board: Path = Path("leaderboard"), n_jobs: int = 1,
+                      ray_address: str | None = None, secret_file: str | Path | None = None,
+                      progress: bool = False) -> int:
+    """Run the suite's missing reference episodes (a maintainer does this once per code change, before the first
+    submission); the number of episodes whose references are in place."""
+    suite, _, eps, secret = _suite_episodes(suite_name, board, secret_file)
+    return len(_references(board, suite, eps, secret, _runner(n_jobs, ray_address, progress)))
+
+
+def submit(sub: Submission, suite_name: str = "dev", *, board: Path = Path("leaderboard"), n_jobs: int = 1,
+           ray_address: str | None = None, secret_file: str | Path | None = None, progress: bool = False,
+           render: bool = True) -> Scored:
+    """Score ``sub`` on the suite, append the result to ``board/results/<suite>.jsonl`` and render the board. A
+    secret suite without the secret falls back to ``dev`` (logged). ValueError for bad input or a failed run."""
+    t0 = time.perf_counter()
+    suite, shash, eps, secret = _suite_episodes(suite_name, board, secret_file)
+    denied = tuple(str(p) for p in (board.resolve(), Path(secret_file).resolve() if secret_file else None) if p)
+    run = _runner(n_jobs, ray_address, progress)
+    refs = _references(board, suite, eps, secret, run)
     outcomes = run([SandboxJob(sub, ep, suite.limits, denied, ep.controller_seed) for ep in eps], run_sandbox_job, sub.name)
     refused = next((o["refused"] for o in outcomes if "refused" in o), None)
     if refused:

@@ -57,6 +57,10 @@ class SchedulerLimits(_Strict):
     context_limit: int = Field(gt=1)
     block_size: int = Field(gt=0)
     kv_capacity_tokens: int = Field(gt=0)
+    # vLLM's scheduler_reserve_full_isl (vLLM PR #37307, 2026): admit a waiting request only when its whole
+    # sequence so far fits the free KV blocks; off (the default, and vLLM V1 before it) a first prefill chunk that
+    # fits is admitted even when the rest cannot be, which can preempt the same request again and again
+    reserve_full_sequence: bool = False
 
 
 class Latencies(_Strict):

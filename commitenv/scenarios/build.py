@@ -84,8 +84,8 @@ def scenario_profile_path(sc: Scenario) -> Path:
 
 
 def scenario_profile(sc: Scenario) -> Profile:
-    """The scenario's GPU x model profile, with ``engine.context_limit`` (when given) in place of the profile's
-    ``scheduler.context_limit`` (a re-validated copy: the limit must fit the profile's KV capacity). Also checks
+    """The scenario's GPU x model profile, with ``engine.context_limit`` and ``engine.reserve_full_sequence`` (when
+    given) in place of the profile's (a re-validated copy: the limit must fit the profile's KV capacity). Also checks
     that ``engine.prefix_block_tokens`` is a multiple of the profile's KV block size."""
     try:
         prof = load_profile(str(scenario_profile_path(sc)))
@@ -98,6 +98,9 @@ def scenario_profile(sc: Scenario) -> Profile:
             f"{sc.source}: engine.prefix_block_tokens: expected a multiple of the profile's scheduler.block_size "
             f"({bs} tokens, profile '{prof.name}'), got {eng.prefix_block_tokens}"
         )
+    if eng.reserve_full_sequence is not None and eng.reserve_full_sequence != prof.scheduler.reserve_full_sequence:
+        sch = prof.scheduler.model_copy(update={"reserve_full_sequence": eng.reserve_full_sequence})
+        prof = prof.model_copy(update={"scheduler": sch})  # a bool: nothing else to re-check
     if eng.context_limit is None or eng.context_limit == prof.scheduler.context_limit:
         return prof
     return _with_context_limit(sc.source, prof, int(eng.context_limit))

@@ -152,11 +152,14 @@ class EngineSpec(_Strict):
     fit); it replaces the profile's ``scheduler.context_limit`` and must fit the profile's KV capacity.
     ``prefix_caching``: vLLM automatic prefix caching (acts only on workloads with prefix hash blocks).
     ``prefix_block_tokens``: tokens per prefix hash block of the workload (a multiple of the profile's
-    ``scheduler.block_size``; Mooncake traces: 512)."""
+    ``scheduler.block_size``; Mooncake traces: 512).
+    ``reserve_full_sequence``: admit a waiting request only when its whole sequence fits the free KV blocks (vLLM's
+    ``scheduler_reserve_full_isl``; replaces the profile's ``scheduler.reserve_full_sequence``)."""
 
     context_limit: int | None = Field(default=None, ge=2)
     prefix_caching: bool | None = None
     prefix_block_tokens: int | None = Field(default=None, ge=1)
+    reserve_full_sequence: bool | None = None
 
     def overrides(self) -> dict:
         """The settings given (a reference run's cache key holds only these)."""

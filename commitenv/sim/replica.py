@@ -60,6 +60,7 @@ class Replica:
         self.max_seqs = sch.max_seqs
         self.bs = sch.block_size
         self.cap_blocks = sch.kv_capacity_tokens // sch.block_size
+        self.reserve_full = sch.reserve_full_sequence
         self.free_blocks = self.cap_blocks
         self.running: list[Req] = []
         self.waiting: deque[Req] = deque()
@@ -211,6 +212,9 @@ class Replica:
                 need = -(-(h + k) // bs) - len(hit) * pc.per_entry
                 if need + cost > self.free_blocks:
                     break
+                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - len(hit) * pc.per_entry + cost > \
+                        self.free_blocks:
+                    break
                 if hit:
                     pc.acquire(hit)
                     self.free_blocks -= cost
@@ -224,6 +228,8 @@ class Replica:
                     k = budget
                 need = -(-(r.computed + k) // bs) - r.blocks
                 if need > self.free_blocks:
+                    break
+                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - r.blocks > self.free_blocks:
                     break
             waiting.popleft()
             running.append(r)
