@@ -251,7 +251,7 @@ def test_cli_submit_prints_the_score_and_refuses_hindsight(board, tmp_path, caps
     assert main(["leaderboard", "render", "--board", str(d)]) == 0
     assert "cli-half" in (d / "LEADERBOARD.md").read_text()
     assert main(["leaderboard", "references", "--board", str(d), "--quiet"]) == 0  # cached: nothing runs
-    assert "2 reference runs of suite dev up to date" in capsys.readouterr().out
+    assert "references of the 2 episodes of suite dev up to date" in capsys.readouterr().out
 
 
 def test_a_single_file_submission_and_process_and_ray_runs_agree(board, tmp_path):

@@ -48,7 +48,7 @@ def _cmd_references(args: argparse.Namespace) -> int:
 
     n = ensure_references(args.suite, board=Path(args.board), n_jobs=args.jobs, secret_file=args.secret_file,
                           progress=not args.quiet)
-    print(f"{n} reference runs of suite {args.suite} up to date in {Path(args.board) / 'references'}")
+    print(f"references of the {n} episodes of suite {args.suite} up to date in {Path(args.board) / 'references'}")
     return 0
 
 

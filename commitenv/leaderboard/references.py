@@ -95,9 +95,14 @@ def save(path: Path, runs: dict[str, Any]) -> None:
 def ensure(path: Path, eps: list[Episode], controllers: tuple[str, str], *, secret: bytes | None = None,
            run: Callable[[list[ReferenceJob]], list[dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """For each episode its (lower, upper) reference summaries: read from ``path``, the missing ones computed by
-    ``run(jobs)`` and saved. ValueError naming the episode when a reference run fails."""
+    ``run(jobs)`` and saved, entries under keys no longer current dropped. ValueError naming the episode when a
+    reference run fails."""
     runs = load(path)
     keys = [[reference_key(ep, c, secret) for c in controllers] for ep in eps]
+    current = {k for ks in keys for k in ks}
+    stale = set(runs) - current  # made by other code or for episodes the suite no longer has
+    if stale:
+        runs = {k: v for k, v in runs.items() if k in current}
     todo = [(i, j) for i, ks in enumerate(keys) for j, k in enumerate(ks) if k not in runs]
     if todo:
         results = run([ReferenceJob(controllers[j], eps[i]) for i, j in todo])
@@ -110,4 +115,6 @@ def ensure(path: Path, eps: list[Episode], controllers: tuple[str, str], *, secr
         save(path, runs)
         if errors:
             raise ValueError("reference runs failed: " + "; ".join(errors))
+    elif stale:
+        save(path, runs)
     return [(runs[a], runs[b]) for a, b in keys]
