@@ -25,7 +25,7 @@ PROFILE = "h200-qwen3.8-27b-fp8"
 
 
 def _real_gpu():
-    pynvml = pytest.importorskip("pynvml")
+    pytest.importorskip("pynvml")
     from commitenv.backends.nvml import NvmlGpu
 
     try:

@@ -11,7 +11,6 @@ update (`aligned_energy`), so its energy and duration agree to the polling inter
 from __future__ import annotations
 
 import datetime as dt
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
