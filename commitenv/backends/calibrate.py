@@ -238,7 +238,7 @@ def _profile(template: Profile, fits: list[ClockFit], standby_w: float, clock_ch
                                      "kernels)",
                     "standby_w": what + " (engine asleep)", "latencies": what + " (clock: lock until the device "
                     "reports it; activation: wake of the sleeping engine)",
-                    "reference_clock_mhz": f"the template's reference clock when measured, else the top level"})
+                    "reference_clock_mhz": "the template's reference clock when measured, else the top level"})
     return Profile.model_validate({
         **template.model_dump(exclude={"clocks", "standby_w", "latencies", "sources", "reference_clock_mhz", "name"}),
         "name": name or f"{template.name}-calibrated", "clocks": [lv.model_dump() for lv in levels],
