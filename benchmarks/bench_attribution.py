@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -74,16 +72,10 @@ from commitenv.workload import builtin_workload
 from commitenv.workload.loaders import load_azure_csv
 from commitenv.workload.table import RequestTable
 from commitenv.workload.transforms import compress_time
+from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv_2023.csv"
 
-
-def machine_factor() -> float | None:
-    tool = Path(__file__).resolve().parents[2] / "shared" / "tools" / "machine_factor.py"
-    if not tool.is_file():
-        return None
-    out = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip())
 
 
 def load_trace(rate: float) -> tuple[RequestTable, str]:

@@ -8,10 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -19,15 +16,8 @@ from commitenv.profiles import load_profile
 from commitenv.sim import EngineOptions, observed_arrivals, simulate, take_snapshot
 from commitenv.sim.fixed import run_fixed
 from commitenv.workload import builtin_workload
+from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
 
-
-def machine_factor() -> float | None:
-    """../shared/tools/machine_factor.py's figure (None without ../shared)."""
-    tool = Path(__file__).resolve().parents[2] / "shared" / "tools" / "machine_factor.py"
-    if not tool.is_file():
-        return None
-    out = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip())
 
 
 def long_context_table(seconds: float, rate: float, limit: int, seed: int = 0):

@@ -12,28 +12,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 import commitenv  # noqa: F401  (registers the scenarios)
 from commitenv_controllers import ControllerContext, make
+from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
 
 HOUR = "commitenv/bench-h200-hour-fixed-a30-v0"
 IDEAL_HOUR = "commitenv/epact-h200-hour-fixed-a30-v0"
 DAY = "commitenv/epact-h20-day-v0"
 
-
-def machine_factor() -> float | None:
-    tool = Path(__file__).resolve().parents[2] / "shared" / "tools" / "machine_factor.py"
-    if not tool.is_file():
-        return None
-    out = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip())
 
 
 def episodes(env_id: str, controller: str, seeds: list[int]) -> dict[str, float]:
