@@ -60,7 +60,7 @@ class SimEngine(ServingEngine):
         rep = self.rep
         if not rep.start(t0, None, False, False):
             return None
-        P, A, n, L, _ = batch_terms(rep.batch)
+        P, A, n, L = batch_terms(rep.batch)
         batch = [r for r, _ in rep.batch]
         fresh = [r for r in batch if r.generated == 0]
         ft = fe = 1.0

@@ -5,6 +5,7 @@ HMAC with the secret, so the file says nothing about its seeds)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -41,9 +42,11 @@ def run_reference(job: ReferenceJob) -> dict[str, Any]:
 _RUN_FILES = ("control.py", "evaluation.py", "hindsight.py", "metrics.py", "settlement.py")  # beside envs/
 
 
+@functools.lru_cache(maxsize=None)
 def _code_sha256(controller: str) -> str:
     """The code a reference run executes: the engine, the env, the episode loop and scoring, and the built-in
-    controller package (not the CLI or the leaderboard, so editing those keeps the cached runs)."""
+    controller package (not the CLI or the leaderboard, so editing those keeps the cached runs); read once per
+    process."""
     import commitenv
     import commitenv_controllers
     from commitenv.scenarios.commitments import engine_code_sha256, source_sha256

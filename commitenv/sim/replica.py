@@ -28,22 +28,24 @@ STATE_NAMES = ("active", "draining", "standby", "waking")
 SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 
 
-def batch_terms(batch: list[tuple[Req, int]]) -> tuple[int, int, int, int, list[bool]]:
+def batch_terms(batch: list[tuple[Req, int]], flags: list[bool] | None = None) -> tuple[int, int, int, int]:
     """The step laws' terms of a scheduled batch of (request, new tokens), before it runs: prefill tokens P,
-    prefill attention pairs A, decoding requests n, summed decode context L, and per entry whether it decodes
-    (one new token of a request whose prompt and earlier tokens are all computed)."""
+    prefill attention pairs A, decoding requests n and summed decode context L. With ``flags`` (a list, for the
+    step log), appends per entry whether it decodes (one new token of a request whose prompt and earlier tokens
+    are all computed); without, builds nothing per entry (the engine's hot path)."""
     P = A = n = L = 0
-    flags = []
     for r, k in batch:
         if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:
             n += 1
             L += r.computed + 1
-            flags.append(True)
+            if flags is not None:
+                flags.append(True)
         else:
-            flags.append(False)
+            if flags is not None:
+                flags.append(False)
             P += k
             A += k * r.computed + k * (k + 1) // 2
-    return P, A, n, L, flags
+    return P, A, n, L
 
 
 class Replica:
@@ -254,7 +256,8 @@ class Replica:
             self.seg = SEG_NONE
             return False
         c = self.coeffs
-        P, A, n, L, flags = batch_terms(batch)
+        flags: list[bool] | None = [] if record else None
+        P, A, n, L = batch_terms(batch, flags)
         all_decode = P == 0
         ft, fe, t_next = noise.draw_for(self, t) if noise is not None else (1.0, 1.0, math.inf)
         self.ft, self.fe = ft, fe
