@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from commitenv.hindsight import uses_hindsight
+from commitenv.latency_slo import CLASS_NAMES, LatencyOutcome, attainment_by, latency_outcome
 from commitenv.metrics import deviation_cost_kwh, signed_deviation_pct, slo_gate, slo_outcome, summarize
 from commitenv.scenarios.build import derived_seed
 from commitenv.scenarios.schema import Scenario
@@ -356,7 +357,11 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
             "wall_s": round(float(wall_s), 3),
         }
     )
-    ttft = pool.first_t - table.arrival_s
+    lat = latency_outcome(table.arrival_s, pool.first_t, pool.finish_t, table.prompt_tokens, pool.out_tokens,
+                          ~rejected)
+    summary.update(latency_summary(lat, getattr(pool, "model_of", np.zeros(len(table), dtype=np.int64)),
+                                   [p.model.name for p in pool.profiles]))
+    ttft = lat.ttft_s
     requests = {
         "request_id": table.request_id,
         "tenant": table.tenant.astype(np.int64),
@@ -364,6 +369,10 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
         "prompt_tokens": table.prompt_tokens,
         "output_tokens": pool.out_tokens,
         "ttft_s": ttft,
+        "tbt_s": lat.tbt_s,
+        "slo_class": lat.cls,
+        "ttft_met": lat.ttft_met,
+        "tbt_met": lat.tbt_met,
         "finish_s": pool.finish_t,
         "deadline_s": pool.deadline,
         "met": (pool.finish_t <= pool.deadline) & ~rejected,
@@ -372,6 +381,22 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     }
     bills = bill_table(env) if getattr(env, "attributor", None) is not None else None
     return EvalResult(sc.name, controller_name, seed, hourly, requests, summary, list(env.history), bills)
+
+
+def latency_summary(lat: LatencyOutcome, model_of: np.ndarray, model_names: list[str]) -> dict[str, Any]:
+    """Summary fields of the TTFT/TBT SLOs (`commitenv.latency_slo`): pooled, per class (flat keys, so multi-seed
+    runs aggregate them) and per model."""
+    n = max(len(lat.cls), 1)
+    out: dict[str, Any] = {
+        "ttft_attainment_pct": 100.0 * float(lat.ttft_met.sum()) / n,
+        "tbt_attainment_pct": 100.0 * float(lat.tbt_met.sum()) / n,
+        "latency_attainment_pct": 100.0 * float(lat.met.sum()) / n,
+    }
+    for name, v in attainment_by(lat.cls, lat.met, CLASS_NAMES).items():
+        out[f"latency_attainment_{name}_pct"] = v["attainment_pct"]
+        out[f"requests_{name}"] = v["requests"]
+    out["latency_by_model"] = attainment_by(model_of, lat.met, model_names)
+    return out
 
 
 def rejection_reason(pool: Any, rejected: np.ndarray) -> str:

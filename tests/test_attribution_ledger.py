@@ -23,12 +23,16 @@ def workload(n=24, seed=0):
     return make_table(arr, rng.integers(2, 20, n), rng.integers(1, 10, n))
 
 
-def drive(table, *, noise: bool, n_gpus: int = 1, window_s: float = 0.05, bills=None):
+def drive(table, *, noise: bool, n_gpus: int = 1, window_s: float = 0.05, bills=None, mappings: bool = False):
     prof = toy_profile()
     opts = EngineOptions(noise=NoiseSpec() if noise else NoiseSpec(0, 0), log_steps=True, seed=3)
     pool = Pool(prof, PoolLayout.single(n_gpus), opts)
     pool.attach(table)
-    led = Ledger(StepLaw.from_pool(pool), table, pool.out_tokens, n_gpus=n_gpus,
+    prompts, outs = table, pool.out_tokens
+    if mappings:  # lengths looked up slot by slot
+        prompts = {i: int(p) for i, p in enumerate(table.prompt_tokens)}
+        outs = {i: int(o) for i, o in enumerate(pool.out_tokens)}
+    led = Ledger(StepLaw.from_pool(pool), prompts, outs, n_gpus=n_gpus,
                  on_bill=None if bills is None else (lambda s, j: bills.append((s, j))))
     t = 0.0
     while pool.live or pool.arrived < len(table):
@@ -134,3 +138,74 @@ def test_close_window_rejects_the_past():
     led.sync(pool.log)
     with pytest.raises(ValueError, match="precedes the end"):
         led.close_window(0.001, 1.0)
+
+
+# a preemption-heavy run (request 6 is preempted 44 times: tests/test_attribution_replay_report.py)
+TIGHT = dict(token_budget=512, max_seqs=16, context_limit=2048, block_size=4, kv_capacity_tokens=3200)
+TIGHT_ARR = [0.019, 0.052, 0.077, 0.115, 0.124, 0.127, 0.143]
+TIGHT_PROMPT = [629, 458, 64, 264, 383, 472, 740]
+TIGHT_OUT = [553, 262, 648, 325, 263, 42, 331]
+
+
+def replay_log(pool, table, log, window_s: float) -> Ledger:
+    """Feed a finished run's log to a ledger window by window (settling up to the earliest step in flight)."""
+    led = Ledger(StepLaw.from_pool(pool), table, pool.out_tokens)
+    t, i = 0.0, 0
+    while i < len(log):
+        t = round(t + window_s, 10)
+        j = i
+        while j < len(log) and log[j].t1 <= t:
+            j += 1
+        for e in log[i:j]:
+            led.consume(e)
+        i = j
+        led.close_window(t, 100.0)
+        led.settle(min((e.t0 for e in log[j:]), default=t))
+    led.settle()
+    return led
+
+
+def test_preemption_recompute_is_billed_like_the_closed_form_and_completions_are_found():
+    """Recompute chunks after a preemption are prefill (own terms ``c1*k + c2*(...)``), and a request is
+    complete only when a step computes its last token: the ledger's law parts per request equal the closed
+    form's law terms, window by window, and all seven requests are billed exactly once."""
+    import dataclasses
+
+    table = make_table(TIGHT_ARR, TIGHT_PROMPT, TIGHT_OUT)
+    pool = Pool(toy_profile(scheduler=TIGHT), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool.attach(table)
+    pool.run_until(np.inf)
+    assert pool.preemptions.tolist() == [0, 0, 0, 0, 0, 0, 44]
+    law = StepLaw.from_pool(pool)
+    cf = closed_form_for(pool.log, table, law, scale="none")
+    for log in (pool.log, [dataclasses.replace(e, decode=()) for e in pool.log]):  # flags, and walking the log
+        led = replay_log(pool, table, log, 0.25)
+        assert sorted(led.bills) == list(range(7))  # every completion found, the preempted request's included
+        for w in led.windows:
+            assert sum(w.shares.values()) == pytest.approx(w.busy_j, rel=1e-12)
+        assert sum(led.bills.values()) == pytest.approx(sum(w.metered_j for w in led.windows), rel=1e-12)
+        # in one window spanning the run, the meter is split exactly in proportion to the closed form's law terms
+        whole = replay_log(pool, table, log, 1e6)
+        want = cf.shares / cf.shares.sum() * sum(w.metered_j for w in whole.windows)
+        assert np.array([whole.bills[i] for i in range(7)]) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_log_mixing_entries_with_and_without_decode_flags_is_refused():
+    import dataclasses
+
+    table = make_table([0.0, 0.0], [4, 4], [3, 5])
+    pool = Pool(toy_profile(), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool.attach(table)
+    pool.run_until(np.inf)
+    led = Ledger(StepLaw.from_pool(pool), table, pool.out_tokens)
+    led.consume(pool.log[0])
+    with pytest.raises(ValueError, match="decode flags"):
+        led.consume(dataclasses.replace(pool.log[1], decode=()))
+
+
+def test_lengths_given_as_mappings_bill_like_arrays():
+    table = workload(seed=2)
+    _, led = drive(table, noise=True)
+    _, led2 = drive(table, noise=True, mappings=True)
+    assert sorted(led2.bills) == list(range(len(table)))
+    assert led2.bills == pytest.approx(led.bills, rel=1e-12)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -143,6 +144,68 @@ class OwnTracker:
             if c0 + k >= p + g:
                 gen[s] = g + 1
         return out
+
+
+@dataclass(frozen=True)
+class MemberTerms:
+    """Own law energies of the members of a batch of log entries (members in entry order)."""
+
+    entry: np.ndarray  # entry index of every membership
+    m: np.ndarray  # members per entry
+    slots: np.ndarray  # request slot of every membership
+    own: np.ndarray  # own law energy of every membership
+    computed: np.ndarray  # tokens the request has computed after the entry
+
+
+def member_terms(batch: Sequence, n_steps: np.ndarray, coef: np.ndarray, owns: Sequence | None = None) -> MemberTerms:
+    """Own law energies of every member of ``batch`` (log entries carrying per-member ``decode`` flags) in one
+    vectorised pass. ``coef``: (E, 5) rows of a, b, kappa, c1, c2 per entry. Every member is priced as a decode
+    (a run of ``n`` steps: ``n*b + kappa*(n*(c+1) + n*(n-1)/2)``), then the few prefill members, found by their
+    flags, get ``c1*k + c2*(k*c + k*(k+1)/2)``; only their token counts are read. ``owns`` (own energies per
+    entry from an `OwnTracker`, for a log without flags) replaces the flags."""
+    ne = len(batch)
+    m = np.fromiter(map(len, [e.slots for e in batch]), np.int64, ne)
+    nm = int(m.sum())
+    ent = np.repeat(np.arange(ne), m)
+    slots = np.fromiter(chain.from_iterable([e.slots for e in batch]), np.int64, nm)
+    c0 = np.fromiter(chain.from_iterable([e.computed_before for e in batch]), np.int64, nm).astype(np.float64)
+    if (coef == coef[0]).all():  # one coefficient set for the whole batch (the usual case): scalars
+        b, kap, c1, c2 = coef[0, 1], coef[0, 2], coef[0, 3], coef[0, 4]
+    else:
+        b, kap, c1, c2 = coef[ent, 1], coef[ent, 2], coef[ent, 3], coef[ent, 4]
+    run = n_steps > 1  # a decode run: every member decodes, one token per step
+    n = n_steps[ent].astype(np.float64) if run.any() else 1.0
+    if owns is not None:
+        k = np.fromiter(chain.from_iterable([e.new_tokens for e in batch]), np.int64, nm).astype(np.float64)
+        own = np.fromiter(chain.from_iterable(owns), np.float64, nm)
+        return MemberTerms(ent, m, slots, own, c0 + (np.where(run[ent], n, k) if run.any() else k))
+    own = n * b + kap * (n * (c0 + 1.0) + 0.5 * n * (n - 1.0))
+    comp = c0 + n
+    pos: list[int] = []
+    toks: list[int] = []
+    at = 0
+    for e in batch:
+        dec = e.decode
+        if len(dec) != len(e.slots):
+            raise ValueError("step-log entries without per-member decode flags")
+        c = dec.count(False)
+        if c and e.n_steps == 1:
+            nt = e.new_tokens
+            j = -1
+            for _ in range(c):
+                j = dec.index(False, j + 1)
+                pos.append(at + j)
+                toks.append(nt[j])
+        at += len(dec)
+    if pos:
+        ix = np.array(pos)
+        k = np.array(toks, dtype=np.float64)
+        cp = c0[ix]
+        if np.ndim(c1):
+            c1, c2 = c1[ix], c2[ix]
+        own[ix] = c1 * k + c2 * (k * cp + 0.5 * k * (k + 1.0))
+        comp[ix] = cp + k
+    return MemberTerms(ent, m, slots, own, comp)
 
 
 @dataclass(frozen=True)

@@ -36,15 +36,15 @@ Reads of engine state at a close (besides the meters): each replica's in-flight 
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
+from commitenv.attribution.law import member_terms
 from commitenv.sim.coeffs import coeffs_for
+from commitenv.sim.pool import StepLogEntry
 from commitenv.sim.replica import SEG_NONE, SEG_RUN
 
-_HEAD = 9  # float64 fields of a packed row before its members' (see PoolAttributor._new_buffers)
 
 
 @dataclass(frozen=True)
@@ -103,34 +103,9 @@ class PoolAttributor:
         pool.on_step = self._on_step
 
     def _new_buffers(self) -> None:
-        """The hook packs each booked segment's fields into bytes (float64s): (replica, t0, n_steps, energy,
-        clock, share, m, t1, floor), then the m slots, new tokens, computed-before counts and decode flags. Bytes are not
-        tracked by the garbage collector, so buffering segments between closes triggers no full collections
-        (whose cost grows with the engine's per-request lists), and a close reads them in one
-        ``np.frombuffer``."""
-        self._buf: list[bytes] = []
-        ap = self._buf.append
-        packers = self._packers = {}
-
-        def packer(m: int):
-            p = packers[m] = struct.Struct(f"<{_HEAD + 4 * m}d").pack
-            return p
-
-        one = packer(1)
-
-        def on_step(e) -> None:
-            sl = e.slots
-            m = len(sl)
-            if m == 1:  # the common case, without building argument tuples
-                ap(one(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, 1, e.t1, e.floor_j, sl[0],
-                       e.new_tokens[0], e.computed_before[0], e.decode[0]))
-            else:
-                ap((packers.get(m) or packer(m))(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, m,
-                                                 e.t1, e.floor_j, *sl, *e.new_tokens, *e.computed_before,
-                                                 *e.decode))
-
-        self._on_step = on_step
-        self._packer = packer
+        """The hook only keeps each booked segment (a `StepLogEntry`); a close prices them all at once."""
+        self._buf: list = []
+        self._on_step = self._buf.append
 
     def detach(self) -> None:
         """Stop listening to the pool (buffered segments not yet closed are dropped)."""
@@ -154,76 +129,44 @@ class PoolAttributor:
         return c
 
     def _coeff_arrays(self, replica: np.ndarray, mhz: np.ndarray, share: np.ndarray) -> np.ndarray:
-        """(5, E) array of a, b, kappa, c1, c2 per entry."""
+        """(E, 5) array of a, b, kappa, c1, c2 per entry."""
         model = self._rep_model[replica]
         if (mhz == mhz[0]).all() and (share == share[0]).all() and (model == model[0]).all():
             c = self._coeffs(int(model[0]), int(mhz[0]), float(share[0]))
-            return np.repeat(np.array(c)[:, None], len(replica), axis=1)
+            return np.repeat(np.array(c)[None, :], len(replica), axis=0)
         keys = list(zip(model.tolist(), mhz.tolist(), share.tolist()))
-        return np.array([self._coeffs(*k) for k in keys]).T
+        return np.array([self._coeffs(*k) for k in keys])
 
-    def _price(self, rows: list[bytes], start: float, nb: int, old: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Price the segments ``rows`` (packed, see `_new_buffers`), add the parts to the per-request totals;
-        returns (per-tenant J, per-GPU J). Of the first ``nb`` rows (booked segments) those that started before
+    def _price(self, rows: list, start: float, nb: int, old: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Price the segments ``rows`` (`StepLogEntry`), add the parts to the per-request totals; returns
+        (per-tenant J, per-GPU J). Of the first ``nb`` rows (booked segments) those that started before
         ``start`` and were in flight at the last close (``old``: replica -> (t0, J attributed then)) only get
         the rest of their energy."""
         ne = len(rows)
-        lens = np.fromiter(map(len, rows), np.int64, ne) // 8
-        vals = np.frombuffer(b"".join(rows), dtype="<f8").copy()
-        off = np.zeros(ne, dtype=np.int64)
-        np.cumsum(lens[:-1], out=off[1:])
-        replica = vals[off].astype(np.int64)
-        t0 = vals[off + 1]
-        n_steps, energy = vals[off + 2], vals[off + 3]
-        mhz = vals[off + 4].astype(np.int64)
-        share = vals[off + 5]
-        m = vals[off + 6].astype(np.int64)
-        t1, floor = vals[off + 7], vals[off + 8]
+        head = np.array([(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, e.t1, e.floor_j)
+                         for e in rows], dtype=np.float64).reshape(ne, 8)
+        replica = head[:, 0].astype(np.int64)
+        t0, n_steps, energy = head[:, 1], head[:, 2], head[:, 3]
+        mhz = head[:, 4].astype(np.int64)
+        share, t1, floor = head[:, 5], head[:, 6], head[:, 7]
         if old:
             for i in np.flatnonzero(t0[:nb] < start).tolist():
                 c = old.get(int(replica[i]))
                 if c is not None and c[0] == t0[i]:
                     energy[i] -= c[1]
                     floor[i] -= c[2]
-        if not np.array_equal(lens, _HEAD + 4 * m):
-            raise ValueError("PoolAttributor: step-log entries without per-member decode flags")
         if self._colocated:
             energy = self._share_floor(replica, np.maximum(t0, start), t1, energy, floor)
-        nm = int(m.sum())
-        single = nm == ne  # one request per segment (the common case on a lightly loaded replica)
-        if single:
-            pos = off + _HEAD
-            mm = 1
-        else:
-            ent = np.repeat(np.arange(ne), m)
-            first = np.zeros(ne, dtype=np.int64)
-            np.cumsum(m[:-1], out=first[1:])
-            pos = off[ent] + _HEAD + (np.arange(nm) - first[ent])  # a member's slot in its segment's row
-            mm = m[ent]
-        s = vals[pos].astype(np.int64)
-        k, c0, d = vals[pos + mm], vals[pos + 2 * mm], vals[pos + 3 * mm] != 0
-        a, b, kap, c1, c2 = self._coeff_arrays(replica, mhz, share)
-        if single:
-            n = n_steps
-        else:
-            n = n_steps[ent]
-            b, kap, c1, c2 = b[ent], kap[ent], c1[ent], c2[ent]
-        own = np.where(d, n * b + kap * (n * (c0 + 1.0) + 0.5 * n * (n - 1.0)),
-                       c1 * k + c2 * (k * c0 + 0.5 * k * (k + 1.0)))
-        shared = n_steps * a
-        if single:
-            law = shared + own
-        else:
-            law = shared + np.add.reduceat(own, first)
+        coef = self._coeff_arrays(replica, mhz, share)
+        mt = member_terms(rows, n_steps, coef)
+        ent, m, s, own = mt.entry, mt.m, mt.slots, mt.own
+        shared = n_steps * coef[:, 0]
+        law = shared + np.bincount(ent, weights=own, minlength=ne)
         ok = law > 0
         f = np.divide(energy, law, out=np.zeros(ne), where=ok)
         sh_each = np.where(ok, shared * f, energy) / m  # a segment without law terms: split equally
-        if single:
-            own_p = own * f
-            sh_p = sh_each
-        else:
-            own_p = own * f[ent]
-            sh_p = sh_each[ent]
+        own_p = own * f[ent]
+        sh_p = sh_each[ent]
         np.add.at(self.own_j, s, own_p)
         np.add.at(self.shared_j, s, sh_p)
         tj = np.bincount(self.tenant[s], weights=own_p + sh_p, minlength=self.n_tenants)
@@ -276,10 +219,9 @@ class PoolAttributor:
                 done, f_done = (c[1], c[2]) if c is not None and c[0] == rep.t0 else (0.0, 0.0)
                 carry[rep.index] = (rep.t0, e_until, f_until)
                 sl = rep.seg_log
-                m = len(sl[0])
-                rows.append((self._packers.get(m) or self._packer(m))(
-                    rep.index, rep.t0, rep.run_k if rep.seg == SEG_RUN else 1, e_until - done, sl[4], sl[5], m,
-                    t, f_until - f_done, *sl[0], *sl[1], *sl[2], *sl[3]))
+                rows.append(StepLogEntry(rep.gpu.index, rep.index, rep.t0, t,
+                                         rep.run_k if rep.seg == SEG_RUN else 1, e_until - done, *sl,
+                                         floor_j=f_until - f_done))
         self._carry = carry
         nseg = len(rows)
         if nseg:

@@ -234,6 +234,7 @@ class Pool:
                 if not 0 <= m < self.n_models:
                     raise ValueError(f"tenant_model: tenant {ten} mapped to model {m}, but the pool has {self.n_models}")
                 tm[table.tenant == ten] = m
+        self.model_of = tm  # model serving each request row
         self._model = tm.tolist()
         terms = request_terms(self.profiles, self.opt, table, tm)
         self.rejected, self.out_tokens, self.lref = terms.rejected, terms.out_tokens, terms.lref

@@ -1,0 +1,1 @@
+"""Festina (shared-GPU, energy-aware serverless serving): LUT, dispatch, local scheduling, consolidation."""
