@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from commitenv.profiles.schema import Profile
+from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy
 from commitenv.sim.view import ReplicaView, RequestView, Snapshot
 from commitenv.sim.whatif import WhatIf
 
 if TYPE_CHECKING:  # pragma: no cover
     from commitenv.hindsight import HindsightAccess
 
-__all__ = ["Controller", "ControllerContext", "EnvProbe", "Probe", "ReplicaView", "RequestView", "Snapshot", "WhatIf"]
+__all__ = ["ArrivalView", "CandidateView", "Controller", "ControllerContext", "DispatchPolicy", "EnvProbe", "Probe",
+           "ReplicaView", "RequestView", "Snapshot", "WhatIf"]
 
 
 class Probe(Protocol):
@@ -158,6 +160,11 @@ class Controller(ABC):
     @abstractmethod
     def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:
         """The configuration for the coming interval (see `ControllerContext.action`)."""
+
+    def dispatch_policy(self) -> DispatchPolicy | None:
+        """A policy the engine calls at every arrival to choose the request's replica (`commitenv.sim.dispatch`),
+        installed after `reset`; None (the default) keeps the scenario's router."""
+        return None
 
     def close(self) -> None:
         """Release what the controller holds (worker processes, files) at the end of an episode."""

@@ -222,6 +222,9 @@ def run_episode(
     hindsight = uses_hindsight(ctrl)
     # the controller gets a seed derived one way from the run seed: the run seed would regenerate the trace
     ctrl.reset(ControllerContext.from_env(env, hindsight=hindsight), derived_seed(seed, "controller"))
+    policy = ctrl.dispatch_policy()
+    if policy is not None:
+        env.set_dispatch(policy)
     steps = env.H * env.K
     bar = None
     if progress:

@@ -237,6 +237,12 @@ def test_a_snapshot_sent_to_the_sandbox_holds_no_truth(tmp_path, toy):
         def act(self, observation, info):
             return {"active": 1.5, "clock": 0}
     """, "invalid_action", "whole numbers"),
+    ("Routes", """
+    from commitenv.sim.dispatch import LeastUnfinished
+    class Routes(Served):
+        def dispatch_policy(self):
+            return LeastUnfinished()
+    """, "crash", "dispatch policy"),
     ("Exit", """
     import os
     class Exit(Served):

@@ -104,6 +104,7 @@ from commitenv.scenarios.build import realism_of
 from commitenv.scenarios.schema import Scenario
 from commitenv.settlement import HourlySettlement
 from commitenv.sim import Pool, PoolLayout, Snapshot, observed_arrivals, take_snapshot
+from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import run_interval
 from commitenv.workload.table import RequestTable
 
@@ -189,6 +190,17 @@ class CommitServeEnv(gym.Env):
         self.pool: Pool | None = None
 
     # ------------------------------------------------------------------------------------------ episode
+    def set_dispatch(self, policy: DispatchPolicy | None) -> None:
+        """Route this episode's arrivals with ``policy`` (`commitenv.sim.dispatch`; None: the scenario's router).
+        Call after `reset`; `commitenv.evaluation.run_episode` installs a controller's `dispatch_policy()`."""
+        if self.pool is None:
+            raise ValueError("set_dispatch: call reset() first (the policy belongs to an episode's pool)")
+        if self.backend is not None:
+            raise ValueError("set_dispatch: a hardware pool routes its requests itself")
+        if policy is not None and not isinstance(policy, DispatchPolicy):
+            raise TypeError(f"set_dispatch: expected a commitenv.sim.dispatch.DispatchPolicy, got {type(policy).__name__}")
+        self.pool.dispatch = policy if policy is not None else make_dispatch(self.pool.opt.dispatch)
+
     def _workload(self, seed: int) -> RequestTable:
         if self.scenario.workload.seed is None:
             return scenario_workload(self.scenario, seed)  # a new trace every episode

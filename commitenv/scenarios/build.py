@@ -358,5 +358,5 @@ def engine_options(sc: Scenario, seed: int = 0) -> EngineOptions:
         oracle_lengths=sc.observation.lengths == "oracle",
         truth=truth_spec(sc),
         visible_deadlines=r.deadlines,
-        **{k: v for k, v in sc.engine.overrides().items() if k in ("prefix_caching", "prefix_block_tokens")},
+        **{k: v for k, v in sc.engine.overrides().items() if k in ("prefix_caching", "prefix_block_tokens", "dispatch")},
     )

@@ -154,12 +154,15 @@ class EngineSpec(_Strict):
     ``prefix_block_tokens``: tokens per prefix hash block of the workload (a multiple of the profile's
     ``scheduler.block_size``; Mooncake traces: 512).
     ``reserve_full_sequence``: admit a waiting request only when its whole sequence fits the free KV blocks (vLLM's
-    ``scheduler_reserve_full_isl``; replaces the profile's ``scheduler.reserve_full_sequence``)."""
+    ``scheduler_reserve_full_isl``; replaces the profile's ``scheduler.reserve_full_sequence``).
+    ``dispatch``: the router (`commitenv.sim.dispatch`): ``least_unfinished`` (the default) or ``prefix_affinity``
+    (cache-aware routing, as production routers do); a controller's own policy replaces it."""
 
     context_limit: int | None = Field(default=None, ge=2)
     prefix_caching: bool | None = None
     prefix_block_tokens: int | None = Field(default=None, ge=1)
     reserve_full_sequence: bool | None = None
+    dispatch: Literal["least_unfinished", "prefix_affinity"] | None = None
 
     def overrides(self) -> dict:
         """The settings given (a reference run's cache key holds only these)."""

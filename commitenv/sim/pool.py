@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from commitenv.profiles.schema import Profile
+from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy, make_dispatch
 from commitenv.sim.gpu import GPU
 from commitenv.sim.lref import reference_latency
 from commitenv.sim.noise import NoiseSource, NoiseSpec
@@ -90,6 +92,7 @@ class EngineOptions:
     oracle_lengths: bool = False
     prefix_caching: bool = True  # vLLM automatic prefix caching; acts only on workloads with prefix hash blocks
     prefix_block_tokens: int = 512  # tokens per hash block of the workload (Mooncake traces: 512)
+    dispatch: str = "default"  # router: "default" (least unfinished, the fast path) or a commitenv.sim.dispatch name
     truth: TruthSpec | None = None  # realism: per-GPU factors, drift, grid noise, overheads (replaces `noise`)
     length_bias: float = 0.0  # relative bias of the output-length prediction (0.1: predicts 10 % long on average)
     visible_deadlines: str = "true"  # deadline a controller sees: "true" (a + alpha L_ref) or "predicted" lengths
@@ -202,6 +205,10 @@ class Pool:
         self.on_step = None  # optional callable(StepLogEntry), called as each segment (or part) is booked
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []
+        self.dispatch: DispatchPolicy | None = make_dispatch(self.opt.dispatch)  # None: least unfinished requests
+        self.dispatch_s = 0.0  # wall time spent in the dispatch policy
+        self.dispatch_calls = 0
+        self.pred_out: np.ndarray | None = None
         self._pending: list[Replica] = []
         self.events = 0  # processed events (arrivals and heap events), for benchmarks
         self.live = 0  # arrived, unfinished requests
@@ -388,11 +395,14 @@ class Pool:
         if not cands:
             self.unrouted.append(r)
             return
-        best = cands[0]
-        bu = best.unf
-        for rep in cands:
-            if rep.unf < bu:
-                best, bu = rep, rep.unf
+        if self.dispatch is not None:
+            best = self._dispatched(r, t, cands)
+        else:
+            best = cands[0]
+            bu = best.unf
+            for rep in cands:
+                if rep.unf < bu:
+                    best, bu = rep, rep.unf
         r.replica = best.index
         best.waiting.append(r)
         best.unf += 1
@@ -650,6 +660,8 @@ class Pool:
         c._arr, c._cursor, c._n = [], 0, 0
         c._hashes = None
         c.table = None
+        c.pred_out = None  # the copy's requests carry the lengths and deadlines it runs to
+        c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
         c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
         c.captured_left, c.captured_finish = 0, {}
         return c
@@ -681,6 +693,30 @@ class Pool:
         out = np.minimum(table.output_tokens, np.maximum(lim - table.prompt_tokens, 1))
         self._out = out.tolist()
         self._deadline = (table.arrival_s + self.opt.alpha * reference_latency(prof, table.prompt_tokens, out)).tolist()
+
+    def _dispatched(self, r: Req, t: float, cands: list[Replica]) -> Replica:
+        """The replica ``self.dispatch`` chooses for ``r`` among ``cands``, from views of both (timed)."""
+        c0 = time.perf_counter()
+        pol = self.dispatch
+        i = r.slot - self._slot_base
+        truth = self._slot_base == 0 and self.pred_out is not None
+        hashes = r.hashes or ()
+        req = ArrivalView(r.slot, t, r.prompt, int(self.pred_out[i]) if truth else r.out,
+                          float(self.visible_deadline[i]) if truth else r.deadline, r.model, len(hashes))
+        want = pol.wants_prefix and bool(hashes)
+        views = tuple(
+            CandidateView(rep.index, rep.gpu.index, rep.unf, len(rep.running), len(rep.waiting), rep.free_blocks,
+                        rep.cap_blocks, rep.profile.clocks[rep.gpu.clock_idx].mhz, rep.share,
+                        len(rep.pcache.lookup(hashes)[0]) if want and rep.pcache is not None else 0)
+            for rep in cands)
+        pick = pol.choose(req, views)
+        self.dispatch_s += time.perf_counter() - c0
+        self.dispatch_calls += 1
+        for rep in cands:
+            if rep.index == pick:
+                return rep
+        raise ValueError(f"dispatch policy {pol.name!r} chose replica {pick!r}, not one of the active replicas "
+                         f"{[rep.index for rep in cands]} of model {r.model}")
 
     # ================================================================================ state views
     def counts(self) -> dict[str, int]:
