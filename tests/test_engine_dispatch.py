@@ -208,3 +208,20 @@ def _plain_controller():
             return {"active": 2, "clock": 1}
 
     return Plain()
+
+
+def test_readme_dispatch_example_runs(tmp_path):
+    """README's dispatch example, executed as written, on the toy scenario."""
+    import re
+    from pathlib import Path
+
+    from commitenv.evaluation import run_episode
+    from test_env import toy_three_hour
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme[readme.index("### Dispatch: choosing a replica"):], re.S).group(1)
+    ns: dict = {}
+    exec(compile(code, "README-dispatch", "exec"), ns)
+    env, res = run_episode(ns["Routed"](), str(toy_three_hour(tmp_path)), seed=0)
+    assert type(env.pool.dispatch).__name__ == "FewestWaiting"
+    assert env.pool.dispatch_calls >= res.summary["requests"] - res.summary["rejected"]
