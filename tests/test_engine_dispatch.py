@@ -80,14 +80,14 @@ def test_prefix_affinity_gives_way_to_balance():
     req = ArrivalView(0, 0.0, 13, 10, 5.0, 0, 3)
     from commitenv.sim.dispatch import CandidateView
 
-    loaded = CandidateView(0, 0, 3, 1, 2, 10, 16, 1000, 1.0, 3)
-    idle = CandidateView(1, 1, 2, 1, 1, 10, 16, 1000, 1.0, 0)
+    loaded = CandidateView(0, 0, 3, 1, 2, 10, 16, 1000, 1.0, 3, 4, 0, 0)
+    idle = CandidateView(1, 1, 2, 1, 1, 10, 16, 1000, 1.0, 0, 4, 0, 0)
     assert pol.choose(req, (loaded, idle)) == 1
     assert PrefixAffinity(slack=1).choose(req, (loaded, idle)) == 0  # within a slack of 1: the cache wins
     # ratio: least 10 -> bound 10 + 0.5 * 10 = 15
-    a = CandidateView(0, 0, 15, 4, 11, 10, 16, 1000, 1.0, 1)
-    b = CandidateView(1, 1, 10, 4, 6, 10, 16, 1000, 1.0, 0)
-    c = CandidateView(2, 2, 16, 4, 12, 10, 16, 1000, 1.0, 3)
+    a = CandidateView(0, 0, 15, 4, 11, 10, 16, 1000, 1.0, 1, 4, 0, 0)
+    b = CandidateView(1, 1, 10, 4, 6, 10, 16, 1000, 1.0, 0, 4, 0, 0)
+    c = CandidateView(2, 2, 16, 4, 12, 10, 16, 1000, 1.0, 3, 4, 0, 0)
     assert PrefixAffinity(slack=0, ratio=0.5).choose(req, (a, b, c)) == 0
 
 
@@ -225,3 +225,27 @@ def test_readme_dispatch_example_runs(tmp_path):
     env, res = run_episode(ns["Routed"](), str(toy_three_hour(tmp_path)), seed=0)
     assert type(env.pool.dispatch).__name__ == "FewestWaiting"
     assert env.pool.dispatch_calls >= res.summary["requests"] - res.summary["rejected"]
+
+
+def test_token_loads_by_hand():
+    """Replica 0 serves r0 (prompt 8, 20 outputs) alone; r1 (prompt 12) arrives while r0 decodes and r2 (prompt
+    6) right after: at r2's arrival the loads are r0's context (decode) and r1's 12 prompt tokens (waiting)."""
+    seen = []
+
+    class Loads(LeastUnfinished):
+        wants_load = True
+
+        def choose(self, req, replicas):
+            seen.append((req.slot, replicas[0]))
+            return replicas[0].index
+
+    pool = pool_of(1, policy=Loads(), sched=dict(BIG, max_seqs=1))
+    pool.attach(make_table([0.0, 0.05, 0.0501], [8, 12, 6], [20, 5, 5]))
+    pool.run_until(0.0502)
+    (s0, v0), (s1, v1), (s2, v2) = seen
+    assert (v0.queued_prefill_tokens, v0.decode_context_tokens) == (0, 0)
+    r0 = pool.replicas[0].running[0]
+    assert v2.queued_prefill_tokens == 12
+    # r0 is decoding: its context when r2 arrived was its computed tokens + 1 (r0 did not step in between)
+    assert v2.decode_context_tokens == r0.computed + 1 and v1.decode_context_tokens == v2.decode_context_tokens
+    assert v2.block_tokens == 4

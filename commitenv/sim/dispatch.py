@@ -3,8 +3,9 @@ for queued requests of a replica that is deactivated).
 
 A policy sees only what a real router could know, as plain records (never engine objects): the request's
 prompt length, predicted output length, visible deadline, model and prompt hash blocks, and for each active
-replica of that model its queue, KV blocks, clock, SM share and, when the policy asks for it
-(``wants_prefix``), how many of the request's leading hash blocks the replica's prefix cache holds. It returns the
+replica of that model its queue, KV blocks, clock, SM share and, when the policy asks for them, how many of the
+request's leading hash blocks the replica's prefix cache holds (``wants_prefix``) and its token loads: prefill
+tokens still to compute and the summed context of its decoding requests (``wants_load``). It returns the
 index of the chosen replica. The engine measures the time spent in policies (`Pool.dispatch_s`).
 
 Without a policy the engine routes to the replica with the fewest unfinished requests, the first such on a tie
@@ -41,14 +42,18 @@ class CandidateView(NamedTuple):
     clock_mhz: int
     share: float
     cached_prefix_blocks: int  # of the arriving request's prefix blocks (0 unless the policy wants_prefix)
+    block_tokens: int  # tokens per KV block
+    queued_prefill_tokens: int  # prompt (and recompute) tokens not yet computed, over all requests (wants_load)
+    decode_context_tokens: int  # summed context of the requests past their prefill (wants_load)
 
 
 class DispatchPolicy:
     """Choose a replica for each arriving request. ``wants_prefix``: fill ``cached_prefix_blocks`` (costs a
-    cache lookup per candidate)."""
+    cache lookup per candidate); ``wants_load``: fill the token loads (costs a pass over each queue)."""
 
     name = "dispatch"
     wants_prefix = False
+    wants_load = False
 
     def choose(self, req: ArrivalView, replicas: tuple[CandidateView, ...]) -> int:
         """The ``index`` of the chosen replica (one of ``replicas``, never empty)."""

@@ -158,6 +158,19 @@ def request_terms(profiles: list[Profile], opt: "EngineOptions", table: RequestT
     return RequestTerms(rejected, out, lref, deadline, pred_out, visible)
 
 
+def _token_loads(rep: Replica) -> tuple[int, int]:
+    """(tokens still to compute before the first output token, summed over the replica's requests; summed
+    context of its requests past their prefill): what a router may know of a replica's load."""
+    pre = dec = 0
+    for r in (*rep.running, *rep.waiting):
+        left = r.prompt + r.generated - r.computed
+        if r.generated >= 1 and left <= 1:
+            dec += r.computed + 1
+        else:
+            pre += left
+    return pre, dec
+
+
 class Pool:
     """A pool of GPUs serving one or more models with vLLM scheduling semantics."""
 
@@ -704,10 +717,12 @@ class Pool:
         req = ArrivalView(r.slot, t, r.prompt, int(self.pred_out[i]) if truth else r.out,
                           float(self.visible_deadline[i]) if truth else r.deadline, r.model, len(hashes))
         want = pol.wants_prefix and bool(hashes)
+        load = pol.wants_load
         views = tuple(
             CandidateView(rep.index, rep.gpu.index, rep.unf, len(rep.running), len(rep.waiting), rep.free_blocks,
-                        rep.cap_blocks, rep.profile.clocks[rep.gpu.clock_idx].mhz, rep.share,
-                        len(rep.pcache.lookup(hashes)[0]) if want and rep.pcache is not None else 0)
+                          rep.cap_blocks, rep.profile.clocks[rep.gpu.clock_idx].mhz, rep.share,
+                          len(rep.pcache.lookup(hashes)[0]) if want and rep.pcache is not None else 0, rep.bs,
+                          *(_token_loads(rep) if load else (0, 0)))
             for rep in cands)
         pick = pol.choose(req, views)
         self.dispatch_s += time.perf_counter() - c0
