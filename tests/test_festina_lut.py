@@ -269,3 +269,12 @@ def test_grid_validation(h100):
     g = LutGrid.default(h100)
     assert g.clocks_mhz == tuple(h100.clock_mhz) and g.shares == DEFAULT_SHARES
     assert g.input_lens[0] == 64 and g.input_lens[-1] == 8192
+
+
+def test_load_figures_come_from_the_profiles_cold_start():
+    from commitenv.profiles import load_profile
+
+    lut = FestinaLUT.from_profile(load_profile("h100-qwen2.5-7b-festina"))
+    lat = load_profile("h100-qwen2.5-7b-festina").latencies
+    assert lut.load_s == lat.load_s and lut.load_energy_j == pytest.approx(lat.load_s * lat.load_w)
+    assert FestinaLUT.from_profile(load_profile("h100-qwen2.5-7b")).load_s is None  # not profiled

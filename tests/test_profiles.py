@@ -12,7 +12,8 @@ from commitenv._paths import data_dir
 from commitenv.profiles import Profile, ProfileError, list_profiles, load_profile
 from commitenv.profiles import derive
 
-SHIPPED = ("h20-qwen3.8-27b-fp8", "h200-qwen3.8-27b-fp8", "h100-qwen2.5-7b")
+SHIPPED = ("h20-qwen3.8-27b-fp8", "h200-qwen3.8-27b-fp8", "h100-qwen2.5-7b",
+           "h100-qwen2.5-7b-festina", "h100-llama2-13b", "h100-mistral-small-24b")
 
 
 def _raw(name: str) -> dict[str, Any]:

@@ -32,10 +32,13 @@ Energy (joules, whole GPU, idle floor included) = time x power per term, plus HB
 
 The Hopper decode constants (launch per layer, t_req per layer, u_dec) and the H100 MFU are fitted in
 closed form to StepSplit's Qwen2.5-7B/H100 figures (:func:`fit_stepsplit_h100`) and carried over to
-H20/H200. ``k = 3`` follows Festina's F**3 energy proxy (EWR, sec. 3.5.1); ``f_v = 795 MHz`` is Festina's
-profiling floor, below which EVeREST finds no further voltage reduction (sec. 3.2.1). Together with the
+H20/H200 and the other H100 models. ``k = 3`` follows Festina's F**3 energy proxy (EWR, sec. 3.5.1);
+``f_v = 795 MHz`` is Festina's profiling floor, below which EVeREST finds no further voltage reduction (sec. 3.2.1). Together with the
 idle floor this gives Festina's U-shaped energy per token across clocks (Observation Two, sec. 2.2):
 interior minima on H20 and H200; on H100 the bottom of the U falls on its lowest level, 705 MHz.
+
+Cold start (``Spec.load``): load_s = weight_gb / (PCIe bandwidth x efficiency) + engine init, drawn at the
+active-idle power of the top clock (``latencies.load_s``, ``latencies.load_w``).
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ SS_TAU0_S = 6.68e-3  # fitted step duration at zero tokens (Insight 2, Fig. 5a)
 SS_DECODE_MEDIAN_S = 6.70e-3  # median decode step (Insight 2)
 SS_PREFILL_TOKENS = 7142  # one step prefilling a 7,142-token input lasts 158 ms (Insight 3)
 SS_PREFILL_S = 0.158
+FIT_SPEC = "h100-qwen2.5-7b"  # the spec whose figures the Hopper constants are fitted to
+
+# Cold start (model load), assumptions; see `_LOAD_SRC`
+PCIE_GBS = 64.0  # PCIe Gen5 x16 nominal, per direction
+PCIE_EFF = 0.80  # achievable fraction for pinned host-to-device copies
+ENGINE_INIT_S = 30.0  # vLLM engine initialisation after the weight copy
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,19 @@ class Spec:
     t_req_per_layer_s: float = 0.0  # from the H100 fit
     u_dec: float = 0.0  # from the H100 fit
     fit_note: str = ""
+    load: bool = False  # write latencies.load_s/load_w (cold start); off keeps older profiles byte-identical
+    leaderboard: tuple[Leaderboard, ...] = ()  # ML.ENERGY rows to check against (stated in notes when load is on)
+
+
+@dataclass(frozen=True)
+class Leaderboard:
+    """One ML.ENERGY leaderboard row used as a check (never as a fitted input)."""
+
+    what: str  # model, leaderboard version, task, file
+    batch: float  # average batch size
+    output_len: float  # average output tokens per request
+    j_per_token: float  # energy per output token (whole GPU)
+    prompt_len: int = 512  # assumed: the leaderboard files give no input length
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -205,12 +227,53 @@ QWEN25_7B = Model(
     },
 )
 
+LLAMA2_13B = Model(
+    name="Llama-2-13B", params_b=13.016, weight_gb=26.03, layers=40, q_dim=40 * 128, kv_heads=40, head_dim=128,
+    kv_dtype_bytes=2,
+    src={
+        "arch": "meta-llama/Llama-2-13b-hf config.json: 40 layers, hidden 5120 = 40 query heads x 128, no GQA (40 KV heads x 128), intermediate 13,824, vocab 32,000, max_position_embeddings 4,096; 16-bit KV cache",
+        "weights": "13.016B parameters counted from the meta-llama/Llama-2-13b-hf config.json shapes (40 x (4 x 5120^2 attention + 3 x 5120 x 13,824 MLP + 2 x 5120 norms) + 2 x 32,000 x 5120 untied embedding/lm_head + 5120 = 13,015,864,320) at 2 bytes (float16 checkpoint, served in 16-bit) = 26.03 GB",
+    },
+)
+
+MISTRAL_SMALL_24B = Model(
+    name="Mistral-Small-24B-Instruct-2501", params_b=23.572, weight_gb=47.14, layers=40, q_dim=32 * 128, kv_heads=8,
+    head_dim=128, kv_dtype_bytes=2,
+    src={
+        "arch": "mistralai/Mistral-Small-24B-Instruct-2501 config.json: 40 layers, hidden 5120, 32 query heads x head_dim 128 (q_dim 4096), GQA 8 KV heads x 128, intermediate 32,768, vocab 131,072, max_position_embeddings 32,768; BF16 KV cache. Festina's 'Mistral-24B' taken as this text-only Mistral-Small 24B (Festina names no release)",
+        "weights": "23.572B parameters counted from the config.json shapes (40 x (5120 x (4096 + 2 x 1024) + 4096 x 5120 attention + 3 x 5120 x 32,768 MLP + 2 x 5120 norms) + 2 x 131,072 x 5120 untied embedding/lm_head + 5120 = 23,572,403,200) in BF16 = 47.14 GB",
+    },
+)
+
 _H20_SCHED_SRC = "ePACT App. C.1: vLLM 0.27.1 with a 16,384-token context limit, a 2,048-token scheduling budget, at most 64 sequences per replica"
 _VLLM_BLOCK = "vLLM default KV block size 16 tokens"
 _LAT_SRC = {
     "clock_change": "assumption: locking SM clocks through NVML/nvidia-smi -lgc takes tens of ms; 0.05 s; ePACT applies a clock change after the pending step completes (App. A)",
     "activation": "assumption: reactivating a standby replica without reload (weights and CUDA graphs resident) ~3 s (warm-up and router re-registration); ePACT standby replicas retain weights for reactivation (sec. 3)",
 }
+
+# Festina (papers/festina.txt) co-hosts Qwen-7B, Llama2-13B and Mistral-24B on 8 H100s, implemented on vLLM
+_FESTINA_SCHED = ("vLLM V1 OpenAI-server defaults on a GPU with >= 70 GiB that is not an A100 (vllm/engine/arg_utils.py, "
+                  "EngineArgs.get_batch_defaults): max_num_batched_tokens 8,192, max_num_seqs 1,024; Festina (sec. 1) is built on "
+                  "vLLM and states no engine settings")
+_FESTINA_ACT = ("~4 GB assumed for activations, CUDA graphs and non-torch memory at an 8,192-token budget: one gate+up MLP buffer is "
+                "8,192 x 2 x intermediate x 2 B (0.45 GB for Llama-2-13B, 1.07 GB for Mistral-Small-24B, 0.62 GB for Qwen2.5-7B); a public "
+                "vLLM startup log on an 80 GB GPU shows a 2.38 GiB activation peak + 0.16 GiB non-torch memory "
+                "(kubernetes-sigs/gateway-api-inference-extension PR #550) and CUDA graphs took 0.48 GiB (vllm-project/vllm issue #20264)")
+_LOAD_SRC = (
+    f"load_s = weight_gb / ({PCIE_GBS:g} GB/s x {PCIE_EFF}) + {ENGINE_INIT_S:g} s. Host-to-GPU copy: PCIe Gen5 x16 nominal {PCIE_GBS:g} GB/s "
+    f"per direction (32 GT/s x 16 lanes, 128b/130b = 63 GB/s; NVIDIA lists 128 GB/s bidirectional for H100 SXM), achievable "
+    f"fraction {PCIE_EFF} assumed for pinned host-to-device copies, weights assumed already in host DRAM (page cache or pinned "
+    f"buffers, ServerlessLLM's DRAM tier; Festina sec. 3.2.1 profiles the one-time weight load, sec. 3.5.2 cold-start "
+    f"penalties), not on SSD. Engine init {ENGINE_INIT_S:g} s assumed for memory profiling, KV-cache allocation, torch.compile "
+    f"from cache and CUDA-graph capture: a public vLLM V1 log reports 'init engine (profile, create kv cache, warmup model) "
+    f"took 34.11 seconds' with the torch.compile cache reused, graph capture 17 s of it (vllm-project/vllm issue #20264), "
+    f"and capturing the default 67 CUDA graphs alone can take more than 10 s (RFC vllm-project/vllm #20098); taken equal "
+    f"for all models (capture time growing with depth is not modelled)"
+)
+_LOAD_W_SRC = ("= active_idle_w at the reference clock (derived: P_idle(f_top)), energy per cold start = load_s x load_w: the "
+               "copy engine and host-side initialisation leave the SMs mostly idle, so the replica draws its active-idle "
+               "power at the held clock (assumption; short graph-capture and profiling kernels above idle are ignored)")
 
 SPECS: tuple[Spec, ...] = (
     Spec(
@@ -235,6 +298,45 @@ SPECS: tuple[Spec, ...] = (
             "activation_gb": "~8 GB assumed: vLLM reserves peak activations at max_num_batched_tokens 65,536 (one MLP buffer 18,944 x 65,536 x 2 B = 2.5 GB)",
             **_LAT_SRC,
         },
+    ),
+    Spec(
+        name="h100-qwen2.5-7b-festina", gpu=H100, model=QWEN25_7B,
+        token_budget=8192, max_seqs=1024, context_limit=16384, block_size=16, gpu_mem_util=0.9, activation_gb=4.0,
+        clock_change_s=0.05, activation_s=3.0, load=True,
+        src={
+            "scheduler": _FESTINA_SCHED + "; context_limit 16,384 as in h100-qwen2.5-7b (chosen; Festina's longest class is <= 8,192 input tokens, Table 2)",
+            "block": _VLLM_BLOCK, "activation_gb": _FESTINA_ACT, **_LAT_SRC,
+        },
+        leaderboard=(
+            Leaderboard("Qwen/Qwen3-8B (comparable dense 8B, GQA 8 KV heads x 36 layers), ML.ENERGY leaderboard v3, lm-arena-chat, H100 x1, max_num_seqs 64 (data/profiles/mlenergy_leaderboard_v3_llm_configs.csv)", 63.9, 644.54, 0.1192),
+        ),
+    ),
+    Spec(
+        name="h100-llama2-13b", gpu=H100, model=LLAMA2_13B,
+        token_budget=8192, max_seqs=1024, context_limit=4096, block_size=16, gpu_mem_util=0.9, activation_gb=4.0,
+        clock_change_s=0.05, activation_s=3.0, load=True,
+        src={
+            "scheduler": _FESTINA_SCHED + "; context_limit 4,096 = the model's max_position_embeddings (vLLM's default max_model_len), so Festina's long class (up to 8,192 input tokens, Table 2) does not fit this model",
+            "block": _VLLM_BLOCK, "activation_gb": _FESTINA_ACT, **_LAT_SRC,
+        },
+        leaderboard=(
+            Leaderboard("codellama/CodeLlama-13b-hf (Llama-2-13B architecture, vocab 32,016), ML.ENERGY leaderboard v2, code, H100 TP1, bs64 (data/profiles/mlenergy_leaderboard_v2_llm_configs.csv; v2: older vLLM, its derived powers far below v3's, treat with caution)", 63.5, 97.85, 0.3370, 200),
+            Leaderboard("codellama/CodeLlama-13b-hf, ML.ENERGY leaderboard v2, code, H100 TP1, bs192 (same file)", 183.6, 96.03, 0.2711, 200),
+        ),
+    ),
+    Spec(
+        name="h100-mistral-small-24b", gpu=H100, model=MISTRAL_SMALL_24B,
+        token_budget=8192, max_seqs=1024, context_limit=32768, block_size=16, gpu_mem_util=0.9, activation_gb=4.0,
+        clock_change_s=0.05, activation_s=3.0, load=True,
+        src={
+            "scheduler": _FESTINA_SCHED + "; context_limit 32,768 = the model's max_position_embeddings (vLLM's default max_model_len)",
+            "block": _VLLM_BLOCK, "activation_gb": _FESTINA_ACT, **_LAT_SRC,
+        },
+        leaderboard=(
+            Leaderboard("Qwen/Qwen3-14B (dense 14.8B, 40 layers, GQA 8 KV heads), ML.ENERGY leaderboard v3, lm-arena-chat, H100 x1, max_num_seqs 32 (data/profiles/mlenergy_leaderboard_v3_llm_configs.csv)", 31.9, 611.41, 0.2441),
+            Leaderboard("google/gemma-3-27b-it (dense 27B), ML.ENERGY leaderboard v3, lm-arena-chat, H100 x1, max_num_seqs 32 (same file)", 31.7, 714.30, 0.5251),
+            Leaderboard("Qwen/Qwen3-32B (dense 32.8B, 64 layers, GQA 8 KV heads), ML.ENERGY leaderboard v3, lm-arena-chat, H100 x1, max_num_seqs 32 (same file)", 29.3, 629.32, 0.6240),
+        ),
     ),
 )
 
@@ -340,7 +442,7 @@ def fit_stepsplit_h100(spec: Spec) -> Fit:
 
 
 def _fitted_specs() -> tuple[Spec, ...]:
-    h100 = next(s for s in SPECS if s.gpu is H100)
+    h100 = next(s for s in SPECS if s.name == FIT_SPEC)
     fit = fit_stepsplit_h100(h100)
     note = (f"fitted to StepSplit Qwen2.5-7B/H100 (h100-qwen2.5-7b): launch {fit.launch_per_layer_s * 1e6:.2f} us/layer, "
             f"t_req {fit.t_req_per_layer_s * 1e6:.3f} us/layer, u_dec {fit.u_dec:.4f}")
@@ -360,6 +462,30 @@ def _r(x: float) -> float:
 def kv_capacity_tokens(spec: Spec) -> int:
     free = spec.gpu_mem_util * spec.gpu.memory_gb * GB - spec.model.weight_gb * GB - spec.activation_gb * GB
     return int(free // spec.model.kv_bytes_per_token) // spec.block_size * spec.block_size
+
+
+def _is_fit(spec: Spec) -> bool:
+    """True for the model and GPU the Hopper constants were fitted to (StepSplit's Qwen2.5-7B on H100)."""
+    return spec.gpu.name == H100.name and spec.model.name == QWEN25_7B.name
+
+
+def load_time_s(spec: Spec) -> float:
+    """Cold start: weight copy from host DRAM over PCIe plus engine initialisation (s)."""
+    return spec.model.weight_gb / (PCIE_GBS * PCIE_EFF) + ENGINE_INIT_S
+
+
+def load_power_w(spec: Spec) -> float:
+    """Power during a cold start: active idle at the reference (top) clock (W)."""
+    return idle_power(spec, max(spec.gpu.clocks_mhz))
+
+
+def per_output_token_j(spec: Spec, f: float, n: float, prompt: float, output: float) -> tuple[float, float]:
+    """Energy per output token in steady decoding of n requests at mean context prompt + output/2: decode only,
+    and with each request's marginal prefill (c1*P + c2*P(P+1)/2) spread over its output tokens."""
+    _, e = _step(spec, f, n=n, L=n * (prompt + output / 2))
+    el = energy_law(spec, f)
+    pre = el["c1"] * prompt + el["c2"] * prompt * (prompt + 1) / 2
+    return e / n, e / n + pre / output
 
 
 def build_profile(spec: Spec) -> dict[str, Any]:
@@ -386,7 +512,8 @@ def build_profile(spec: Spec) -> dict[str, Any]:
         "standby_w": g.standby_w,
         "scheduler": {"token_budget": spec.token_budget, "max_seqs": spec.max_seqs, "context_limit": spec.context_limit,
                       "block_size": spec.block_size, "kv_capacity_tokens": kv_capacity_tokens(spec)},
-        "latencies": {"clock_change_s": spec.clock_change_s, "activation_s": spec.activation_s},
+        "latencies": {"clock_change_s": spec.clock_change_s, "activation_s": spec.activation_s,
+                      **({"load_s": _r(load_time_s(spec)), "load_w": _r(load_power_w(spec))} if spec.load else {})},
         "sm_share": {"compute_exponent": 1.0, "memory_exponent": 0.4, "min_share": 0.1},
         "sources": _sources(spec),
         "notes": _notes(spec),
@@ -397,9 +524,11 @@ def _sources(spec: Spec) -> dict[str, str]:
     g, m = spec.gpu, spec.model
     top = max(g.clocks_mhz)
     fs = g.spec_clock_mhz
-    is_h100 = g.name == H100.name
+    is_h100 = _is_fit(spec)
     mfu_txt = (f"mfu {g.mfu:.4f} fitted so that tau0 + 7,142*tau1 + 7,142*7,143/2*tau4 = 158 ms at {top} MHz "
-               "(StepSplit Insight 3: a step prefilling a 7,142-token input lasts 158 ms)") if is_h100 else f"mfu {g.mfu} ({g.src['mfu']})"
+               "(StepSplit Insight 3: a step prefilling a 7,142-token input lasts 158 ms)") if is_h100 else (
+        f"mfu {g.mfu:.4f} transferred from the h100-qwen2.5-7b fit (same GPU; fitted there to StepSplit Insight 3's 158-ms "
+        "prefill of 7,142 tokens), assumed to hold for this model's 16-bit GEMMs" if g.name == H100.name else f"mfu {g.mfu} ({g.src['mfu']})")
     g_txt = f"g(f) = 1 + {GAMMA}*({top}/f - 1) (memory clock fixed, SM clock only limits issue rate; gamma assumed)"
     bw_txt = f"bandwidth {g.src['bandwidth']} x mem_eff {MEM_EFF} (assumed achievable fraction)"
     launch_txt = (f"launch = {spec.launch_per_layer_s * 1e6:.2f} us/layer x {m.layers} layers, fitted so that tau0 = 6.68 ms at 1980 MHz "
@@ -455,6 +584,8 @@ def _sources(spec: Spec) -> dict[str, str]:
                                          f"{spec.src['activation_gb']}; memory in decimal GB (conservative vs GiB)"),
         "latencies.clock_change_s": spec.src["clock_change"],
         "latencies.activation_s": spec.src["activation"],
+        **({"latencies.load_s": f"derived: {m.weight_gb:g} GB / ({PCIE_GBS:g} x {PCIE_EFF}) GB/s + {ENGINE_INIT_S:g} s; {_LOAD_SRC}",
+            "latencies.load_w": f"{_LOAD_W_SRC}; here {p_idle_txt} at {top} MHz"} if spec.load else {}),
         "sm_share.compute_exponent": "1.0: prefill is compute-bound, its time scales with the inverse SM share (Festina sec. 2.2 phase sensitivity: compute-heavy prefill vs memory-bound decode; sec. 3.4 sizes per-task SM shares from the profiled LUT)",
         "sm_share.memory_exponent": "0.4 assumed: memory-bound decode saturates HBM bandwidth with part of the SMs, so a smaller share slows it much less than prefill (Festina sec. 2.3: the energy-optimal SM partition shifts, e.g. 30-30-40 -> 20-40-40 SMs at 1155 -> 1065 MHz, and sec. 2.2: decode prefers fewer resources/lower frequency); 0.4 gives 1.3x at half the SMs, 2.5x at 10%",
         "sm_share.min_share": "0.1: Festina sec. 3.2.1 profiles SM allocations from 10% to 100% in 10% steps",
@@ -478,7 +609,32 @@ def _notes(spec: Spec) -> str:
         f"{max(g.clocks_mhz)} MHz, mem_eff {MEM_EFF}; Hopper decode constants {spec.fit_note}. Energy includes the GPU's idle floor "
         f"over each step; gaps between steps are metered at active_idle_w. Energy per token is lowest at {best_pre} MHz for a "
         f"2,048-token prefill and at {best_dec} MHz for a 32-request decode step at context 2,060 ({shape})."
-    )
+    ) + (_extra_notes(spec) if spec.load else "")
+
+
+def _extra_notes(spec: Spec) -> str:
+    top = max(spec.gpu.clocks_mhz)
+    ls, lw = load_time_s(spec), load_power_w(spec)
+    txt = (" Step laws identical to h100-qwen2.5-7b; scheduler (Festina's vLLM settings), KV capacity and cold start differ."
+           if _is_fit(spec) and spec.name != FIT_SPEC else "")
+    txt += (f" Cold start: {ls:.2f} s ({spec.model.weight_gb:g} GB over {PCIE_GBS * PCIE_EFF:g} GB/s + {ENGINE_INIT_S:g} s engine init) at "
+           f"{lw:.1f} W = {ls * lw / 1e3:.2f} kJ. KV capacity assumes this model alone on the GPU (vLLM gpu_memory_utilization "
+           f"{spec.gpu_mem_util}); co-hosted models share the memory. Festina runs its H100s TDP-limited at 1635 MHz and profiles "
+           f"795-1635 MHz (secs. 2.1, 3.2.1), not the levels here.")
+    if spec.leaderboard:
+        txt += (f" Check only (not fitted), ML.ENERGY at default clocks vs this profile at {top} MHz, energy per output token in "
+                "steady decoding at the row's batch size and mean context prompt + output/2, decode only / with each request's "
+                "prefill (prompt lengths assumed: the files give none; 512 for chat, 200 for code, where a batch of 184 fits the "
+                "same 80 GB only below ~280 tokens of mean context): " + "; ".join(_lb_line(spec, r) for r in spec.leaderboard) + ".")
+    return txt
+
+
+def _lb_line(spec: Spec, r: Leaderboard) -> str:
+    n = round(r.batch)
+    dec, full = per_output_token_j(spec, max(spec.gpu.clocks_mhz), n, r.prompt_len, r.output_len)
+    over = " (batch exceeds this profile's KV capacity)" if n * (r.prompt_len + r.output_len / 2) > kv_capacity_tokens(spec) else ""
+    return (f"{r.what}: batch {r.batch:.1f}, output {r.output_len:.0f} tokens, {r.j_per_token:.4f} J/token vs derived "
+            f"{dec:.4f} / {full:.4f} J/token at prompt {r.prompt_len} (ratio {full / r.j_per_token:.2f}){over}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -535,7 +691,11 @@ def check_report(spec: Spec) -> str:
         lines.append(f"{f:>5} {tp:>13.4f} {t1 * 1e3:>10.2f} {t32 * 1e3:>11.2f} {ep / tp:>8.1f} {e32 / t32:>9.1f} "
                      f"{ep / 2048 * 1e3:>10.2f} {e32 / 32 * 1e3:>12.2f} {idle_power(spec, f):>7.1f} "
                      f"{request_marginal_j(spec, f):>11.1f} {request_marginal_j(spec, f, share_with=32):>10.1f}")
-    if g.name == H100.name:
+    if spec.load:
+        lines.append(f"cold start {load_time_s(spec):.3f} s at {load_power_w(spec):.1f} W = {load_time_s(spec) * load_power_w(spec):.1f} J")
+    for r in spec.leaderboard:
+        lines.append("ML.ENERGY check: " + _lb_line(spec, r))
+    if _is_fit(spec):
         e1 = _step(spec, top, n=1, L=SS_CONTEXT)[1]
         e256 = _step(spec, top, n=256, L=256 * SS_CONTEXT)[1]
         t1 = _step(spec, top, n=1, L=SS_CONTEXT)[0]

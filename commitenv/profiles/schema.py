@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 class _Strict(BaseModel):
@@ -64,10 +64,36 @@ class SchedulerLimits(_Strict):
 
 
 class Latencies(_Strict):
-    """Actuation latencies: a clock change, and reactivation of a standby replica (weights resident)."""
+    """Actuation latencies: a clock change, reactivation of a standby replica (weights resident), and optionally
+    a cold start (weights loaded from host memory, engine initialised) with the GPU's power meanwhile.
+
+    ``load_s``/``load_w`` default to None ("not profiled"); given, both are required. Unset, they are left out of
+    the serialised profile, so profiles without them dump (and hash) as before the fields existed.
+    """
 
     clock_change_s: float = Field(ge=0)
     activation_s: float = Field(ge=0)
+    load_s: float | None = Field(default=None, gt=0)
+    load_w: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> "Latencies":
+        if (self.load_s is None) != (self.load_w is None):
+            raise ValueError("load_s and load_w: give both (cold-start time and power) or neither")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unprofiled(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for k in ("load_s", "load_w"):
+            if out.get(k) is None:
+                out.pop(k, None)
+        return out
+
+    @property
+    def load_energy_j(self) -> float | None:
+        """Energy of one cold start (J), or None when not profiled."""
+        return None if self.load_s is None or self.load_w is None else self.load_s * self.load_w
 
 
 class SMShareScaling(_Strict):

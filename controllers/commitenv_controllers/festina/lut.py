@@ -112,7 +112,9 @@ class FestinaLUT:
         self.degree: int = int(degree)
         self.chunk_term: bool = chunked
         self.token_budget: int = budget
-        self.load_s: float = profile.latencies.activation_s  # one-time load of resident weights (sec. 3.2.1)
+        # one-time load of the model's weights (sec. 3.2.1): the profile's cold start, None where it is not profiled
+        self.load_s: float | None = profile.latencies.load_s
+        self.load_energy_j: float | None = profile.latencies.load_energy_j
         self._lens = np.asarray(grid.input_lens, dtype=np.float64)
         self._coeffs: dict[tuple[int, int], StepCoeffs] = {}
         nc, ns, npl = len(grid.clocks_mhz), len(grid.shares), len(grid.input_lens)
