@@ -25,14 +25,16 @@ import numpy as np
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy
+from commitenv.sim.local import LocalPolicy, LocalView, StepPlan, TaskView
 from commitenv.sim.view import ReplicaView, RequestView, Snapshot
 from commitenv.sim.whatif import WhatIf
 
 if TYPE_CHECKING:  # pragma: no cover
     from commitenv.hindsight import HindsightAccess
 
-__all__ = ["ArrivalView", "CandidateView", "Controller", "ControllerContext", "DispatchPolicy", "EnvProbe", "Probe",
-           "ReplicaView", "RequestView", "Snapshot", "WhatIf"]
+__all__ = ["ArrivalView", "CandidateView", "Controller", "ControllerContext", "DispatchPolicy", "EnvProbe",
+           "LocalPolicy", "LocalView", "Probe", "ReplicaView", "RequestView", "Snapshot", "StepPlan", "TaskView",
+           "WhatIf"]
 
 
 class Probe(Protocol):
@@ -164,6 +166,12 @@ class Controller(ABC):
     def dispatch_policy(self) -> DispatchPolicy | None:
         """A policy the engine calls at every arrival to choose the request's replica (`commitenv.sim.dispatch`),
         installed after `reset`; None (the default) keeps the scenario's router."""
+        return None
+
+    def local_policy(self) -> LocalPolicy | None:
+        """A policy the engine calls whenever a replica can start a step, to choose the step's tasks and the GPU
+        clock (`commitenv.sim.local`), installed on every replica after `reset`; None (the default) keeps vLLM's
+        scheduler."""
         return None
 
     def close(self) -> None:

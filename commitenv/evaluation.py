@@ -225,6 +225,9 @@ def run_episode(
     policy = ctrl.dispatch_policy()
     if policy is not None:
         env.set_dispatch(policy)
+    local = ctrl.local_policy()
+    if local is not None:
+        env.set_local_policy(local)
     steps = env.H * env.K
     bar = None
     if progress:

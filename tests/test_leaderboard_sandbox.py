@@ -242,7 +242,7 @@ def test_a_snapshot_sent_to_the_sandbox_holds_no_truth(tmp_path, toy):
     class Routes(Served):
         def dispatch_policy(self):
             return LeastUnfinished()
-    """, "crash", "dispatch policy"),
+    """, "crash", "dispatch policy (Controller.dispatch_policy)"),
     ("Exit", """
     import os
     class Exit(Served):

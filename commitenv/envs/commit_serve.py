@@ -106,6 +106,7 @@ from commitenv.settlement import HourlySettlement
 from commitenv.sim import Pool, PoolLayout, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import run_interval
+from commitenv.sim.local import LocalPolicy
 from commitenv.workload.table import RequestTable
 
 OBS_FEATURES = (
@@ -190,6 +191,18 @@ class CommitServeEnv(gym.Env):
         self.pool: Pool | None = None
 
     # ------------------------------------------------------------------------------------------ episode
+    def set_local_policy(self, policy: LocalPolicy | None) -> None:
+        """Plan every step of every replica with ``policy`` this episode (`commitenv.sim.local`; None: vLLM's
+        scheduler). Call after `reset`; `commitenv.evaluation.run_episode` installs a controller's
+        `local_policy()`."""
+        if self.pool is None:
+            raise ValueError("set_local_policy: call reset() first (the policy belongs to an episode's pool)")
+        if self.backend is not None:
+            raise ValueError("set_local_policy: a hardware pool's engines schedule their own steps")
+        if policy is not None and not isinstance(policy, LocalPolicy):
+            raise TypeError(f"set_local_policy: expected a commitenv.sim.local.LocalPolicy, got {type(policy).__name__}")
+        self.pool.set_local_policy(policy)
+
     def set_dispatch(self, policy: DispatchPolicy | None) -> None:
         """Route this episode's arrivals with ``policy`` (`commitenv.sim.dispatch`; None: the scenario's router).
         Call after `reset`; `commitenv.evaluation.run_episode` installs a controller's `dispatch_policy()`."""

@@ -152,9 +152,10 @@ def main() -> int:
             if msg[0] == "reset":
                 stage = "reset"
                 ctrl.reset(replace(msg[1], probe=probe), msg[2])
-                if ctrl.dispatch_policy() is not None:  # it would run per arrival, in the host: not across the boundary
-                    raise ValueError("a dispatch policy (Controller.dispatch_policy) cannot run in the leaderboard "
-                                     "sandbox yet; submit the controller without one")
+                for hook in ("dispatch_policy", "local_policy"):  # they would run per arrival or step, in the host
+                    if getattr(ctrl, hook)() is not None:
+                        raise ValueError(f"a {hook.replace('_', ' ')} (Controller.{hook}) cannot run in the "
+                                         f"leaderboard sandbox yet; submit the controller without one")
                 send_json(out_fd, {"op": "reset_done"})
             elif msg[0] == "act":
                 stage = "act"

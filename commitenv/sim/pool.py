@@ -16,6 +16,7 @@ import numpy as np
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy, make_dispatch
+from commitenv.sim.local import LocalPolicy, LocalView, TaskView
 from commitenv.sim.gpu import GPU
 from commitenv.sim.lref import reference_latency
 from commitenv.sim.noise import NoiseSource, NoiseSpec
@@ -221,6 +222,8 @@ class Pool:
         self.dispatch: DispatchPolicy | None = make_dispatch(self.opt.dispatch)  # None: least unfinished requests
         self.dispatch_s = 0.0  # wall time spent in the dispatch policy
         self.dispatch_calls = 0
+        self.local_s = 0.0  # wall time spent in local scheduling policies
+        self.local_calls = 0
         self.pred_out: np.ndarray | None = None
         self._pending: list[Replica] = []
         self.events = 0  # processed events (arrivals and heap events), for benchmarks
@@ -295,7 +298,12 @@ class Pool:
         heapq.heappush(self.heap, (t, kind, self._seq, idx, version))
 
     def _start(self, rep: Replica, t: float) -> None:
-        if rep.start(t, self.noise, self.opt.closed_form, self.log is not None or self.on_step is not None):
+        record = self.log is not None or self.on_step is not None
+        if rep.local is not None:
+            started = rep.start(t, self.noise, False, record, self._local_order(rep, t))
+        else:
+            started = rep.start(t, self.noise, self.opt.closed_form, record)
+        if started:
             rep.version += 1
             self._push(rep.t1, EV_SEG, rep.index, rep.version)
         elif rep.state == DRAINING and not rep.has_work():
@@ -639,6 +647,7 @@ class Pool:
             c.gpus.append(ng)
             for rep in g.replicas:
                 nr = Replica(rep.index, ng, c.profiles[rep.model], rep.model, rep.share)
+                nr.local = rep.local  # a what-if copy plans its steps as the original does
                 ng.replicas.append(nr)
                 c.replicas.append(nr)
         reqmap: dict[int, Req] = {}
@@ -675,6 +684,7 @@ class Pool:
         c.table = None
         c.pred_out = None  # the copy's requests carry the lengths and deadlines it runs to
         c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
+        c.local_s, c.local_calls = 0.0, 0
         c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
         c.captured_left, c.captured_finish = 0, {}
         return c
@@ -706,6 +716,46 @@ class Pool:
         out = np.minimum(table.output_tokens, np.maximum(lim - table.prompt_tokens, 1))
         self._out = out.tolist()
         self._deadline = (table.arrival_s + self.opt.alpha * reference_latency(prof, table.prompt_tokens, out)).tolist()
+
+    def _local_order(self, rep: Replica, t: float) -> tuple[int, ...] | None:
+        """Ask ``rep``'s local policy for its next step (timed): the plan's order (None: the vLLM scheduler); a
+        clock in the plan is requested for the replica's GPU."""
+        if not rep.has_work():
+            return None
+        c0 = time.perf_counter()
+        truth = self._slot_base == 0 and self.pred_out is not None
+        base = self._slot_base
+        tasks = []
+        for r, running in ((r, True) for r in rep.running):
+            tasks.append(self._task_view(r, running, truth, base))
+        for r in rep.waiting:
+            tasks.append(self._task_view(r, False, truth, base))
+        prof = rep.profile
+        view = LocalView(t, rep.index, rep.gpu.index, rep.model, prof.clocks[rep.gpu.clock_idx].mhz, tuple(prof.clock_mhz),
+                         rep.share, rep.free_blocks, rep.bs, rep.budget, rep.max_seqs, tuple(tasks))
+        plan = rep.local.plan(view)
+        self.local_s += time.perf_counter() - c0
+        self.local_calls += 1
+        if plan is None:
+            return None
+        if plan.clock_mhz is not None:
+            if plan.clock_mhz not in prof.clock_mhz:
+                raise ValueError(f"local policy {rep.local.name!r}: clock {plan.clock_mhz} MHz is not one of the "
+                                 f"GPU's levels {list(prof.clock_mhz)}")
+            self.set_clock(t, int(plan.clock_mhz), [rep.gpu.index])
+        return tuple(plan.order)
+
+    def _task_view(self, r: Req, running: bool, truth: bool, base: int) -> TaskView:
+        left = r.prompt + r.generated - r.computed
+        i = r.slot - base
+        return TaskView(r.slot, running, left == 1 and r.generated >= 1, left, r.computed, r.prompt, r.generated,
+                        int(self.pred_out[i]) if truth else r.out, r.arrival,
+                        float(self.visible_deadline[i]) if truth else r.deadline, r.blocks)
+
+    def set_local_policy(self, policy: LocalPolicy | None, replicas: list[int] | None = None) -> None:
+        """Plan every step of ``replicas`` (all by default) with ``policy`` (None: the vLLM scheduler)."""
+        for i in range(len(self.replicas)) if replicas is None else replicas:
+            self.replicas[i].local = policy
 
     def _dispatched(self, r: Req, t: float, cands: list[Replica]) -> Replica:
         """The replica ``self.dispatch`` chooses for ``r`` among ``cands``, from views of both (timed)."""

@@ -88,6 +88,7 @@ class Replica:
         self._coeffs: StepCoeffs | None = None
         self.pending_start = False  # queued to start a step once every event at the current time is in
         self.pcache: PrefixCache | None = None  # prefix block cache (only when the workload has hash blocks)
+        self.local = None  # a commitenv.sim.local.LocalPolicy planning every step, or None (the vLLM scheduler)
 
     # ----------------------------------------------------------------------------------------- helpers
     @property
@@ -248,10 +249,98 @@ class Replica:
         return batch, False
 
 
+    def schedule_ordered(self, order: tuple[int, ...]) -> list[tuple[Req, int]]:
+        """Form the next step's batch from a local policy's plan (`commitenv.sim.local`): the listed slots in
+        order, each taking ``min(tokens left, budget left)`` tokens if its KV blocks (and, when waiting, the
+        sequence cap) allow, else skipped; never preempts. Raises ValueError for a slot the replica does not hold
+        or one listed twice."""
+        held = {r.slot: r for r in self.running}
+        queued = {r.slot: r for r in self.waiting}
+        budget = self.budget
+        bs = self.bs
+        pc = self.pcache
+        batch: list[tuple[Req, int]] = []
+        admitted: set[int] = set()
+        seen: set[int] = set()
+        draining = self.state != ACTIVE
+        for slot in order:
+            if slot in seen:
+                raise ValueError(f"local policy: slot {slot} listed twice in the plan of replica {self.index}")
+            seen.add(slot)
+            if budget <= 0:
+                continue
+            r = held.get(slot)
+            if r is not None:
+                k = min(r.prompt + r.generated - r.computed, budget)
+                need = -(-(r.computed + k) // bs) - r.blocks
+                if need > self.free_blocks:
+                    continue
+                if pc is None:
+                    self.free_blocks -= need
+                else:
+                    self._alloc(need)
+                r.blocks += need
+                if r.pfx_next < len(r.hashes):
+                    self._register(r, r.computed + k)
+                batch.append((r, k))
+                budget -= k
+                continue
+            r = queued.get(slot)
+            if r is None:
+                raise ValueError(f"local policy: replica {self.index} holds no request in slot {slot}")
+            if len(self.running) >= self.max_seqs or (draining and not r.started):
+                continue
+            hit = None
+            if pc is not None and r.hashes and r.computed == 0:
+                hit, cost = pc.lookup(r.hashes)
+                h = len(hit) * pc.block_tokens
+                k = min(r.prompt + r.generated - h, budget)
+                need = -(-(h + k) // bs) - len(hit) * pc.per_entry
+                if need + cost > self.free_blocks:
+                    continue
+                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - len(hit) * pc.per_entry + cost > \
+                        self.free_blocks:
+                    continue
+                if hit:
+                    pc.acquire(hit)
+                    self.free_blocks -= cost
+                    r.prefix = hit
+                    r.computed = h
+                    r.blocks = len(hit) * pc.per_entry
+                    r.pfx_next = len(hit)
+            else:
+                k = min(r.prompt + r.generated - r.computed, budget)
+                need = -(-(r.computed + k) // bs) - r.blocks
+                if need > self.free_blocks:
+                    continue
+                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - r.blocks > self.free_blocks:
+                    continue
+            admitted.add(slot)
+            self.running.append(r)
+            r.started = True
+            if pc is None:
+                self.free_blocks -= need
+            else:
+                self._alloc(need)
+            r.blocks += need
+            if hit is not None and r.pfx_next < len(r.hashes):
+                self._register(r, r.computed + k)
+            batch.append((r, k))
+            budget -= k
+        if admitted:
+            self.waiting = deque(r for r in self.waiting if r.slot not in admitted)
+        return batch
+
     # ----------------------------------------------------------------------------------------- segments
-    def start(self, t: float, noise, closed_form: bool, record: bool) -> bool:
-        """Schedule and start the next segment at time ``t``. Returns False when there is nothing to run."""
-        batch, preempted = self.schedule()
+    def start(self, t: float, noise, closed_form: bool, record: bool, order: tuple[int, ...] | None = None) -> bool:
+        """Schedule and start the next segment at time ``t`` (from a local policy's ``order`` when given; the
+        vLLM scheduler when it fills nothing). Returns False when there is nothing to run."""
+        batch: list[tuple[Req, int]] = []
+        preempted = False
+        if order is not None:
+            batch = self.schedule_ordered(order)
+        if not batch:
+            batch, preempted = self.schedule()
         if not batch:
             self.seg = SEG_NONE
             return False
