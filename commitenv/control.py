@@ -96,10 +96,31 @@ class ControllerContext:
     probe: Probe | None = None
     # --- hindsight door (oracle only): None unless built with from_env(env, hindsight=True) -----------------
     hindsight: "HindsightAccess | None" = None
+    # --- shared pools (several models on the GPUs): empty for one model ---------------------------------------
+    models: tuple[str, ...] = ()  # model names, in the order of the action's per-model entries
+    replicas_per_model: tuple[int, ...] = ()
+    placement: tuple[tuple[tuple[int, float], ...], ...] = ()  # per GPU: (model index, SM share) of its instances
+    profiles: tuple[Profile, ...] = ()  # per model (the controller's own copies)
 
-    def action(self, active: int, clock_mhz: int) -> dict[str, int]:
+    @property
+    def shared(self) -> bool:
+        """Several models share the pool's GPUs (the action then holds per-model active counts)."""
+        return bool(self.models)
+
+    @property
+    def all_active(self) -> int | tuple[int, ...]:
+        """``active`` with every replica on: ``n_replicas``, or per model on a shared pool."""
+        return self.replicas_per_model if self.shared else self.n_replicas
+
+    def action(self, active, clock_mhz: int, *, clocks_mhz=None, shares=None) -> dict:
         """The env action for ``active`` replicas (a whole number in 1..n_replicas, as the env accepts; bools,
-        NaN and fractions are refused) at ``clock_mhz`` (one of ``clocks_mhz``); raises ValueError otherwise."""
+        NaN and fractions are refused) at ``clock_mhz`` (one of ``clocks_mhz``); raises ValueError otherwise.
+        On a shared pool ``active`` gives each model's count, and ``clocks_mhz`` (per GPU) and ``shares`` (per
+        replica, in placement order) may be added."""
+        if self.shared:
+            return self._shared_action(active, clock_mhz, clocks_mhz, shares)
+        if clocks_mhz is not None or shares is not None:
+            raise ValueError("action: per-GPU clocks and SM shares are for shared pools (several models) only")
         whole = isinstance(active, (int, np.integer)) or (
             isinstance(active, (float, np.floating)) and float(active).is_integer()
         )
@@ -111,6 +132,25 @@ class ControllerContext:
         if clock_mhz not in self.clocks_mhz:
             raise ValueError(f"clock {clock_mhz} MHz not one of {self.clocks_mhz}")
         return {"active": int(active), "clock": self.clocks_mhz.index(clock_mhz)}
+
+    def _shared_action(self, active, clock_mhz: int, clocks_mhz, shares) -> dict:
+        act = list(active) if not isinstance(active, (int, np.integer)) else None
+        if act is None or len(act) != len(self.models):
+            raise ValueError(f"action: a shared pool takes one active count per model {self.models}, got {active!r}")
+        for m, (a, n) in enumerate(zip(act, self.replicas_per_model)):
+            if isinstance(a, (bool, np.bool_)) or not float(a).is_integer() or not 1 <= a <= n:
+                raise ValueError(f"action: active[{m}] ({self.models[m]}) must be a whole number in 1..{n}, got {a!r}")
+        for c in [clock_mhz, *(clocks_mhz or ())]:
+            if c not in self.clocks_mhz:
+                raise ValueError(f"clock {c} MHz not one of {self.clocks_mhz}")
+        out: dict = {"active": [int(a) for a in act], "clock": self.clocks_mhz.index(clock_mhz)}
+        if clocks_mhz is not None:
+            if len(clocks_mhz) != len(self.placement):
+                raise ValueError(f"action: clocks_mhz needs one clock per GPU ({len(self.placement)}), got {len(clocks_mhz)}")
+            out["clocks"] = [self.clocks_mhz.index(c) for c in clocks_mhz]
+        if shares is not None:
+            out["shares"] = [float(x) for x in shares]
+        return out
 
     @staticmethod
     def from_env(env: Any, hindsight: bool = False) -> "ControllerContext":
@@ -144,6 +184,9 @@ class ControllerContext:
             profile=e.profile.model_copy(deep=True),
             probe=EnvProbe(e),
             hindsight=access,
+            **({"models": tuple(e.model_names), "replicas_per_model": tuple(e.replicas_per_model),
+                "placement": tuple(tuple((i.model, float(i.share)) for i in g) for g in e.layout.gpus),
+                "profiles": tuple(p.model_copy(deep=True) for p in e.profiles)} if e.shared else {}),
         )
 
 

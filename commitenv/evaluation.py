@@ -283,17 +283,24 @@ def refuses_hindsight(controller_or_summary: Any) -> bool:
 def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale: bool) -> dict[str, Any]:
     """One row of decisions.csv: the (validated) action of interval ``env.k - 1`` and when it was applied."""
     k = env.k - 1
-    active = int(np.asarray(action["active"]).item())
+    act = np.asarray(action["active"])
     clock = int(np.asarray(action["clock"]).item())
-    return {
+    row = {
         "interval": k,
         "t_start_s": float(k * env.dt),
-        "active": active,
+        "active": int(act.sum()),  # a shared pool: every model's instances (per model in active_by_model)
         "clock_mhz": int(env.clocks_mhz[clock]),
         "applied_s": float(changes[0][1]) if changes else None,
         "stale": int(stale),
         "planning_delay_s": delay_s,
     }
+    if getattr(env, "shared", False):
+        row["active_by_model"] = " ".join(str(int(a)) for a in act.reshape(-1))
+        if "clocks" in action:
+            row["clocks_mhz"] = " ".join(str(env.clocks_mhz[int(c)]) for c in np.asarray(action["clocks"]))
+        if "shares" in action:
+            row["shares"] = " ".join(f"{float(x):g}" for x in np.asarray(action["shares"]))
+    return row
 
 
 def _jsonable(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +373,7 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     lat = latency_outcome(table.arrival_s, pool.first_t, pool.finish_t, table.prompt_tokens, pool.out_tokens,
                           ~rejected)
     summary.update(latency_summary(lat, getattr(pool, "model_of", np.zeros(len(table), dtype=np.int64)),
-                                   [p.model.name for p in pool.profiles]))
+                                   list(getattr(env, "model_names", ())) or [p.model.name for p in pool.profiles]))
     ttft = lat.ttft_s
     requests = {
         "request_id": table.request_id,

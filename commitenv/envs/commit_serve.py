@@ -99,13 +99,14 @@ from commitenv.attribution.cost_split import hour_cost_shares
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import slo_outcome
 from commitenv.envs.meters import ControllerMeter
-from commitenv.scenarios import commitments_mj, engine_options, load_scenario, scenario_profile, scenario_workload
+from commitenv.scenarios import (commitments_mj, engine_options, load_scenario, scenario_layout, scenario_profiles,
+                                 scenario_tenant_model, scenario_workload)
 from commitenv.scenarios.build import realism_of
 from commitenv.scenarios.schema import Scenario
 from commitenv.settlement import HourlySettlement
-from commitenv.sim import Pool, PoolLayout, Snapshot, observed_arrivals, take_snapshot
+from commitenv.sim import Pool, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
-from commitenv.sim.interval import run_interval
+from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
 from commitenv.sim.local import LocalPolicy
 from commitenv.workload.table import RequestTable
 
@@ -163,8 +164,15 @@ class CommitServeEnv(gym.Env):
             raise ValueError(f"render_mode: expected one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.render_mode = render_mode
         sc = self.scenario
-        self.profile = scenario_profile(sc)
-        self.n_replicas = sc.pool.gpus
+        self.profiles = scenario_profiles(sc)
+        self.profile = self.profiles[0]
+        self.layout = scenario_layout(sc)
+        self.shared = sc.pool.shared  # several models sharing the GPUs (see "Shared pools" in the module docstring)
+        self.n_gpus = sc.pool.gpus
+        self.n_replicas = sum(len(g) for g in self.layout.gpus)
+        self.replicas_per_model = tuple(sum(1 for g in self.layout.gpus for i in g if i.model == m)
+                                        for m in range(len(self.profiles)))
+        self.model_names = tuple(m.name for m in sc.pool.models) if self.shared else (self.profile.model.name,)
         self.clocks_mhz = self.profile.clock_mhz
         self.K = sc.intervals_per_hour
         self.H = sc.horizon_hours
@@ -177,16 +185,30 @@ class CommitServeEnv(gym.Env):
         self._settle_factor = 1.0 + self.realism.meters.pool_overhead  # settlement meter / GPU boards
         self._misses_at_completion = self.realism.deadlines == "predicted"  # true deadlines are not known earlier
         self.reward_offset_kwh = HourlySettlement(self.commit_j, self.lp, self.lm, self.K).reward_offset_kwh
-        self._e_scale = self.n_replicas * self.profile.gpu.tdp_w * 3600.0
-        self.action_space = spaces.Dict(
-            {"active": spaces.Discrete(self.n_replicas, start=1), "clock": spaces.Discrete(len(self.clocks_mhz))}
-        )
+        self._e_scale = self.n_gpus * self.profile.gpu.tdp_w * 3600.0
+        if self.shared:
+            if backend is not None:
+                raise ValueError("backend: a hardware pool serves one model; shared pools run on the simulator only")
+            nl = len(self.clocks_mhz)
+            self._min_share = max(p.sm_share.min_share for p in self.profiles)
+            self.action_space = spaces.Dict({
+                "active": spaces.MultiDiscrete(list(self.replicas_per_model), start=[1] * len(self.profiles)),
+                "clock": spaces.Discrete(nl),
+                "clocks": spaces.MultiDiscrete([nl] * self.n_gpus),
+                "shares": spaces.Box(self._min_share, 1.0, (self.n_replicas,), dtype=np.float64),
+            })
+        else:
+            self.action_space = spaces.Dict(
+                {"active": spaces.Discrete(self.n_replicas, start=1), "clock": spaces.Discrete(len(self.clocks_mhz))}
+            )
         self.observation_space = spaces.Box(_OBS_LOW, _OBS_HIGH, dtype=np.float32)
         init = sc.initial
         self._init_active = init.active if init.active is not None else self.n_replicas
         self._init_clock = self.profile.clock_index(init.clock_mhz) if init.clock_mhz is not None else self.profile.reference_clock_index
         if not 1 <= self._init_active <= self.n_replicas:
             raise ValueError(f"scenario {sc.name}: initial.active must be in 1..{self.n_replicas}")
+        self._init_shared = SharedConfig(self.replicas_per_model, (self._init_clock,) * self.n_gpus,
+                                         tuple(i.share for g in self.layout.gpus for i in g)) if self.shared else None
         self._tables: dict[int, RequestTable] = {}
         self.pool: Pool | None = None
 
@@ -229,7 +251,7 @@ class CommitServeEnv(gym.Env):
         table = self._workload(self.run_seed)
         self.table = table
         if self.backend is None:
-            pool = Pool(self.profile, PoolLayout.single(self.n_replicas), engine_options(sc, self.run_seed),
+            pool = Pool(self.profiles, self.layout, engine_options(sc, self.run_seed),
                         clock_mhz=self.clocks_mhz[self._init_clock])
         else:  # a hardware pool (real or fake GPUs): the hardware is the truth, its counters are the meter
             self.close()
@@ -237,10 +259,10 @@ class CommitServeEnv(gym.Env):
                                 self.clocks_mhz[self._init_clock])
         if self._init_active != self.n_replicas:
             pool.set_active(0.0, self._init_active)
-        pool.attach(table)
+        pool.attach(table, scenario_tenant_model(sc, table))
         self.pool = pool
         meters = self.realism.meters if self.backend is None else type(self.realism.meters)()  # real counters
-        self.meter = ControllerMeter(meters, self.n_replicas, pool.opt.seed)
+        self.meter = ControllerMeter(meters, self.n_gpus, pool.opt.seed)
         self.meter_prev = 0.0  # controller-meter reading at the last boundary, and at the hour's start
         self.meter_hour_start = 0.0
         self._pending_done: list[int] = []
@@ -254,6 +276,7 @@ class CommitServeEnv(gym.Env):
         self._tenant_seen = np.zeros(len(table.tenant_names), dtype=bool)
         self.k = 0
         self.cfg = (self._init_active, self._init_clock)
+        self.shared_cfg = self._init_shared  # a shared pool's full configuration (cfg then sums it up)
         self.settlement = HourlySettlement(self.commit_j, self.lp, self.lm, self.K)  # on the settlement meter
         self.last_interval_j = 0.0
         self.arrived_prev = 0
@@ -290,11 +313,65 @@ class CommitServeEnv(gym.Env):
                              f"(levels {self.clocks_mhz} MHz), got {c}")
         return a, c
 
+    def _check_shared_action(self, action: Any) -> SharedConfig:
+        """A shared pool's action: ``active`` per model and ``clock`` (required), ``clocks`` per GPU and ``shares``
+        per replica (optional: ``clocks`` replaces ``clock`` GPU by GPU; without ``shares`` they stay)."""
+        keys = ("active", "clock", "clocks", "shares")
+        if not isinstance(action, dict) or "active" not in action or "clock" not in action:
+            raise ValueError(f"action: expected a dict with keys 'active' (per model) and 'clock', optionally "
+                             f"'clocks' (per GPU) and 'shares' (per replica), got {action!r}")
+        extra = sorted(str(k) for k in action if k not in keys)
+        if extra:
+            raise ValueError(f"action: unknown key(s) {', '.join(extra)}; a shared pool's action has {', '.join(keys)}")
+
+        def ints(key: str, n: int) -> list[int]:
+            v = np.asarray(action[key])
+            if v.ndim == 0:
+                v = v.reshape(1)
+            if v.shape != (n,) or v.dtype == bool or not np.all(np.isfinite(v.astype(float))) or \
+                    not np.all(v.astype(float) == np.round(v.astype(float))):
+                raise ValueError(f"action['{key}']: expected {n} whole numbers, got {action[key]!r}")
+            return [int(x) for x in v]
+
+        nl = len(self.clocks_mhz)
+        active = ints("active", len(self.profiles))
+        for m, (a, n) in enumerate(zip(active, self.replicas_per_model)):
+            if not 1 <= a <= n:
+                raise ValueError(f"action['active'][{m}]: expected 1..{n} instances of model "
+                                 f"'{self.model_names[m]}', got {a}")
+        (clock,) = ints("clock", 1)
+        if not 0 <= clock < nl:
+            raise ValueError(f"action['clock']: expected a level index 0..{nl - 1} (levels {self.clocks_mhz} MHz), "
+                             f"got {clock}")
+        clocks = ints("clocks", self.n_gpus) if "clocks" in action else [clock] * self.n_gpus
+        for g, c in enumerate(clocks):
+            if not 0 <= c < nl:
+                raise ValueError(f"action['clocks'][{g}]: expected a level index 0..{nl - 1}, got {c}")
+        shares = list(self.shared_cfg.shares)
+        if "shares" in action:
+            v = np.asarray(action["shares"], dtype=float) if not isinstance(action["shares"], (str, bytes)) else None
+            if v is None or v.shape != (self.n_replicas,) or not np.all(np.isfinite(v)):
+                raise ValueError(f"action['shares']: expected {self.n_replicas} SM shares (one per replica), "
+                                 f"got {action['shares']!r}")
+            reps = self.pool.replicas
+            for r, x in enumerate(v.tolist()):
+                mn = reps[r].profile.sm_share.min_share
+                if not mn - 1e-12 <= x <= 1.0:
+                    raise ValueError(f"action['shares'][{r}]: expected {mn}..1.0, got {x}")
+            for g, gpu in enumerate(self.pool.gpus):
+                tot = sum(v[r.index] for r in gpu.replicas)
+                if tot > 1.0 + 1e-9:
+                    raise ValueError(f"action['shares']: the instances on GPU {g} would get {tot:.3f} > 1 of its SMs")
+            shares = [float(x) for x in v]
+        return SharedConfig(tuple(active), tuple(clocks), tuple(shares))
+
     def step(self, action: Any):
         if self.pool is None:
             raise RuntimeError("step() called before reset()")
         if self.k >= self.H * self.K:
             raise RuntimeError("step() called after the episode ended; call reset()")
+        if self.shared:
+            return self._step_shared(self._check_shared_action(action))
         a, c = self._check_action(action)
         pool = self.pool
         t0 = self.k * self.dt
@@ -305,6 +382,25 @@ class CommitServeEnv(gym.Env):
         self._planning_delay = 0.0
         stale = t_apply >= t1
         self.cfg, changes = run_interval(pool, self.cfg, (a, c), t_apply, t1, self.clocks_mhz)
+        return self._after_interval(changes, stale, t1, (a, c))
+
+    def _step_shared(self, new: SharedConfig):
+        t0 = self.k * self.dt
+        t1 = t0 + self.dt
+        pd = self.realism.planning_delay
+        delay = pd.seconds if pd.mode == "fixed" else self._planning_delay
+        t_apply = t0 + self.scenario.actuation_delay_s + delay
+        self._planning_delay = 0.0
+        stale = t_apply >= t1
+        self.shared_cfg, changes = run_shared_interval(self.pool, self.shared_cfg, new, t_apply, t1, self.clocks_mhz)
+        cf = self.shared_cfg
+        self.cfg = (sum(cf.active), max(cf.clocks))  # the summary the observation and info report
+        return self._after_interval(changes, stale, t1, (sum(new.active), max(new.clocks)))
+
+    def _after_interval(self, changes: list[tuple], stale: bool, t1: float, asked: tuple[int, int]):
+        """Meter, settle, attribute and observe once the interval's engine run has reached ``t1`` (``asked``: the
+        decision's active replicas and clock index, as the history records them)."""
+        pool = self.pool
         self.actions.extend(changes)
         split = self.attributor.close(t1) if self.attributor is not None else None
         e_now = pool.energy_j(t1) * self._settle_factor  # the settlement meter
@@ -329,7 +425,7 @@ class CommitServeEnv(gym.Env):
         new_misses = self._count_misses(math.inf if terminated else t1)
         self.misses += new_misses
         reward = -d_cost - self.scenario.miss_penalty_kwh * new_misses
-        self.history.append({"t": t1, "interval_j": interval_j, "active": a, "clock_mhz": self.clocks_mhz[c]})
+        self.history.append({"t": t1, "interval_j": interval_j, "active": asked[0], "clock_mhz": self.clocks_mhz[asked[1]]})
         info = self._info(interval_j, new_misses=new_misses, settlement=settlement)
         info["stale_decision"] = stale
         if attribution is not None:
@@ -488,6 +584,9 @@ class CommitServeEnv(gym.Env):
             "target_j": float((self.commit_j[h] - m) / (K - kin)) if kin < K else 0.0,
             "active": self.cfg[0],
             "clock_mhz": self.clocks_mhz[self.cfg[1]],
+            **({"active_by_model": list(self.shared_cfg.active),
+                "clocks_mhz": [self.clocks_mhz[c] for c in self.shared_cfg.clocks],
+                "shares": list(self.shared_cfg.shares)} if self.shared else {}),
             "new_misses": new_misses,
             "misses": self.misses,
             "reward_offset_kwh": self.reward_offset_kwh,

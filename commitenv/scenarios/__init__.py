@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 # registers the scenarios) does not pull in the engine.
 _WHERE = {
     **dict.fromkeys(
-        ["engine_options", "scenario_profile", "scenario_profile_path", "scenario_workload", "workload_seed"], "build"
+        ["engine_options", "scenario_layout", "scenario_profile", "scenario_profile_path", "scenario_profiles",
+         "scenario_tenant_model", "scenario_workload", "workload_seed"], "build"
     ),
     **dict.fromkeys(
         ["CACHE_FORMAT", "cache_root", "commitments_mj", "compute_reference", "reference_cache_path",
@@ -29,8 +30,8 @@ _WHERE = {
     ),
     **dict.fromkeys(["describe_scenarios", "register_all"], "registry"),
     **dict.fromkeys(
-        ["CommitmentSpec", "InitialConfig", "NoiseSpecModel", "ObservationSpec", "PoolSpec", "ReferenceSpec",
-         "Scenario", "WorkloadSpec"], "schema"
+        ["CommitmentSpec", "InitialConfig", "InstanceSpec", "ModelSpec", "NoiseSpecModel", "ObservationSpec",
+         "PoolSpec", "ReferenceSpec", "Scenario", "WorkloadSpec"], "schema"
     ),
 }
 
@@ -51,8 +52,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs
     from commitenv.scenarios.build import (
         engine_options,
+        scenario_layout,
         scenario_profile,
         scenario_profile_path,
+        scenario_profiles,
+        scenario_tenant_model,
         scenario_workload,
         workload_seed,
     )
@@ -79,6 +83,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from commitenv.scenarios.schema import (
         CommitmentSpec,
         InitialConfig,
+        InstanceSpec,
+        ModelSpec,
         NoiseSpecModel,
         ObservationSpec,
         PoolSpec,
@@ -91,6 +97,8 @@ __all__ = [
     "CACHE_FORMAT",
     "CommitmentSpec",
     "InitialConfig",
+    "InstanceSpec",
+    "ModelSpec",
     "NoiseSpecModel",
     "ObservationSpec",
     "PoolSpec",
@@ -113,8 +121,11 @@ __all__ = [
     "reference_key",
     "reference_workload_seed",
     "register_all",
+    "scenario_layout",
     "scenario_profile",
     "scenario_profile_path",
+    "scenario_profiles",
+    "scenario_tenant_model",
     "scenario_workload",
     "scenarios_dir",
     "workload_seed",

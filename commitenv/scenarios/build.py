@@ -9,6 +9,7 @@ truth, and the seed a controller is given, so a controller's seed tells it nothi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from commitenv.scenarios.loader import ScenarioError
 from commitenv.scenarios.realism import Realism
 from commitenv.scenarios.schema import Scenario
 from commitenv.sim.noise import NoiseSpec
-from commitenv.sim.pool import EngineOptions
+from commitenv.sim.pool import EngineOptions, Instance, PoolLayout
 from commitenv.sim.truth import TruthSpec
 from commitenv.workload import (
     EmpiricalLengths,
@@ -37,11 +38,11 @@ from commitenv.workload import (
 from commitenv.workload.builtin import builtin_window
 from commitenv.workload.synthetic import synthesize_window, window_hours
 
-_TAGS = {"workload": 0x776C, "controller": 0x6374, "arrivals": 0x6172}
+_TAGS = {"workload": 0x776C, "controller": 0x6374, "arrivals": 0x6172, "tenants": 0x746E}
 
 
 def derived_seed(run_seed: int, purpose: str) -> int:
-    """A 63-bit seed for ``purpose`` ('workload', 'controller', 'arrivals') derived one way from the run seed."""
+    """A 63-bit seed for ``purpose`` ('workload', 'controller', 'arrivals', 'tenants') derived one way from the run seed."""
     st = np.random.SeedSequence([int(run_seed), _TAGS[purpose]]).generate_state(2, dtype=np.uint32)
     return int((int(st[0]) << 31) ^ int(st[1])) & ((1 << 63) - 1)
 
@@ -74,23 +75,39 @@ def _is_path(ref: str) -> bool:
     return ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref
 
 
-def scenario_profile_path(sc: Scenario) -> Path:
-    """The profile file the scenario names (a shipped profile name or a path)."""
-    ref = sc.pool.profile
+def scenario_profile_path(sc: Scenario, ref: str | None = None, field: str = "pool.profile") -> Path:
+    """The profile file the scenario names (a shipped profile name or a path): ``pool.profile``, or ``ref``
+    (a shared pool's model profile, named ``field`` in errors)."""
+    ref = sc.pool.profile if ref is None else ref
+    if ref is None:  # a shared pool: its first model's profile
+        ref, field = sc.pool.models[0].profile, "pool.models[0].profile"
     path = Path(ref).expanduser() if _is_path(ref) else data_dir("profiles") / f"{ref}.yaml"
     if not path.is_file():
-        raise ScenarioError(f"{sc.source}: pool.profile: profile '{ref}' not found (looked at {path})")
+        raise ScenarioError(f"{sc.source}: {field}: profile '{ref}' not found (looked at {path})")
     return path
 
 
 def scenario_profile(sc: Scenario) -> Profile:
-    """The scenario's GPU x model profile, with ``engine.context_limit`` and ``engine.reserve_full_sequence`` (when
-    given) in place of the profile's (a re-validated copy: the limit must fit the profile's KV capacity). Also checks
-    that ``engine.prefix_block_tokens`` is a multiple of the profile's KV block size."""
+    """The scenario's GPU x model profile (a shared pool: its first model's), with ``engine.context_limit`` and
+    ``engine.reserve_full_sequence`` (when given) in place of the profile's (a re-validated copy: the limit must fit
+    the profile's KV capacity). Also checks that ``engine.prefix_block_tokens`` is a multiple of the profile's KV
+    block size."""
+    return scenario_profiles(sc)[0]
+
+
+def scenario_profiles(sc: Scenario) -> list[Profile]:
+    """One profile per model of the pool (`scenario_profile` for a one-model pool), engine settings applied."""
+    if not sc.pool.shared:
+        return [_engine_profile(sc, scenario_profile_path(sc), "pool.profile")]
+    return [_engine_profile(sc, scenario_profile_path(sc, m.profile, f"pool.models[{i}].profile"),
+                            f"pool.models[{i}].profile") for i, m in enumerate(sc.pool.models)]
+
+
+def _engine_profile(sc: Scenario, path: Path, field: str) -> Profile:
     try:
-        prof = load_profile(str(scenario_profile_path(sc)))
+        prof = load_profile(str(path))
     except ProfileError as e:
-        raise ScenarioError(f"{sc.source}: pool.profile: {e}") from None
+        raise ScenarioError(f"{sc.source}: {field}: {e}") from None
     eng = sc.engine
     bs = prof.scheduler.block_size
     if eng.prefix_block_tokens is not None and eng.prefix_block_tokens % bs:
@@ -104,6 +121,42 @@ def scenario_profile(sc: Scenario) -> Profile:
     if eng.context_limit is None or eng.context_limit == prof.scheduler.context_limit:
         return prof
     return _with_context_limit(sc.source, prof, int(eng.context_limit))
+
+
+def scenario_layout(sc: Scenario) -> PoolLayout:
+    """Which model instances every GPU hosts, with their SM shares (one full-share replica per GPU for one model)."""
+    if not sc.pool.shared:
+        return PoolLayout.single(sc.pool.gpus)
+    index = {m.name: i for i, m in enumerate(sc.pool.models)}
+    return PoolLayout(tuple(tuple(Instance(index[i.model], float(i.share)) for i in g) for g in sc.pool.placement))
+
+
+def scenario_tenant_model(sc: Scenario, table: RequestTable) -> dict[int, int] | None:
+    """The model serving each of ``table``'s tenants (by index), for `Pool.attach`; None for one model. A tenant
+    no model serves is an error naming it."""
+    if not sc.pool.shared:
+        return None
+    by_name = {t: i for i, m in enumerate(sc.pool.models) for t in m.tenants}
+    out = {}
+    present = set(np.unique(table.tenant).tolist()) if len(table) else set()
+    for k, name in enumerate(table.tenant_names):
+        if name in by_name:
+            out[k] = by_name[name]
+        elif k in present:
+            raise ScenarioError(f"{sc.source}: pool.models: workload tenant '{name}' is served by no model")
+    return out
+
+
+def with_tenant_mix(sc: Scenario, table: RequestTable, seed: int) -> RequestTable:
+    """``table`` with every request's tenant drawn from ``workload.tenant_mix`` (seeded; unchanged without one)."""
+    mix = sc.workload.tenant_mix
+    if mix is None:
+        return table
+    names = tuple(mix)
+    p = np.array([mix[n] for n in names], dtype=np.float64)
+    rng = np.random.default_rng(derived_seed(seed, "tenants"))
+    tenant = rng.choice(len(names), size=len(table), p=p / p.sum()).astype(np.int32)
+    return replace(table, tenant=tenant, tenant_names=names, meta=dict(table.meta))
 
 
 def _with_context_limit(source: str, prof: Profile, limit: int) -> Profile:
@@ -283,8 +336,9 @@ def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
     if sc.workload.seed is None:
         if seed is None:
             raise ScenarioError(f"{sc.source}: workload.seed: null (a new workload per run seed), but no run seed was given")
-        return episode_workload(sc, seed)
-    return _pinned_workload(sc, workload_seed(sc, seed), sc.workload.start_hour, "workload.start_hour")
+        return with_tenant_mix(sc, episode_workload(sc, seed), derived_seed(seed, "workload"))
+    s = workload_seed(sc, seed)
+    return with_tenant_mix(sc, _pinned_workload(sc, s, sc.workload.start_hour, "workload.start_hour"), s)
 
 
 def reference_workload(sc: Scenario, seed: int, start_hour: float | None = None) -> RequestTable:

@@ -115,6 +115,8 @@ def reference_inputs(sc: Scenario) -> dict:
     wl["seed"] = reference_workload_seed(sc)
     if sc.workload.trace is not None:
         wl["trace"] = {"sha256": _sha256_file(Path(sc.workload.trace).expanduser())}  # content, not location
+    if sc.workload.tenant_mix is None:
+        del wl["tenant_mix"]  # absent from one-model scenarios' keys
     if sc.workload.synthetic is None:
         del wl["synthetic"]  # absent from older scenarios' keys
     else:

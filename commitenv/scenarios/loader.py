@@ -149,17 +149,40 @@ def check_scenario(sc: Scenario, base_dir: Path | None = None) -> Scenario:
 
     src = sc.source
     pool = sc.pool
-    prof_ref = pool.profile
-    if prof_ref.endswith((".yaml", ".yml")) or "/" in prof_ref or "\\" in prof_ref:
-        path, looked = _resolve_relative(prof_ref, base_dir)
-        if not path.is_file():
-            raise ScenarioError(f"{src}: pool.profile: profile file '{prof_ref}' not found (looked at {looked or path})")
-        prof_ref = str(path)
-        pool = pool.model_copy(update={"profile": prof_ref})
-    try:
-        prof = load_profile(prof_ref)
-    except ProfileError as e:
-        raise ScenarioError(f"{src}: pool.profile: {e}") from None
+
+    def resolved(ref: str, field: str) -> str:
+        if ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref:
+            path, looked = _resolve_relative(ref, base_dir)
+            if not path.is_file():
+                raise ScenarioError(f"{src}: {field}: profile file '{ref}' not found (looked at {looked or path})")
+            return str(path)
+        return ref
+
+    if pool.shared:
+        models = [m.model_copy(update={"profile": resolved(m.profile, f"pool.models[{i}].profile")})
+                  for i, m in enumerate(pool.models)]
+        if any(a.profile != b.profile for a, b in zip(models, pool.models)):
+            pool = pool.model_copy(update={"models": models})
+        profs = []
+        for i, m in enumerate(pool.models):
+            try:
+                profs.append(load_profile(m.profile))
+            except ProfileError as e:
+                raise ScenarioError(f"{src}: pool.models[{i}].profile: {e}") from None
+        levels = {tuple(p.clock_mhz) for p in profs}
+        if len(levels) != 1:
+            raise ScenarioError(f"{src}: pool.models: the models' profiles have different clock levels "
+                                f"({sorted(levels)}); models sharing GPUs share one clock per GPU, so their profiles "
+                                "must describe the same GPU")
+        prof = profs[0]
+    else:
+        prof_ref = resolved(pool.profile, "pool.profile")
+        if prof_ref != pool.profile:
+            pool = pool.model_copy(update={"profile": prof_ref})
+        try:
+            prof = load_profile(prof_ref)
+        except ProfileError as e:
+            raise ScenarioError(f"{src}: pool.profile: {e}") from None
     if sc.initial.clock_mhz is not None and sc.initial.clock_mhz not in prof.clock_mhz:
         raise ScenarioError(
             f"{src}: initial.clock_mhz: {sc.initial.clock_mhz} MHz is not a clock level of profile '{prof.name}'; "
@@ -179,9 +202,9 @@ def check_scenario(sc: Scenario, base_dir: Path | None = None) -> Scenario:
     if pool is not sc.pool or wl is not sc.workload:
         sc = sc.model_copy(update={"pool": pool, "workload": wl})
     if any(v is not None for v in sc.engine.model_dump().values()):
-        from commitenv.scenarios.build import scenario_profile
+        from commitenv.scenarios.build import scenario_profiles
 
-        scenario_profile(sc)  # the engine overrides must fit the profile: refused at load, naming the field
+        scenario_profiles(sc)  # the engine overrides must fit the profiles: refused at load, naming the field
     return sc
 
 

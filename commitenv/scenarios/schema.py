@@ -14,11 +14,69 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PoolSpec(_Strict):
-    """GPU pool: profile name (or path) and GPU count, one replica per GPU."""
+class ModelSpec(_Strict):
+    """One model of a shared pool: its profile (name or path) and the workload tenants it serves."""
 
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     profile: str
+    tenants: list[str] = Field(min_length=1)
+
+
+class InstanceSpec(_Strict):
+    """A model instance placed on a GPU with a share of its SMs."""
+
+    model: str
+    share: float = Field(default=1.0, gt=0, le=1)
+
+
+class PoolSpec(_Strict):
+    """GPU pool: one model (``profile``: name or path; one replica per GPU), or several models sharing the GPUs
+    (``models``, with ``placement``: for every GPU the instances it hosts and their SM shares, summing to <= 1;
+    one clock per GPU)."""
+
+    profile: str | None = None
     gpus: int = Field(ge=1, le=4096)
+    models: list[ModelSpec] | None = None
+    placement: list[list[InstanceSpec]] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "PoolSpec":
+        if (self.profile is None) == (self.models is None):
+            raise ValueError("pool: give exactly one of 'profile' (one model) or 'models' (a shared pool)")
+        if self.models is None:
+            if self.placement is not None:
+                raise ValueError("pool.placement: only for a shared pool (pool.models)")
+            return self
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool.models: model names must be distinct, got {names}")
+        tenants = [t for m in self.models for t in m.tenants]
+        if len(set(tenants)) != len(tenants):
+            raise ValueError(f"pool.models: a tenant may be served by one model only, got {tenants}")
+        if self.placement is None:
+            raise ValueError("pool.placement: a shared pool needs the instances of every GPU "
+                             "(a list of pool.gpus lists of {model, share})")
+        if len(self.placement) != self.gpus:
+            raise ValueError(f"pool.placement: expected {self.gpus} GPUs (pool.gpus), got {len(self.placement)}")
+        placed = set()
+        for g, insts in enumerate(self.placement):
+            if not insts:
+                raise ValueError(f"pool.placement[{g}]: a GPU must host at least one instance")
+            for i in insts:
+                if i.model not in names:
+                    raise ValueError(f"pool.placement[{g}]: unknown model '{i.model}' (pool.models: {names})")
+                placed.add(i.model)
+            total = sum(i.share for i in insts)
+            if total > 1.0 + 1e-9:
+                raise ValueError(f"pool.placement[{g}]: SM shares sum to {total:g} > 1")
+        missing = [n for n in names if n not in placed]
+        if missing:
+            raise ValueError(f"pool.placement: model(s) {missing} have no instance")
+        return self
+
+    @property
+    def shared(self) -> bool:
+        return self.models is not None
 
 
 _PATH_HINTS = (".json", "/", "\\")
@@ -103,6 +161,7 @@ class WorkloadSpec(_Strict):
     rate_scale: float = Field(default=1.0, gt=0)
     rate_spread: float = Field(default=0.0, ge=0, lt=1)
     window_slack_h: float = Field(default=0.0, ge=0)
+    tenant_mix: dict[str, float] | None = None  # tenant name -> share of the requests (drawn per request, seeded)
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadSpec":
@@ -114,6 +173,11 @@ class WorkloadSpec(_Strict):
         if self.trace is None and self.window_slack_h:
             raise ValueError("workload.window_slack_h: only for trace files; a built-in or synthetic workload draws "
                              "its window anew per seed")
+        if self.tenant_mix is not None:
+            if not self.tenant_mix or any(not (v > 0) for v in self.tenant_mix.values()):
+                raise ValueError(f"workload.tenant_mix: expected tenant names with positive shares, got {self.tenant_mix}")
+            if abs(sum(self.tenant_mix.values()) - 1.0) > 1e-6:
+                raise ValueError(f"workload.tenant_mix: shares must sum to 1, got {sum(self.tenant_mix.values()):g}")
         return self
 
 
@@ -289,6 +353,20 @@ class Scenario(_Strict):
                 "commitment.reference.workload_seed: expected an integer when workload.seed is null (the evaluation "
                 "workload then changes with the run seed, so it cannot be the frozen reference)"
             )
+        if self.pool.shared:
+            mix = self.workload.tenant_mix
+            if mix is None:
+                raise ValueError("workload.tenant_mix: a shared pool (pool.models) needs the workload's tenants and "
+                                 "their shares, each served by one model")
+            served = {t for m in self.pool.models for t in m.tenants}
+            unserved = sorted(set(mix) - served)
+            if unserved:
+                raise ValueError(f"workload.tenant_mix: tenant(s) {unserved} are served by no model (pool.models.tenants)")
+            if c.fractions is not None:
+                raise ValueError("commitment.fractions: reference runs of shared pools are not supported yet; give "
+                                 "absolute commitments (commitment.mj)")
+            if self.initial.active is not None:
+                raise ValueError("initial.active: a shared pool starts with every instance active")
         truth_parts = {"latency", "gpu_variation", "energy_model"} & self.realism.model_fields_set
         if self.realism.level == "ideal" and truth_parts and (self.noise.time_sigma or self.noise.energy_sigma):
             raise ValueError(

@@ -3,6 +3,9 @@ by the environment's step and the hindsight door's ground-truth forks, so both m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from commitenv.sim.pool import Pool
 
 
@@ -20,6 +23,41 @@ def run_interval(pool: Pool, cfg: tuple[int, int], new: tuple[int, int], t_apply
         if new[1] != cfg[1]:
             pool.set_clock(t_apply, clocks_mhz[new[1]])
             changes.append(("clock", t_apply, clocks_mhz[new[1]]))
+        cfg = new
+    pool.run_until(t1)
+    pool.settle(t1)
+    return cfg, changes
+
+
+@dataclass(frozen=True)
+class SharedConfig:
+    """A shared pool's configuration: active instances per model, clock level index per GPU, SM share per replica."""
+
+    active: tuple[int, ...]
+    clocks: tuple[int, ...]
+    shares: tuple[float, ...]
+
+
+def run_shared_interval(pool: Pool, cfg: SharedConfig, new: SharedConfig, t_apply: float, t1: float,
+                        clocks_mhz: tuple[int, ...] | list[int]) -> tuple[SharedConfig, list[tuple[str, float, Any]]]:
+    """`run_interval` for a pool of several models: switch each model's active count, each GPU's clock and each
+    replica's SM share that differ (shares that shrink first, so a GPU's shares never sum above 1 on the way).
+    Changes are ("active:<model>" | "clock:<gpu>" | "share:<replica>", time, value)."""
+    changes: list[tuple[str, float, Any]] = []
+    if new != cfg and not t_apply >= t1:
+        pool.run_until(t_apply)
+        for m, (a, b) in enumerate(zip(cfg.active, new.active)):
+            if a != b:
+                pool.set_active(t_apply, b, model=m)
+                changes.append((f"active:{m}", t_apply, b))
+        for g, (a, b) in enumerate(zip(cfg.clocks, new.clocks)):
+            if a != b:
+                pool.set_clock(t_apply, clocks_mhz[b], [g])
+                changes.append((f"clock:{g}", t_apply, clocks_mhz[b]))
+        moves = [(r, b) for r, (a, b) in enumerate(zip(cfg.shares, new.shares)) if a != b]
+        for r, b in sorted(moves, key=lambda x: x[1] - cfg.shares[x[0]]):  # shrinking shares first
+            pool.set_share(t_apply, r, b)
+            changes.append((f"share:{r}", t_apply, b))
         cfg = new
     pool.run_until(t1)
     pool.settle(t1)

@@ -1,0 +1,161 @@
+"""Shared pools (several models on the GPUs, Festina's setting): the scenario format and its errors, tenants drawn
+from a mix and served by their own model only, the env's per-model active counts, per-GPU clocks and per-replica
+SM shares, and the per-model latency attainment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import toy_profile
+
+from commitenv.envs import CommitServeEnv
+from commitenv.evaluation import run_episode
+from commitenv.scenarios import ScenarioError, load_scenario, scenario_layout, scenario_workload
+from test_env import toy_three_hour_trace
+
+
+def write_profiles(folder: Path) -> tuple[Path, Path]:
+    """Two toy models on the same toy GPU: 'big' takes twice the toy law's time and energy per token."""
+    a = folder / "toy-small.yaml"
+    b = folder / "toy-big.yaml"
+    small = toy_profile()
+    big = toy_profile(name="toy-big")
+    clocks = []
+    for c in big.model_dump(mode="json")["clocks"]:
+        c["time"] = {k: 2 * v for k, v in c["time"].items()}
+        c["energy"] = {k: 2 * v for k, v in c["energy"].items()}
+        clocks.append(c)
+    a.write_text(yaml.safe_dump(small.model_dump(mode="json")))
+    b.write_text(yaml.safe_dump({**big.model_dump(mode="json"), "clocks": clocks}))
+    return a, b
+
+
+def shared_scenario(folder: Path, name: str = "toy-shared", **over) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    a, b = write_profiles(folder)
+    trace = folder / "toy3.csv"
+    if not trace.exists():
+        toy_three_hour_trace(trace)
+    raw = {
+        "name": name,
+        "description": "two toy models sharing three GPUs",
+        "pool": {
+            "gpus": 3,
+            "models": [{"name": "small", "profile": str(a), "tenants": ["s"]},
+                       {"name": "big", "profile": str(b), "tenants": ["b"]}],
+            "placement": [[{"model": "small", "share": 0.5}, {"model": "big", "share": 0.5}],
+                          [{"model": "small", "share": 1.0}],
+                          [{"model": "big", "share": 0.6}, {"model": "small", "share": 0.4}]],
+        },
+        "workload": {"trace": str(trace), "tenant_mix": {"s": 0.7, "b": 0.3}},
+        "horizon_hours": 1,
+        "interval_s": 600,
+        "commitment": {"mj": [0.2]},
+        "realism": "ideal",
+    }
+    for k, v in over.items():
+        raw[k] = v
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda r: r["pool"].update(profile="x"), "exactly one of 'profile'"),
+    (lambda r: r["pool"]["placement"].pop(), "expected 3 GPUs"),
+    (lambda r: r["pool"]["placement"][1].append({"model": "huge", "share": 0.1}), "unknown model 'huge'"),
+    (lambda r: r["pool"]["placement"][0][0].update(share=0.7), "sum to 1.2 > 1"),
+    (lambda r: r["pool"].update(placement=[[{"model": "small"}]] * 3), "model(s) ['big'] have no instance"),
+    (lambda r: r["workload"].update(tenant_mix={"s": 0.5, "x": 0.5}), "tenant(s) ['x'] are served by no model"),
+    (lambda r: r["workload"].update(tenant_mix={"s": 0.5, "b": 0.4}), "must sum to 1"),
+    (lambda r: r.update(commitment={"fractions": [0.8], "reference": {"workload_seed": 0}}),
+     "reference runs of shared pools"),
+    (lambda r: r["workload"].pop("tenant_mix"), "needs the workload's tenants"),
+])
+def test_bad_shared_scenarios_are_refused_naming_the_field(tmp_path, edit, says):
+    path = shared_scenario(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    edit(raw)
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError, match=says.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        load_scenario(path)
+
+
+def test_profiles_of_different_gpus_cannot_share_a_pool(tmp_path):
+    path = shared_scenario(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    other = yaml.safe_load(Path(raw["pool"]["models"][1]["profile"]).read_text())
+    other["clocks"] = other["clocks"][1:]
+    other["name"] = "toy-one-clock"
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(other))
+    raw["pool"]["models"][1]["profile"] = str(tmp_path / "one.yaml")
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError, match="different clock levels"):
+        load_scenario(path)
+
+
+def test_layout_and_tenant_mix(tmp_path):
+    sc = load_scenario(shared_scenario(tmp_path))
+    lay = scenario_layout(sc)
+    assert [[(i.model, i.share) for i in g] for g in lay.gpus] == [[(0, 0.5), (1, 0.5)], [(0, 1.0)], [(1, 0.6), (0, 0.4)]]
+    t1, t2 = scenario_workload(sc, 0), scenario_workload(sc, 0)
+    assert set(t1.tenant_names) == {"s", "b"} and np.array_equal(t1.tenant, t2.tenant)  # seeded
+    frac = np.mean(t1.tenant == t1.tenant_names.index("b"))
+    assert abs(frac - 0.3) < 4 * np.sqrt(0.3 * 0.7 / len(t1))
+
+
+def test_each_tenant_is_served_by_its_own_model_and_scored_per_model(tmp_path):
+    env, res = run_episode("vllm", str(shared_scenario(tmp_path)), 0)
+    pool, table = env.pool, env.table
+    served = pool.replica_of >= 0
+    model_of_replica = np.array([r.model for r in pool.replicas])
+    want = np.array([{"s": 0, "b": 1}[n] for n in table.tenant_names])[table.tenant]  # s -> small, b -> big
+    assert np.array_equal(model_of_replica[pool.replica_of[served]], want[served])
+    assert np.array_equal(pool.model_of, want)
+    by = res.summary["latency_by_model"]
+    assert set(by) == {"small", "big"} and by["small"]["requests"] + by["big"]["requests"] == len(table)
+    assert res.summary["requests"] == len(table) and env.n_replicas == 5 and env.n_gpus == 3
+
+
+def test_per_model_active_per_gpu_clocks_and_shares_reach_the_engine(tmp_path):
+    env = CommitServeEnv(str(shared_scenario(tmp_path)))
+    env.reset(seed=0)
+    assert env.action_space["active"].nvec.tolist() == [3, 2]
+    sample = env.action_space.sample()
+    assert set(sample) == {"active", "clock", "clocks", "shares"}
+    # small: 3 instances (GPU 0, 1, 2), big: 2 (GPU 0, 2); replicas in placement order: s0 b0 | s1 | b2 s2
+    env.step({"active": [2, 1], "clock": 1, "clocks": [0, 1, 1], "shares": [0.3, 0.7, 1.0, 0.5, 0.5]})
+    pool = env.pool
+    assert [g.clock_idx for g in pool.gpus] == [0, 1, 1]
+    assert [r.share for r in pool.replicas] == [0.3, 0.7, 1.0, 0.5, 0.5]
+    states = [r.state for r in pool.replicas]
+    from commitenv.sim.replica import ACTIVE, STANDBY
+
+    assert states[4] != ACTIVE and states[3] != ACTIVE  # small's 3rd instance and big's 2nd are off
+    assert states[0] == states[1] == states[2] == ACTIVE and STANDBY is not None
+    info = env._info(0.0, new_misses=0)
+    assert info["active_by_model"] == [2, 1] and info["clocks_mhz"] == [500, 1000, 1000]
+    with pytest.raises(ValueError, match="GPU 0 would get 1.200 > 1"):
+        env.step({"active": [2, 1], "clock": 1, "shares": [0.6, 0.6, 1.0, 0.5, 0.5]})
+    with pytest.raises(ValueError, match=r"active'\]\[1\]: expected 1..2"):
+        env.step({"active": [2, 3], "clock": 1})
+
+
+def test_the_controller_context_builds_shared_actions(tmp_path):
+    from commitenv.control import ControllerContext
+
+    env = CommitServeEnv(str(shared_scenario(tmp_path)))
+    env.reset(seed=0)
+    ctx = ControllerContext.from_env(env)
+    assert ctx.shared and ctx.models == ("small", "big") and ctx.all_active == (3, 2)
+    assert ctx.placement == (((0, 0.5), (1, 0.5)), ((0, 1.0),), ((1, 0.6), (0, 0.4)))
+    act = ctx.action((1, 2), 1000, clocks_mhz=[500, 500, 1000])
+    assert act == {"active": [1, 2], "clock": 1, "clocks": [0, 0, 1]}
+    env.step(act)
+    with pytest.raises(ValueError, match="one active count per model"):
+        ctx.action(3, 1000)
