@@ -50,7 +50,8 @@ HOUR_NAMES = {
 DAY_NAMES = {"epact-h20-day", "epact-h200-day"}
 REPRO_NAMES = DAY_NAMES | HOUR_NAMES
 BENCH_NAMES = {n.replace("epact-", "bench-", 1) for n in REPRO_NAMES}  # realism 'paper' twins
-ALL_NAMES = REPRO_NAMES | BENCH_NAMES
+SHARED_NAMES = {"festina-h100-shared"}
+ALL_NAMES = REPRO_NAMES | BENCH_NAMES | SHARED_NAMES
 PROFILE = {"h20": "h20-qwen3.8-27b-fp8", "h200": "h200-qwen3.8-27b-fp8"}
 EXPECTED_FRACTION = {
     ("h20", "fixed"): {"25": 0.85, "30": 0.85, "35": 0.85},
@@ -89,7 +90,7 @@ def _forbid_run_fixed(monkeypatch) -> None:
 # ------------------------------------------------------------------------------------------ shipped files
 def test_shipped_names_and_ids_are_exactly_the_required_set():
     assert set(list_scenarios()) == ALL_NAMES
-    assert len(list_scenarios()) == 28
+    assert len(list_scenarios()) == 29
     desc = describe_scenarios()
     assert {eid for eid, _ in desc} == {f"commitenv/{n}-v0" for n in ALL_NAMES}
     for eid, line in desc:
@@ -97,7 +98,7 @@ def test_shipped_names_and_ids_are_exactly_the_required_set():
     assert not (data_dir("scenarios") / ".keep").exists()
 
 
-@pytest.mark.parametrize("name", sorted(ALL_NAMES))
+@pytest.mark.parametrize("name", sorted(REPRO_NAMES | BENCH_NAMES))
 def test_every_shipped_file_validates(name):
     path = data_dir("scenarios") / f"{name}.yaml"
     sc = load_scenario(path)
@@ -118,6 +119,19 @@ def test_every_shipped_file_validates(name):
         assert sc.paper.get(key), f"{name}: paper.{key} missing"
     assert "does not print" in sc.paper["epsilon"]
     assert scenario_profile(sc).name == sc.pool.profile
+
+
+def test_the_shared_gpu_scenario():
+    """festina-h100-shared: 8 H100s, three models on shared GPUs (shares <= 1 per GPU), every model placed, the
+    traffic split among the models, absolute commitment, deadlines that cost, a trace per seed."""
+    sc = load_scenario("festina-h100-shared")
+    assert sc.pool.shared and sc.pool.gpus == 8 and len(sc.pool.placement) == 8
+    assert [m.profile for m in sc.pool.models] == ["h100-qwen2.5-7b-festina", "h100-llama2-13b", "h100-mistral-small-24b"]
+    assert all(sum(i.share for i in g) <= 1.0 for g in sc.pool.placement)
+    assert sum(sc.workload.tenant_mix.values()) == pytest.approx(1.0) and sc.workload.seed is None
+    assert sc.commitment.mj == [10.74] and sc.miss_penalty_kwh > 0 and sc.seeds is not None
+    for key in ("pool", "workload", "commitment", "slo", "realism"):
+        assert sc.paper.get(key), f"paper.{key} missing"
 
 
 def test_generated_single_hour_files_equal_the_script_rendering():

@@ -1,0 +1,383 @@
+"""Festina's per-GPU local scheduler (paper sec. 3.4, "Joint Frequency-SM Adaptation") as a commitenv local
+scheduling policy (`commitenv.sim.local`): a unified urgency score over prefills and decodes, batch filling in
+descending score with bypass, and a frequency sweep choosing the lowest-energy clock that meets the batch's
+deadlines.
+
+Score (one priority queue of runnable decodes and pending prefills), per task, at the view's clock and SM share::
+
+    Score = Latency / (Slack - beta * Age)
+
+* Latency: the task's own time from the LUT's step-law coefficients (`FestinaLUT.coeffs`, the exact laws the LUT
+  was profiled from): a decode, one decode step alone at its context (``tau0 + tau2 + tau3 (computed + 1)``); a
+  prefill, its remaining prefill alone, in chunks of the token budget (``ceil(r / B) tau0 + tau1 r + tau4 A``, A
+  the attention pairs of positions ``computed + 1 .. computed + r``).
+* Deadline and Slack = deadline - now - Latency. A prefill (no token yet): its TTFT deadline, arrival + the TTFT
+  SLO of its class (Table 2 via `commitenv.latency_slo`, class from the prompt and the *predicted* output). A
+  decode: its next-token deadline ``now + b``. The time of its previous token is not in the view, so the
+  per-token budget ``b`` is its visible end-to-end deadline spread over its predicted remaining tokens, capped by
+  its class's TBT SLO: ``b = min(TBT SLO, (visible deadline - now) / max(predicted - generated, 1))`` (an
+  assumption of this adaptation). A task that already has tokens but must recompute its prompt (after a vLLM
+  preemption) is scored like a prefill with the decode's next-token deadline.
+* Age = now - arrival (for every task, as the view gives it). ``beta`` defaults to 0.1 (assumption: the paper
+  leaves it unstated, only "small"). Note that for decodes, whose slack is at most the 100 ms TBT SLO, a
+  request older than about ``0.1 / beta`` seconds has a non-positive denominator, so long-lived decodes end up
+  ordered by earliest next-token deadline among the most urgent tasks.
+* A non-positive denominator means most urgent: score +inf. Order: mis-predicted requests first (below), then by
+  descending score, then earliest deadline, then slot.
+
+Mis-predictions (paper: "assigns the highest priority to the mispredicted request"): a request whose generated
+tokens reached its predicted output length and is still running (the prediction was short) goes first. The
+paper's second remedy, evicting the running request of least recomputation cost when memory stays short, is not
+available to a plan (the engine never preempts for a plan; only its vLLM fallback preempts, when a plan fills
+nothing).
+
+Batch filling. The plan lists *all* the replica's tasks in that order; the engine fills the step from it (each
+task ``min(tokens left, budget left)`` tokens if its KV blocks and, for a waiting task, the sequence cap allow,
+else skipped: the paper's bypass of a task that does not fit, "P1 skipped, P3 dispatched"). The policy replays
+the same fill on the view (token budget, free KV blocks, sequence cap; prefix-cache hits and a draining replica's
+admission rule are not visible to it) to get the candidate batch and its step-law terms: prefill tokens P, attention
+pairs A (a chunk of k tokens after c computed ones: ``k c + k (k + 1) / 2``), decodes n and their summed context L
+(``computed + 1`` each).
+
+Frequency sweep (runtime resource allocation). Adaptation: in this engine an SM share belongs to a model instance
+(set by the interval action), not to a task, and one step runs all its tasks at the instance's share. So the
+sweep chooses the *clock*; the SM side is reported, not applied: ``needed_share``, the least LUT grid share at
+which the candidate batch would meet its deadlines at the chosen clock, for the controller to use at the next
+interval. For every clock level of the GPU that is on the LUT grid, at the instance's share:
+
+* step time ``t_f = step_time(P, n, L, A)`` (the whole step at f, as in steady state; the step that starts now
+  actually runs at the current clock, a requested clock applying after the profile's clock-change latency);
+* feasible when every task of the batch meets its deadline: a decode, ``t_f <=`` its class's TBT SLO (100 ms)
+  and ``now + t_f x (predicted remaining tokens) <=`` its visible end-to-end deadline; a prefill (or recompute),
+  ``now + t_f + later <=`` its deadline, ``later`` its remaining chunks after this step, each a step of
+  ``min(rest, budget - n)`` of its tokens carrying the batch's decode terms (``tau0 + tau2 n + tau3 L``);
+* predicted energy ``E_f = step_energy(P, n, L, A)``. The profile's step energy is the whole GPU's over the step,
+  so it already carries the GPU's idle floor over the step time (`commitenv.sim.coeffs`: "the idle floor the step
+  carries grows with its duration"); nothing is added to it, which would count the floor twice.
+
+The lowest-energy feasible clock is chosen (ties: the lower clock); none feasible -> the top clock. With no
+candidate batch (nothing fits: the engine then falls back to vLLM) no clock is requested.
+
+One shared operating point: the clock is a GPU's, shared by its instances. The policy keeps each replica's latest
+choice per GPU and requests the highest choice of the GPU's replicas that planned within ``vote_window_s``, so one
+instance's low-energy clock does not starve a co-resident instance that needs a higher one (with one instance per
+GPU this is the replica's own choice).
+
+Clocks and shares that are not LUT grid values snap down to the nearest grid value (the lowest when below the
+grid), as in `commitenv_controllers.festina.dispatch`: a slower operating point, conservative for the deadline
+checks.
+
+Readable by the controller: ``last`` (replica -> `FestinaStep`, the latest decision) and ``peak_share`` (replica ->
+the largest ``needed_share`` since `reset_peaks`, 1.0 counted when infeasible at every clock); ``calls``.
+
+Known consequences of these choices: a prefill past its TTFT deadline has score +inf and the earliest deadline,
+so under overload late prefills go ahead of decodes, and with a small token budget the decodes then wait (their
+TBT suffers). The per-step TBT check makes any step that carries decodes and a chunk too long for 100 ms
+infeasible at every clock (top clock), where the paper would give the prefill its own SM partition. The chosen
+clock is requested every step without hysteresis; with a clock-change latency, steps run at the previous clock
+meanwhile.
+
+Cost per call: O(N log N) for N tasks (scores, sort, fill) plus O(|F| (1 + prefills in the batch)) for the sweep
+and O(|S| (1 + prefills)) for ``needed_share``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from commitenv.latency_slo import INPUT_EDGES, OUTPUT_EDGES, TBT_SLO_S, TTFT_SLO_S
+from commitenv.sim.coeffs import StepCoeffs
+from commitenv.sim.local import LocalPolicy, LocalView, StepPlan, TaskView
+
+from .lut import FestinaLUT
+
+_INF = math.inf
+_EPS = 1e-12  # slack on the time comparisons
+_IN0, _IN1 = INPUT_EDGES
+_OUT0, _OUT1 = OUTPUT_EDGES
+
+
+def slo_class_of(prompt_tokens: int, output_tokens: int) -> int:
+    """Scalar `commitenv.latency_slo.slo_class`: 0 short, 1 medium, 2 long."""
+    return max(bisect_right(INPUT_EDGES, prompt_tokens), bisect_right(OUTPUT_EDGES, output_tokens))
+
+
+def pairs_between(history: int, tokens: int) -> int:
+    """Attention pairs of ``tokens`` prompt positions after ``history`` computed ones (however they are chunked)."""
+    return (history + tokens) * (history + tokens + 1) // 2 - history * (history + 1) // 2
+
+
+class TaskScore(NamedTuple):
+    """A task's place in the priority queue."""
+
+    slot: int
+    latency_s: float
+    deadline_s: float
+    slack_s: float
+    age_s: float
+    score: float  # +inf: most urgent
+    mispredicted: bool
+
+
+class Batch(NamedTuple):
+    """The candidate batch the engine would fill from an order, with its step-law terms and deadlines."""
+
+    slots: tuple[int, ...]
+    tokens: tuple[int, ...]
+    P: int
+    A: int
+    n: int
+    L: int
+    decode_tbt_s: float  # least TBT SLO of its decodes (inf without decodes)
+    decode_budget_s: float  # least (visible deadline - now) / predicted remaining tokens of its decodes (inf: none)
+    prefills: tuple[tuple[float, int, int], ...]  # per prefill chunk: (deadline, tokens left after it, history)
+
+
+class FestinaStep(NamedTuple):
+    """A planning decision."""
+
+    t: float
+    replica: int
+    gpu: int
+    batch: tuple[int, ...]  # slots of the predicted step
+    clock_mhz: int | None  # this replica's choice (None: no batch predicted)
+    gpu_clock_mhz: int | None  # requested for the GPU: the highest recent choice of its replicas
+    feasible: bool
+    energy_j: float  # predicted energy of the step at clock_mhz (NaN without a batch)
+    step_s: float  # predicted step time at clock_mhz (NaN without a batch)
+    needed_share: float | None  # least grid share meeting the deadlines at clock_mhz (None: none does)
+
+
+class FestinaLocal(LocalPolicy):
+    """Festina's local scheduler (sec. 3.4); see the module docstring.
+
+    ``lut``: the model's `FestinaLUT`, or a sequence of them indexed by the view's model; ``beta``: the age weight
+    of the score (0.1); ``vote_window_s``: how long a replica's clock choice counts for its GPU (0.25 s)."""
+
+    name = "festina_local"
+
+    def __init__(self, lut: FestinaLUT | Sequence[FestinaLUT], beta: float = 0.1, vote_window_s: float = 0.25) -> None:
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta: a finite value >= 0 expected, got {beta}")
+        if not (math.isfinite(vote_window_s) and vote_window_s >= 0):
+            raise ValueError(f"vote_window_s: a finite value >= 0 expected, got {vote_window_s}")
+        self.luts: tuple[FestinaLUT, ...] = (lut,) if isinstance(lut, FestinaLUT) else tuple(lut)
+        if not self.luts:
+            raise ValueError("lut: at least one FestinaLUT expected")
+        self.beta = float(beta)
+        self.vote_window_s = float(vote_window_s)
+        self.last: dict[int, FestinaStep] = {}
+        self.peak_share: dict[int, float] = {}
+        self.calls = 0
+        self._votes: dict[int, dict[int, tuple[float, int]]] = {}  # gpu -> replica -> (t, clock)
+        self._k: dict[tuple[int, float, float], StepCoeffs] = {}
+        self._clocks: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
+
+    # ------------------------------------------------------------------------------------------ look-ups
+    def _lut(self, model: int) -> FestinaLUT:
+        if len(self.luts) == 1:
+            return self.luts[0]
+        if not 0 <= model < len(self.luts):
+            raise ValueError(f"festina local: no LUT for model {model} (have {len(self.luts)})")
+        return self.luts[model]
+
+    def coeffs(self, model: int, clock_mhz: float, share: float) -> StepCoeffs:
+        """The LUT's step-law coefficients at (clock, share), each snapped down to the LUT grid."""
+        key = (model, clock_mhz, share)
+        k = self._k.get(key)
+        if k is None:
+            lut = self._lut(model)
+            g = lut.grid
+            c = g.clocks_mhz[max(bisect_right(g.clocks_mhz, clock_mhz + 1e-9) - 1, 0)]
+            s = g.shares[max(bisect_right(g.shares, share + 1e-6) - 1, 0)]
+            k = self._k[key] = lut.coeffs(c, s)
+        return k
+
+    def sweep_clocks(self, model: int, clocks_mhz: tuple[int, ...]) -> tuple[int, ...]:
+        """The GPU's clock levels on the LUT grid, ascending (ValueError when none is)."""
+        key = (model, clocks_mhz)
+        out = self._clocks.get(key)
+        if out is None:
+            grid = self._lut(model).grid.clocks_mhz
+            out = tuple(sorted(c for c in clocks_mhz if c in grid))
+            if not out:
+                raise ValueError(f"festina local: none of the GPU's clocks {list(clocks_mhz)} is on the LUT grid "
+                                 f"{list(grid)}")
+            self._clocks[key] = out
+        return out
+
+    # ------------------------------------------------------------------------------------------ the score
+    def _rows(self, view: LocalView) -> list[tuple]:
+        """Per task, its sort key and score parts: (not mis-predicted, -score, deadline, slot, latency, slack,
+        age, task). Sorting the rows gives the priority order (slots are unique, so no tie reaches the rest)."""
+        k = self.coeffs(view.model, view.clock_mhz, view.share)
+        tau0, tau1, tau4 = k.tau0, k.tau1, k.tau4
+        dec0, tau3 = k.tau0 + k.tau2, k.tau3
+        now, beta, B = view.t, self.beta, view.token_budget
+        ttft, tbt = TTFT_SLO_S, TBT_SLO_S
+        rows = []
+        for task in view.tasks:
+            slot, _, decode, left, h, p, g, o, arrival, visible, _ = task
+            ci = 0 if p < _IN0 else (1 if p < _IN1 else 2)
+            co = 0 if o < _OUT0 else (1 if o < _OUT1 else 2)
+            cls = max(co, ci)
+            if decode:
+                lat = dec0 + tau3 * (h + 1)
+            else:
+                lat = -(-left // B) * tau0 + tau1 * left + tau4 * ((h + left) * (h + left + 1) // 2 - h * (h + 1) // 2)
+            if g == 0:
+                deadline = arrival + ttft[cls]
+            else:
+                rem = o - g
+                per = (visible - now) / max(1, rem)
+                deadline = now + min(tbt[cls], per)
+            slack = deadline - now - lat
+            age = now - arrival
+            den = slack - beta * age
+            rows.append((g < 1 or g < o, -lat / den if den > 0 else -_INF, deadline, slot, lat, slack, age, task))
+        return rows
+
+    def scores(self, view: LocalView) -> list[TaskScore]:
+        """Every task's score at the view's clock and share, in the view's order."""
+        return [TaskScore(r[3], r[4], r[2], r[5], r[6], -r[1], not r[0]) for r in self._rows(view)]
+
+    @staticmethod
+    def priority(scores: list[TaskScore]) -> tuple[int, ...]:
+        """Slots by priority: mis-predicted first, then descending score, earliest deadline, slot."""
+        return tuple(s.slot for s in sorted(scores, key=lambda s: (not s.mispredicted, -s.score, s.deadline_s,
+                                                                   s.slot)))
+
+    # ------------------------------------------------------------------------------------------ the batch
+    @staticmethod
+    def batch(view: LocalView, order: Sequence[int]) -> Batch:
+        """The step the engine would fill from ``order`` (`Replica.schedule_ordered` replayed on the view)."""
+        tasks = {t.slot: t for t in view.tasks}
+        return FestinaLocal._fill(view, [tasks[s] for s in order])
+
+    @staticmethod
+    def _fill(view: LocalView, ordered: Sequence[TaskView]) -> Batch:
+        budget = view.token_budget
+        free = view.free_kv_blocks
+        bs = view.block_tokens
+        cap = view.max_seqs
+        running = run_left = sum(1 for t in view.tasks if t.running)
+        now = view.t
+        slots, toks, pre = [], [], []
+        P = A = n = L = 0
+        dec_tbt = dec_budget = _INF
+        tbt = TBT_SLO_S
+        for t in ordered:
+            if budget <= 0 or (run_left == 0 and running >= cap):
+                break  # nothing more fits: no budget left, or only waiting tasks left and the sequence cap reached
+            slot, run, decode, left, h, p, g, o, arrival, visible, blocks = t
+            kk = min(budget, left)
+            need = -(-(h + kk) // bs) - blocks
+            if run:
+                run_left -= 1
+                if need > free:
+                    continue
+            else:
+                if running >= cap or need > free:
+                    continue
+                running += 1
+            free -= need
+            budget -= kk
+            slots.append(slot)
+            toks.append(kk)
+            ci = 0 if p < _IN0 else (1 if p < _IN1 else 2)
+            co = 0 if o < _OUT0 else (1 if o < _OUT1 else 2)
+            cls = max(co, ci)
+            rem = max(1, o - g)
+            if decode:
+                n += 1
+                L += h + 1
+                per = (visible - now) / rem
+                dec_budget = min(dec_budget, per)
+                dec_tbt = min(dec_tbt, tbt[cls])
+            else:
+                P += kk
+                A += kk * h + kk * (kk + 1) // 2
+                if g == 0:
+                    deadline = arrival + TTFT_SLO_S[cls]
+                else:
+                    per = (visible - now) / rem
+                    deadline = now + min(tbt[cls], per)
+                pre.append((deadline, left - kk, h + kk))
+        return Batch(tuple(slots), tuple(toks), P, A, n, L, dec_tbt, dec_budget, tuple(pre))
+
+    # ------------------------------------------------------------------------------------------ the sweep
+    @staticmethod
+    def feasible(k: StepCoeffs, batch: Batch, now: float, token_budget: int) -> tuple[bool, float]:
+        """Whether every task of ``batch`` meets its deadline under coefficients ``k``, and the step time."""
+        n, L = batch.n, batch.L
+        t = k.tau0 + k.tau1 * batch.P + k.tau2 * n + k.tau3 * L + k.tau4 * batch.A
+        if t > batch.decode_tbt_s + _EPS or t > batch.decode_budget_s + _EPS:
+            return False, t
+        if batch.prefills:
+            ride = k.tau0 + k.tau2 * n + k.tau3 * L
+            chunk = max(token_budget - n, 1)
+            for deadline, r, h in batch.prefills:
+                later = 0.0 if r <= 0 else (-(-r // chunk) * ride + k.tau1 * r + k.tau4 * pairs_between(h, r))
+                if now + t + later > deadline + _EPS:
+                    return False, t
+        return True, t
+
+    def sweep(self, view: LocalView, batch: Batch) -> tuple[int, bool, float, float, float | None]:
+        """The frequency sweep over ``batch``: (clock, feasible, energy J, step time s, needed share)."""
+        now, B, model = view.t, view.token_budget, view.model
+        P, A, n, L = batch.P, batch.A, batch.n, batch.L
+        best = None
+        clocks = self.sweep_clocks(model, view.clocks_mhz)
+        for c in clocks:
+            k = self.coeffs(model, c, view.share)
+            ok, t = self.feasible(k, batch, now, B)
+            if ok:
+                e = k.a + k.c1 * P + k.c2 * A + k.b * n + k.kappa * L
+                if best is None or e < best[2] - _EPS:
+                    best = (c, True, e, t)
+        if best is None:
+            c = clocks[-1]
+            k = self.coeffs(model, c, view.share)
+            t = k.tau0 + k.tau1 * P + k.tau2 * n + k.tau3 * L + k.tau4 * A
+            return c, False, k.a + k.c1 * P + k.c2 * A + k.b * n + k.kappa * L, t, None
+        c = best[0]
+        lut = self._lut(model)
+        need = None
+        for s in lut.grid.shares:
+            if self.feasible(lut.coeffs(c, s), batch, now, B)[0]:
+                need = s
+                break
+        return c, True, best[2], best[3], need
+
+    # ------------------------------------------------------------------------------------------ the plan
+    def plan(self, view: LocalView) -> StepPlan:
+        self.calls += 1
+        if not view.tasks:
+            return StepPlan(())
+        rows = self._rows(view)
+        rows.sort()
+        order = tuple(r[3] for r in rows)
+        batch = self._fill(view, [r[7] for r in rows])
+        if not batch.slots:
+            self.last[view.replica] = FestinaStep(view.t, view.replica, view.gpu, (), None, None, False, math.nan,
+                                                  math.nan, None)
+            return StepPlan(order)
+        clock, ok, energy, step_s, need = self.sweep(view, batch)
+        votes = self._votes.setdefault(view.gpu, {})
+        votes[view.replica] = (view.t, clock)
+        lo = view.t - self.vote_window_s
+        gpu_clock = max(c for t, c in votes.values() if t >= lo)
+        self.last[view.replica] = FestinaStep(view.t, view.replica, view.gpu, batch.slots, clock, gpu_clock, ok,
+                                              energy, step_s, need)
+        peak = 1.0 if need is None else need
+        if peak > self.peak_share.get(view.replica, 0.0):
+            self.peak_share[view.replica] = peak
+        return StepPlan(order, gpu_clock)
+
+    def reset_peaks(self) -> dict[int, float]:
+        """Hand over ``peak_share`` (replica -> largest needed share since the last reset) and clear it."""
+        out, self.peak_share = self.peak_share, {}
+        return out
