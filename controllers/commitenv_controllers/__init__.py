@@ -5,6 +5,7 @@ import inspect as _inspect
 
 from commitenv_controllers import epact, fixed_config, vllm  # noqa: F401  (registration)
 from commitenv_controllers import dynamollm  # noqa: F401
+from commitenv_controllers.festina import controller as _festina  # noqa: F401  (registration)
 from commitenv_controllers.base import Controller, ControllerContext, Probe
 from commitenv_controllers.epact import EPACT as _EPACT
 from commitenv_controllers.registry import (

@@ -78,9 +78,13 @@ class LutGrid:
     @staticmethod
     def default(profile: Profile) -> LutGrid:
         """Every clock level of the profile, the paper's 10 %-step shares allowed by the profile, and the default
-        input lengths whose first decode step fits the context limit."""
+        input lengths whose first decode step fits the context limit (for a context limit below them, eight
+        lengths spread geometrically up to it)."""
         shares = tuple(s for s in DEFAULT_SHARES if s >= profile.sm_share.min_share - _SHARE_TOL)
-        lens = tuple(p for p in DEFAULT_INPUT_LENS if p + 1 <= profile.scheduler.context_limit)
+        limit = profile.scheduler.context_limit
+        lens = tuple(p for p in DEFAULT_INPUT_LENS if p + 1 <= limit)
+        if len(lens) < 4:
+            lens = tuple(sorted({int(round(x)) for x in np.geomspace(1, limit - 1, 8)}))
         return LutGrid(tuple(profile.clock_mhz), shares, lens)
 
 
