@@ -479,8 +479,16 @@ def _seed_text(seeds: list[int]) -> str:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    if args.paper != "epact":
-        raise ValueError(f"unknown reproduction '{args.paper}'; available: epact")
+    if args.paper not in ("epact", "festina"):
+        raise ValueError(f"unknown reproduction '{args.paper}'; available: epact, festina")
+    if args.paper == "festina":
+        from commitenv.reproduce.festina import run as run_festina
+
+        out = _check_out(args.out if args.out != "runs/reproduce-epact" else "runs/reproduce-festina")
+        seeds = (100000,) if args.quick else (100000, 100001, 100002)
+        res = run_festina(out, seeds=seeds, progress=not args.quiet)
+        print(f"wrote {out}/report.md and results.json ({res['wall_s']:.0f} s)")
+        return 0
     from commitenv.reproduce.epact import run
 
     out = _check_out(args.out)
@@ -682,8 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=None, help="folder for compare.json and one sub-folder per controller")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=_cmd_compare)
-    rp = sub.add_parser("reproduce", help="reproduce a paper's tables (epact) and write a report")
-    rp.add_argument("paper", choices=["epact"])
+    rp = sub.add_parser("reproduce", help="reproduce a paper's tables (epact, festina) and write a report")
+    rp.add_argument("paper", choices=["epact", "festina"])
     rp.add_argument("--quick", action="store_true", help="a reduced set (single hour, alpha 3, both GPUs)")
     rp.add_argument("--seed", type=int, default=0)
     rp.add_argument("--workers", type=int, default=None, help="ePACT what-if processes (default: all cores)")

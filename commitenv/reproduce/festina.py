@@ -1,0 +1,98 @@
+"""``commitenv reproduce festina``: Festina against the MuxServe-like default (every instance at its placed SM share,
+top clock, least-unfinished routing, no consolidation: the `vllm` controller on a shared pool) on
+``festina-h100-shared``: energy, end-to-end and TTFT/TBT attainment by class and by model, the commitment cost, and
+Festina's decision time per arrival and per step, written as a Markdown report beside the paper's headline.
+
+DynamoLLM and ePACT plan one model per pool in this code base; they are not run on the shared pool.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCENARIO = "festina-h100-shared"
+CONTROLLERS = ("vllm", "festina")
+NAMES = {"vllm": "MuxServe-like default (vllm)", "festina": "Festina"}
+PAPER_HEADLINE = ("up to 56 % less energy than state-of-the-art serving systems with SLO attainment within 2 points "
+                  "(Festina abstract and sec. 1; its evaluation section is not in the text shipped here)")
+KEYS = ("energy_mj", "cost_kwh_eq", "attainment_pct", "latency_attainment_pct", "ttft_attainment_pct",
+        "tbt_attainment_pct", "latency_attainment_short_pct", "latency_attainment_medium_pct",
+        "latency_attainment_long_pct", "rejected", "requests")
+
+
+def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002), progress: bool = True
+        ) -> dict[str, Any]:
+    """Run both controllers on every seed, write ``report.md`` and ``results.json`` into ``out_dir``."""
+    from commitenv.evaluation import run_episode
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"scenario": SCENARIO, "seeds": list(seeds), "runs": {}}
+    t0 = time.perf_counter()
+    for c in CONTROLLERS:
+        for s in seeds:
+            env, res = run_episode(c, SCENARIO, s)
+            pool = env.pool
+            row = {k: res.summary.get(k) for k in KEYS}
+            row["latency_by_model"] = res.summary["latency_by_model"]
+            row["wall_s"] = res.summary["wall_s"]
+            row["dispatch_us_per_arrival"] = 1e6 * pool.dispatch_s / pool.dispatch_calls if pool.dispatch_calls else None
+            row["local_us_per_step"] = 1e6 * pool.local_s / pool.local_calls if pool.local_calls else None
+            row.update({k: v for k, v in res.summary.items() if k.startswith("festina_")})
+            results["runs"][f"{c}/{s}"] = row
+            if progress:
+                print(f"{c} seed {s}: {row['energy_mj']:.2f} MJ, attainment {row['attainment_pct']:.2f} %, "
+                      f"TTFT/TBT {row['latency_attainment_pct']:.2f} %, {row['wall_s']:.0f} s")
+    results["wall_s"] = time.perf_counter() - t0
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    (out / "report.md").write_text(report(results))
+    return results
+
+
+def _mean(results: dict, c: str, key: str) -> float | None:
+    vals = [r[key] for k, r in results["runs"].items() if k.split("/")[0] == c and r.get(key) is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def report(results: dict) -> str:
+    """The Markdown report of ``results`` (means over the seeds)."""
+    seeds = results["seeds"]
+    lines = ["# Festina on a shared H100 pool", "",
+             f"Scenario `{results['scenario']}`, test seeds {', '.join(map(str, seeds))} (a new trace each); means over "
+             f"the seeds; total wall time {results['wall_s']:.0f} s.", "",
+             "| controller | energy MJ | commitment cost kWh-eq | end-to-end attainment % | TTFT+TBT % | TTFT % | TBT % "
+             "| short % | medium % | long % |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in CONTROLLERS:
+        vals = [_mean(results, c, k) for k in KEYS[:9]]
+        lines.append(f"| {NAMES[c]} | " + " | ".join("-" if v is None else f"{v:.3f}" if i < 2 else f"{v:.2f}"
+                                                   for i, v in enumerate(vals)) + " |")
+    lines += ["", "Latency attainment (TTFT and TBT) by model:", "", "| controller | " + " | ".join(
+        sorted(next(iter(results["runs"].values()))["latency_by_model"])) + " |", "|---|" + "---:|" * 3]
+    for c in CONTROLLERS:
+        rows = [r["latency_by_model"] for k, r in results["runs"].items() if k.startswith(c + "/")]
+        models = sorted(rows[0])
+        lines.append(f"| {NAMES[c]} | " + " | ".join(
+            f"{np.mean([r[m]['attainment_pct'] for r in rows]):.2f}" for m in models) + " |")
+    ev, ef = _mean(results, "vllm", "energy_mj"), _mean(results, "festina", "energy_mj")
+    av, af = _mean(results, "vllm", "latency_attainment_pct"), _mean(results, "festina", "latency_attainment_pct")
+    da = _mean(results, "festina", "dispatch_us_per_arrival")
+    ls = _mean(results, "festina", "local_us_per_step")
+    lines += ["", "## Against the paper", "",
+              f"Paper: {PAPER_HEADLINE}. Here: Festina uses {100 * (1 - ef / ev):.1f} % less energy than the "
+              f"MuxServe-like default, with TTFT/TBT attainment {af - av:+.2f} points.", "",
+              "Why the numbers differ from the paper's: the energy law and the SM-share scaling are the profiles' "
+              "(derived from public figures, not measured on the paper's testbed); an instance keeps its profile's "
+              "KV capacity on a shared GPU; placement is static (no model migration), so consolidation here only lets "
+              "idle instances, and GPUs whose instances are all idle, fall to standby; SM shares change at interval "
+              "boundaries, not per step; the default keeps every GPU at the top clock, which is the paper's motivating "
+              "observation (sec. 2.1) but a weaker baseline than the paper's strongest.", "",
+              "Festina serves energy first: it ignores the hourly commitment, so its commitment cost is that of "
+              "under-use.", "",
+              f"Decision time (this machine): dispatch {da:.1f} us per arrival (engine views included), local "
+              f"scheduling {ls:.1f} us per step." if da is not None and ls is not None else ""]
+    return "\n".join(lines) + "\n"
