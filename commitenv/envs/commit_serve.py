@@ -373,25 +373,23 @@ class CommitServeEnv(gym.Env):
         if self.shared:
             return self._step_shared(self._check_shared_action(action))
         a, c = self._check_action(action)
-        pool = self.pool
-        t0 = self.k * self.dt
-        t1 = t0 + self.dt
-        pd = self.realism.planning_delay
-        delay = pd.seconds if pd.mode == "fixed" else self._planning_delay
-        t_apply = t0 + self.scenario.actuation_delay_s + delay
-        self._planning_delay = 0.0
-        stale = t_apply >= t1
-        self.cfg, changes = run_interval(pool, self.cfg, (a, c), t_apply, t1, self.clocks_mhz)
+        t1, t_apply, stale = self._interval_times()
+        self.cfg, changes = run_interval(self.pool, self.cfg, (a, c), t_apply, t1, self.clocks_mhz)
         return self._after_interval(changes, stale, t1, (a, c))
 
-    def _step_shared(self, new: SharedConfig):
+    def _interval_times(self) -> tuple[float, float, bool]:
+        """The coming interval's end, when its decision applies (actuation and planning delay after its start), and
+        whether that is too late (stale); consumes the reported planning delay."""
         t0 = self.k * self.dt
         t1 = t0 + self.dt
         pd = self.realism.planning_delay
         delay = pd.seconds if pd.mode == "fixed" else self._planning_delay
         t_apply = t0 + self.scenario.actuation_delay_s + delay
         self._planning_delay = 0.0
-        stale = t_apply >= t1
+        return t1, t_apply, t_apply >= t1
+
+    def _step_shared(self, new: SharedConfig):
+        t1, t_apply, stale = self._interval_times()
         self.shared_cfg, changes = run_shared_interval(self.pool, self.shared_cfg, new, t_apply, t1, self.clocks_mhz)
         cf = self.shared_cfg
         self.cfg = (sum(cf.active), max(cf.clocks))  # the summary the observation and info report

@@ -155,6 +155,53 @@ class Replica:
         r.preemptions += 1
         self.waiting.appendleft(r)
 
+    def _admission(self, r: Req, budget: int) -> tuple[int, int, list | None, int] | None:
+        """How waiting request ``r`` would be admitted with ``budget`` tokens left: (tokens, new KV blocks, prefix
+        hit or None, blocks the hit takes out of the free queue); None when its blocks (or, reserving full
+        sequences, its whole sequence) do not fit."""
+        pc = self.pcache
+        bs = self.bs
+        if pc is not None and r.hashes and r.computed == 0:
+            hit, cost = pc.lookup(r.hashes)
+            h = len(hit) * pc.block_tokens
+            k = min(r.prompt + r.generated - h, budget)
+            need = -(-(h + k) // bs) - len(hit) * pc.per_entry
+            if need + cost > self.free_blocks:
+                return None
+            if self.reserve_full and -(-(r.prompt + r.generated) // bs) - len(hit) * pc.per_entry + cost > \
+                    self.free_blocks:
+                return None
+            return k, need, hit, cost
+        k = min(r.prompt + r.generated - r.computed, budget)
+        need = -(-(r.computed + k) // bs) - r.blocks
+        if need > self.free_blocks:
+            return None
+        if self.reserve_full and -(-(r.prompt + r.generated) // bs) - r.blocks > self.free_blocks:
+            return None
+        return k, need, None, 0
+
+    def _admit(self, r: Req, k: int, need: int, hit: list | None, cost: int) -> int:
+        """Move ``r`` (already out of the waiting queue) into the running batch as `_admission` planned: take its
+        prefix hit, allocate its blocks, register the blocks it completes. Returns its tokens ``k``."""
+        pc = self.pcache
+        if hit:
+            pc.acquire(hit)
+            self.free_blocks -= cost
+            r.prefix = hit
+            r.computed = len(hit) * pc.block_tokens
+            r.blocks = len(hit) * pc.per_entry
+            r.pfx_next = len(hit)
+        self.running.append(r)
+        r.started = True
+        if pc is None:
+            self.free_blocks -= need
+        else:
+            self._alloc(need)
+        r.blocks += need
+        if hit is not None and r.pfx_next < len(r.hashes):
+            self._register(r, r.computed + k)
+        return k
+
     def schedule(self) -> tuple[list[tuple[Req, int]], bool]:
         """Form the next step's batch. Returns (batch, preempted).
 
@@ -205,45 +252,11 @@ class Replica:
             r = waiting[0]
             if draining and not r.started:
                 break  # a draining replica admits no new work (queued ones were moved away)
-            hit = None
-            if pc is not None and r.hashes and r.computed == 0:
-                hit, cost = pc.lookup(r.hashes)
-                h = len(hit) * pc.block_tokens
-                k = r.prompt + r.generated - h
-                if k > budget:
-                    k = budget
-                need = -(-(h + k) // bs) - len(hit) * pc.per_entry
-                if need + cost > self.free_blocks:
-                    break
-                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - len(hit) * pc.per_entry + cost > \
-                        self.free_blocks:
-                    break
-                if hit:
-                    pc.acquire(hit)
-                    self.free_blocks -= cost
-                    r.prefix = hit
-                    r.computed = h
-                    r.blocks = len(hit) * pc.per_entry
-                    r.pfx_next = len(hit)
-            else:
-                k = r.prompt + r.generated - r.computed
-                if k > budget:
-                    k = budget
-                need = -(-(r.computed + k) // bs) - r.blocks
-                if need > self.free_blocks:
-                    break
-                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - r.blocks > self.free_blocks:
-                    break
+            fit = self._admission(r, budget)
+            if fit is None:
+                break
             waiting.popleft()
-            running.append(r)
-            r.started = True
-            if pc is None:
-                self.free_blocks -= need
-            else:
-                self._alloc(need)
-            r.blocks += need
-            if hit is not None and r.pfx_next < len(r.hashes):
-                self._register(r, r.computed + k)
+            k = self._admit(r, *fit)
             batch.append((r, k))
             budget -= k
         return batch, False
@@ -290,41 +303,11 @@ class Replica:
                 raise ValueError(f"local policy: replica {self.index} holds no request in slot {slot}")
             if len(self.running) >= self.max_seqs or (draining and not r.started):
                 continue
-            hit = None
-            if pc is not None and r.hashes and r.computed == 0:
-                hit, cost = pc.lookup(r.hashes)
-                h = len(hit) * pc.block_tokens
-                k = min(r.prompt + r.generated - h, budget)
-                need = -(-(h + k) // bs) - len(hit) * pc.per_entry
-                if need + cost > self.free_blocks:
-                    continue
-                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - len(hit) * pc.per_entry + cost > \
-                        self.free_blocks:
-                    continue
-                if hit:
-                    pc.acquire(hit)
-                    self.free_blocks -= cost
-                    r.prefix = hit
-                    r.computed = h
-                    r.blocks = len(hit) * pc.per_entry
-                    r.pfx_next = len(hit)
-            else:
-                k = min(r.prompt + r.generated - r.computed, budget)
-                need = -(-(r.computed + k) // bs) - r.blocks
-                if need > self.free_blocks:
-                    continue
-                if self.reserve_full and -(-(r.prompt + r.generated) // bs) - r.blocks > self.free_blocks:
-                    continue
+            fit = self._admission(r, budget)
+            if fit is None:
+                continue
             admitted.add(slot)
-            self.running.append(r)
-            r.started = True
-            if pc is None:
-                self.free_blocks -= need
-            else:
-                self._alloc(need)
-            r.blocks += need
-            if hit is not None and r.pfx_next < len(r.hashes):
-                self._register(r, r.computed + k)
+            k = self._admit(r, *fit)
             batch.append((r, k))
             budget -= k
         if admitted:
