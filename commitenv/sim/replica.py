@@ -234,6 +234,7 @@ class Replica:
                     break
             if not scheduled:
                 break
+            # (allocation inlined on this hot path; `schedule_ordered` repeats these lines for planned steps)
             if pc is None:
                 self.free_blocks -= need
             else:
