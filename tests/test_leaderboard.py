@@ -256,13 +256,14 @@ def test_cli_submit_prints_the_score_and_refuses_hindsight(board, tmp_path, caps
 
 def test_a_single_file_submission_and_process_and_ray_runs_agree(board, tmp_path):
     """``file.py:Class`` with a name; two processes and two Ray tasks score exactly as one process does (the
-    controller's action is the same every interval, so the charged CPU delay cannot move a number)."""
+    controller keeps the initial configuration, so no change is ever applied and the charged CPU delay, which
+    varies with the machine's load, cannot move a number)."""
     d, _ = board
-    f = tmp_path / "one" / "half.py"
+    f = tmp_path / "one" / "steady.py"
     f.parent.mkdir()
-    f.write_text(HALF)
-    sub = load_submission(f"{f}:Half", name="file-half")
-    assert sub.meta.controller == "half.py:Half" and sub.files == ("half.py",)
+    f.write_text(HALF.replace("Half", "Steady").replace("self.ctx.action(1,", "self.ctx.action(self.ctx.n_replicas,"))
+    sub = load_submission(f"{f}:Steady", name="file-steady")
+    assert sub.meta.controller == "steady.py:Steady" and sub.files == ("steady.py",)
     one = submit(sub, "dev", board=d, render=False).record
     two = submit(sub, "dev", board=d, n_jobs=2, render=False).record
     keep = ("label", "status", "score", "cost_kwh_eq", "attainment_pct", "misses")

@@ -259,7 +259,11 @@ class CommitServeEnv(gym.Env):
                                 self.clocks_mhz[self._init_clock])
         if self._init_active != self.n_replicas:
             pool.set_active(0.0, self._init_active)
-        pool.attach(table, scenario_tenant_model(sc, table))
+        tenant_model = scenario_tenant_model(sc, table)
+        if tenant_model is None:
+            pool.attach(table)  # one model (a hardware pool's attach takes the table alone)
+        else:
+            pool.attach(table, tenant_model)
         self.pool = pool
         meters = self.realism.meters if self.backend is None else type(self.realism.meters)()  # real counters
         self.meter = ControllerMeter(meters, self.n_gpus, pool.opt.seed)
