@@ -141,14 +141,19 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 DECISION_COLUMNS = ("interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s")
 
 
+SHARED_DECISION_COLUMNS = ("active_by_model", "clocks_mhz", "shares")  # a shared pool's (space-separated lists)
+
+
 def write_decisions(path: Path, rows: list[dict[str, Any]]) -> None:
-    """``decisions.csv``: `DECISION_COLUMNS`; times with up to microsecond precision, empty when None."""
+    """``decisions.csv``: `DECISION_COLUMNS` (and, on a shared pool, `SHARED_DECISION_COLUMNS`: empty where the
+    action did not give them); times with up to microsecond precision, empty when None."""
+    cols = DECISION_COLUMNS + (SHARED_DECISION_COLUMNS if any("active_by_model" in r for r in rows) else ())
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(DECISION_COLUMNS)
+        w.writerow(cols)
         for r in rows:
-            w.writerow(["" if r[c] is None else (f"{r[c]:.6f}".rstrip("0").rstrip(".") if isinstance(r[c], float)
-                                                 else r[c]) for c in DECISION_COLUMNS])
+            w.writerow(["" if r.get(c) is None else (f"{r[c]:.6f}".rstrip("0").rstrip(".") if isinstance(r[c], float)
+                                                     else r[c]) for c in cols])
 
 
 BILL_COLUMNS = ("request_id", "tenant", "prompt_tokens", "output_tokens", "own_j", "shared_j", "total_j",

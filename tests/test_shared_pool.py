@@ -159,3 +159,19 @@ def test_the_controller_context_builds_shared_actions(tmp_path):
     env.step(act)
     with pytest.raises(ValueError, match="one active count per model"):
         ctx.action(3, 1000)
+
+
+def test_decisions_csv_of_a_shared_pool_has_the_per_model_columns(tmp_path):
+    import csv
+
+    from commitenv.evaluation import evaluate
+
+    res = evaluate("festina", str(shared_scenario(tmp_path)), 0)
+    res.write(tmp_path / "out", figure=False)
+    rows = list(csv.DictReader((tmp_path / "out" / "decisions.csv").open()))
+    assert set(rows[0]) >= {"active", "active_by_model", "clocks_mhz", "shares"}
+    for r in rows:
+        by = [int(x) for x in r["active_by_model"].split()]
+        assert int(r["active"]) == sum(by) and len(by) == 2
+        assert len(r["shares"].split()) == 5 and r["clocks_mhz"] == ""  # festina sets shares, not per-GPU clocks
+    assert res.summary["requests"] > 0
