@@ -3,9 +3,9 @@ GPUs).
 
 * per arrival: the global scheduler (`FestinaDispatch`, one per model, each on its model's LUT);
 * per step: the local scheduler (`FestinaLocal`: task order, clock sweep);
-* per interval: serverless scaling and SM partitions. A model keeps as many active instances as had work during
-  the last ``keep_alive_s`` (the paper's keep-alive trigger), plus one for every scale-out its dispatcher asked
-  for, at least one; each GPU's SM shares follow the shares its instances' local schedulers needed (the largest
+* per interval: serverless scaling and SM partitions. A model keeps as many active instances as had work or were
+  dispatched to during the last ``keep_alive_s`` (the paper's keep-alive trigger), plus one for every scale-out its
+  dispatcher asked for since the last interval (an arrival no active instance could serve in time), at least one; each GPU's SM shares follow the shares its instances' local schedulers needed (the largest
   since the last interval, floored at the profile's minimum), scaled so the GPU's shares sum to 1.
 
 What this environment does not offer yet, and so this controller does not do: moving a model instance to another
@@ -37,9 +37,12 @@ class _PerModel(DispatchPolicy):
 
     def __init__(self, per_model: list[FestinaDispatch]) -> None:
         self.per_model = per_model
+        self.last_pick: dict[int, float] = {}  # replica -> time a request was last dispatched to it
 
     def choose(self, req: ArrivalView, replicas: tuple[CandidateView, ...]) -> int:
-        return self.per_model[req.model].choose(req, replicas)
+        pick = self.per_model[req.model].choose(req, replicas)
+        self.last_pick[pick] = req.t
+        return pick
 
 
 @register("festina")
@@ -89,11 +92,13 @@ class Festina(Controller):
         busy = (reps.running + reps.waiting) > 0
         for r in np.flatnonzero(busy).tolist():
             self.last_busy[r] = t
-        warm = [t - self.last_busy[r] < self.keep_alive_s for r in range(len(self.model_of))]
+        picked = self._dispatch.last_pick
+        warm = [t - max(self.last_busy[r], picked.get(r, -math.inf)) < self.keep_alive_s
+                for r in range(len(self.model_of))]
         for m in range(len(self.n_per_model)):
-            outs, _ = self.dispatchers[m].pop_requests()
+            outs, _ = self.dispatchers[m].pop_requests()  # arrivals no active instance could serve in time
             self.scale_outs += outs
-            need = sum(1 for r, mm in enumerate(self.model_of) if mm == m and warm[r]) + (1 if outs else 0)
+            need = sum(1 for r, mm in enumerate(self.model_of) if mm == m and warm[r]) + outs
             self.active[m] = max(1, min(self.n_per_model[m], need))
         clock = info.get("clock_mhz", ctx.reference_clock_mhz)
         if clock not in ctx.clocks_mhz:
