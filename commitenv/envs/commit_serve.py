@@ -217,23 +217,22 @@ class CommitServeEnv(gym.Env):
         """Plan every step of every replica with ``policy`` this episode (`commitenv.sim.local`; None: vLLM's
         scheduler). Call after `reset`; `commitenv.evaluation.run_episode` installs a controller's
         `local_policy()`."""
-        if self.pool is None:
-            raise ValueError("set_local_policy: call reset() first (the policy belongs to an episode's pool)")
-        if self.backend is not None:
-            raise ValueError("set_local_policy: a hardware pool's engines schedule their own steps")
-        if policy is not None and not isinstance(policy, LocalPolicy):
-            raise TypeError(f"set_local_policy: expected a commitenv.sim.local.LocalPolicy, got {type(policy).__name__}")
+        self._check_policy("set_local_policy", policy, LocalPolicy, "a hardware pool's engines schedule their own steps")
         self.pool.set_local_policy(policy)
+
+    def _check_policy(self, what: str, policy: Any, kind: type, hardware: str) -> None:
+        """A policy can be installed once an episode's simulated pool exists, and must be of ``kind`` (or None)."""
+        if self.pool is None:
+            raise ValueError(f"{what}: call reset() first (the policy belongs to an episode's pool)")
+        if self.backend is not None:
+            raise ValueError(f"{what}: {hardware}")
+        if policy is not None and not isinstance(policy, kind):
+            raise TypeError(f"{what}: expected a {kind.__module__}.{kind.__name__}, got {type(policy).__name__}")
 
     def set_dispatch(self, policy: DispatchPolicy | None) -> None:
         """Route this episode's arrivals with ``policy`` (`commitenv.sim.dispatch`; None: the scenario's router).
         Call after `reset`; `commitenv.evaluation.run_episode` installs a controller's `dispatch_policy()`."""
-        if self.pool is None:
-            raise ValueError("set_dispatch: call reset() first (the policy belongs to an episode's pool)")
-        if self.backend is not None:
-            raise ValueError("set_dispatch: a hardware pool routes its requests itself")
-        if policy is not None and not isinstance(policy, DispatchPolicy):
-            raise TypeError(f"set_dispatch: expected a commitenv.sim.dispatch.DispatchPolicy, got {type(policy).__name__}")
+        self._check_policy("set_dispatch", policy, DispatchPolicy, "a hardware pool routes its requests itself")
         self.pool.dispatch = policy if policy is not None else make_dispatch(self.pool.opt.dispatch)
 
     def _workload(self, seed: int) -> RequestTable:

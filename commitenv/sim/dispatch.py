@@ -14,6 +14,8 @@ Without a policy the engine routes to the replica with the fewest unfinished req
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from typing import NamedTuple
 
 
@@ -47,7 +49,7 @@ class CandidateView(NamedTuple):
     decode_context_tokens: int  # summed context of the requests past their prefill (wants_load)
 
 
-class DispatchPolicy:
+class DispatchPolicy(ABC):
     """Choose a replica for each arriving request. ``wants_prefix``: fill ``cached_prefix_blocks`` (costs a
     cache lookup per candidate); ``wants_load``: fill the token loads (costs a pass over each queue)."""
 
@@ -55,9 +57,9 @@ class DispatchPolicy:
     wants_prefix = False
     wants_load = False
 
+    @abstractmethod
     def choose(self, req: ArrivalView, replicas: tuple[CandidateView, ...]) -> int:
         """The ``index`` of the chosen replica (one of ``replicas``, never empty)."""
-        raise NotImplementedError
 
 
 class LeastUnfinished(DispatchPolicy):

@@ -18,6 +18,8 @@ can never stall the engine. With a policy, every step is formed one at a time (n
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from typing import NamedTuple
 
 
@@ -62,14 +64,14 @@ class StepPlan(NamedTuple):
     clock_mhz: int | None = None
 
 
-class LocalPolicy:
+class LocalPolicy(ABC):
     """Plan each step of a replica (see the module docstring)."""
 
     name = "local"
 
+    @abstractmethod
     def plan(self, view: LocalView) -> StepPlan | None:
         """The next step's plan, or None for the engine's vLLM scheduler."""
-        raise NotImplementedError
 
 
 class FcfsLocal(LocalPolicy):

@@ -723,13 +723,7 @@ class Pool:
         if not rep.has_work():
             return None
         c0 = time.perf_counter()
-        truth = self._slot_base == 0 and self.pred_out is not None
-        base = self._slot_base
-        tasks = []
-        for r, running in ((r, True) for r in rep.running):
-            tasks.append(self._task_view(r, running, truth, base))
-        for r in rep.waiting:
-            tasks.append(self._task_view(r, False, truth, base))
+        tasks = [self._task_view(r, True) for r in rep.running] + [self._task_view(r, False) for r in rep.waiting]
         prof = rep.profile
         view = LocalView(t, rep.index, rep.gpu.index, rep.model, prof.clocks[rep.gpu.clock_idx].mhz, tuple(prof.clock_mhz),
                          rep.share, rep.free_blocks, rep.bs, rep.budget, rep.max_seqs, tuple(tasks))
@@ -745,12 +739,18 @@ class Pool:
             self.set_clock(t, int(plan.clock_mhz), [rep.gpu.index])
         return tuple(plan.order)
 
-    def _task_view(self, r: Req, running: bool, truth: bool, base: int) -> TaskView:
+    def _seen(self, r: Req) -> tuple[int, float]:
+        """What a policy may know of ``r``'s length and deadline: the predicted output and the visible deadline (in
+        a what-if copy or a replay, the request already carries the ones it runs to)."""
+        if self._slot_base == 0 and self.pred_out is not None:
+            return int(self.pred_out[r.slot]), float(self.visible_deadline[r.slot])
+        return r.out, r.deadline
+
+    def _task_view(self, r: Req, running: bool) -> TaskView:
         left = r.prompt + r.generated - r.computed
-        i = r.slot - base
+        pred, deadline = self._seen(r)
         return TaskView(r.slot, running, left == 1 and r.generated >= 1, left, r.computed, r.prompt, r.generated,
-                        int(self.pred_out[i]) if truth else r.out, r.arrival,
-                        float(self.visible_deadline[i]) if truth else r.deadline, r.blocks)
+                        pred, r.arrival, deadline, r.blocks)
 
     def set_local_policy(self, policy: LocalPolicy | None, replicas: list[int] | None = None) -> None:
         """Plan every step of ``replicas`` (all by default) with ``policy`` (None: the vLLM scheduler)."""
@@ -761,11 +761,8 @@ class Pool:
         """The replica ``self.dispatch`` chooses for ``r`` among ``cands``, from views of both (timed)."""
         c0 = time.perf_counter()
         pol = self.dispatch
-        i = r.slot - self._slot_base
-        truth = self._slot_base == 0 and self.pred_out is not None
         hashes = r.hashes or ()
-        req = ArrivalView(r.slot, t, r.prompt, int(self.pred_out[i]) if truth else r.out,
-                          float(self.visible_deadline[i]) if truth else r.deadline, r.model, len(hashes))
+        req = ArrivalView(r.slot, t, r.prompt, *self._seen(r), r.model, len(hashes))
         want = pol.wants_prefix and bool(hashes)
         load = pol.wants_load
         views = tuple(
