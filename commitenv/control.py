@@ -26,6 +26,7 @@ import numpy as np
 from commitenv.profiles.schema import Profile
 from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy
 from commitenv.sim.local import LocalPolicy, LocalView, StepPlan, TaskView
+from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.view import ReplicaView, RequestView, Snapshot
 from commitenv.sim.whatif import WhatIf
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from commitenv.hindsight import HindsightAccess
 
 __all__ = ["ArrivalView", "CandidateView", "Controller", "ControllerContext", "DispatchPolicy", "EnvProbe",
-           "LocalPolicy", "LocalView", "Probe", "ReplicaView", "RequestView", "Snapshot", "StepPlan", "TaskView",
+           "LocalPolicy", "LocalView", "MIGRATE_MODES", "Probe", "ReplicaView", "RequestView", "Snapshot", "StepPlan", "TaskView",
            "WhatIf"]
 
 
@@ -112,15 +113,17 @@ class ControllerContext:
         """``active`` with every replica on: ``n_replicas``, or per model on a shared pool."""
         return self.replicas_per_model if self.shared else self.n_replicas
 
-    def action(self, active, clock_mhz: int, *, clocks_mhz=None, shares=None) -> dict:
+    def action(self, active, clock_mhz: int, *, clocks_mhz=None, shares=None, placement=None,
+               migrate: str | None = None) -> dict:
         """The env action for ``active`` replicas (a whole number in 1..n_replicas, as the env accepts; bools,
         NaN and fractions are refused) at ``clock_mhz`` (one of ``clocks_mhz``); raises ValueError otherwise.
-        On a shared pool ``active`` gives each model's count, and ``clocks_mhz`` (per GPU) and ``shares`` (per
-        replica, in placement order) may be added."""
+        On a shared pool ``active`` gives each model's count, and ``clocks_mhz`` (per GPU), ``shares`` and
+        ``placement`` (the GPU of each replica, in placement order; a change moves the instance) and ``migrate``
+        (one of `commitenv.sim.migration.MIGRATE_MODES`, for this action's moves) may be added."""
         if self.shared:
-            return self._shared_action(active, clock_mhz, clocks_mhz, shares)
-        if clocks_mhz is not None or shares is not None:
-            raise ValueError("action: per-GPU clocks and SM shares are for shared pools (several models) only")
+            return self._shared_action(active, clock_mhz, clocks_mhz, shares, placement, migrate)
+        if clocks_mhz is not None or shares is not None or placement is not None or migrate is not None:
+            raise ValueError("action: per-GPU clocks, SM shares and placement are for shared pools (several models) only")
         whole = isinstance(active, (int, np.integer)) or (
             isinstance(active, (float, np.floating)) and float(active).is_integer()
         )
@@ -133,7 +136,7 @@ class ControllerContext:
             raise ValueError(f"clock {clock_mhz} MHz not one of {self.clocks_mhz}")
         return {"active": int(active), "clock": self.clocks_mhz.index(clock_mhz)}
 
-    def _shared_action(self, active, clock_mhz: int, clocks_mhz, shares) -> dict:
+    def _shared_action(self, active, clock_mhz: int, clocks_mhz, shares, placement, migrate) -> dict:
         act = list(active) if not isinstance(active, (int, np.integer)) else None
         if act is None or len(act) != len(self.models):
             raise ValueError(f"action: a shared pool takes one active count per model {self.models}, got {active!r}")
@@ -150,6 +153,12 @@ class ControllerContext:
             out["clocks"] = [self.clocks_mhz.index(c) for c in clocks_mhz]
         if shares is not None:
             out["shares"] = [float(x) for x in shares]
+        if placement is not None:
+            out["placement"] = [int(g) for g in placement]
+        if migrate is not None:
+            if migrate not in MIGRATE_MODES:
+                raise ValueError(f"action: migrate must be one of {MIGRATE_MODES}, got {migrate!r}")
+            out["migrate"] = MIGRATE_MODES.index(migrate)
         return out
 
     @staticmethod

@@ -62,6 +62,7 @@ from commitenv.latency_slo import CLASS_NAMES, LatencyOutcome, attainment_by, la
 from commitenv.metrics import deviation_cost_kwh, signed_deviation_pct, slo_gate, slo_outcome, summarize
 from commitenv.scenarios.build import derived_seed
 from commitenv.scenarios.schema import Scenario
+from commitenv.sim.migration import MIGRATE_MODES
 
 log = logging.getLogger("commitenv")
 
@@ -141,7 +142,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 DECISION_COLUMNS = ("interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s")
 
 
-SHARED_DECISION_COLUMNS = ("active_by_model", "clocks_mhz", "shares")  # a shared pool's (space-separated lists)
+SHARED_DECISION_COLUMNS = ("active_by_model", "clocks_mhz", "shares", "placement", "migrate")  # a shared pool's (space-separated lists)
 
 
 def write_decisions(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -265,6 +266,10 @@ def run_episode(
         res.summary["hindsight"] = True  # a bound, not a competitor: the leaderboard refuses it
     if backend is not None:
         res.summary["backend"] = "hardware"
+    if getattr(env, "shared", False):  # placement changes of a shared pool
+        pool = env.pool
+        res.summary.update(moves=pool.moves, cold_starts=pool.cold_starts, migrated_requests=pool.migrated,
+                           migration_j=pool.migration_j)
     if origin is not None:
         res.summary["controller_origin"] = origin
     if recorded:
@@ -305,6 +310,10 @@ def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale
             row["clocks_mhz"] = " ".join(str(env.clocks_mhz[int(c)]) for c in np.asarray(action["clocks"]))
         if "shares" in action:
             row["shares"] = " ".join(f"{float(x):g}" for x in np.asarray(action["shares"]))
+        if "placement" in action:
+            row["placement"] = " ".join(str(int(g)) for g in np.asarray(action["placement"]))
+        if "migrate" in action:
+            row["migrate"] = MIGRATE_MODES[int(np.asarray(action["migrate"]).item())]
     return row
 
 

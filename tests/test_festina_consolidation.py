@@ -9,17 +9,17 @@ import pytest
 
 from commitenv_controllers.festina.consolidation import (
     LlmDemand,
+    assign_gpus,
+    consolidated_placement,
     Placement,
     energy_optimal,
     energy_waste,
     ewr,
-    migration_overhead,
     min_gpus,
     moved_llms,
     place,
     plan_and_place,
     should_consolidate,
-    should_migrate_request,
     sm_demand,
     solve_bin_packing,
     trivial_lower_bound,
@@ -266,14 +266,34 @@ def test_moved_llms():
 # ----------------------------------------------------------------------------------------------- trigger, migration
 
 
-def test_trigger_and_migration_rules():
+def test_trigger_rule():
     assert should_consolidate(4, 3) is True
     assert should_consolidate(3, 3) is False
-    # 2e9 bytes = 16e9 bits over 100 Gbit/s = 0.16 s, plus 0.05 s fixed.
-    ov = migration_overhead(2e9, 100.0, 0.05)
-    assert ov == pytest.approx(0.21)
-    assert should_migrate_request(0.3, ov) is True
-    assert should_migrate_request(0.21, 0.21) is False  # must exceed, not equal
-    assert should_migrate_request(0.1, ov) is False
+
+
+# ----------------------------------------------------------------------------------------------- onto the pool
+
+
+def test_planned_groups_go_to_the_gpus_holding_most_of_them():
+    # replicas 0..5 on GPUs 0 0 1 1 2 2; group {2, 4, 5} has two on GPU 2, group {0, 3} one each on GPU 0 and 1
+    gpu_of = [0, 0, 1, 1, 2, 2]
+    assert assign_gpus([[0, 3], [2, 4, 5]], gpu_of) == [0, 2]
+    assert assign_gpus([[1], [0]], gpu_of) == [0, 1]  # both want GPU 0: the first (equal size) gets it
     with pytest.raises(ValueError):
-        migration_overhead(1.0, 0.0, 0.0)
+        assign_gpus([[0], [1], [2], [3]], gpu_of)
+
+
+def test_idle_instances_make_room_or_leave_for_a_freed_gpu():
+    gpu_of = [0, 0, 1, 1, 2, 2]
+    shares = [0.5, 0.45, 0.4, 0.6, 0.4, 0.6]
+    mins = [0.1] * 6
+    # actives 0 and 3 consolidate on GPU 0 (0.5 + 0.6 = 1.1 > 1 would not fit: use 0.3 + 0.6)
+    shares[0] = 0.3
+    new = consolidated_placement([[0, 3]], gpu_of, shares, mins)
+    # 3 joins GPU 0; idle 1 (GPU 0) no longer fits there at its minimum (0.3 + 0.6 + 0.1 = 1.0 fits exactly), stays;
+    # idle 2 stays on GPU 1, idle 4 and 5 stay on GPU 2
+    assert new == [0, 0, 1, 0, 2, 2]
+    shares[0] = 0.35  # now 0.35 + 0.6 + 0.1 > 1: idle 1 goes to the freed GPU with the most room (GPU 1: 0.1)
+    assert consolidated_placement([[0, 3]], gpu_of, shares, mins) == [0, 1, 1, 0, 2, 2]
+    # no room anywhere for an idle instance: None
+    assert consolidated_placement([[0, 3]], [0, 0, 1, 1], [0.35, 0.1, 0.1, 0.6], [0.1, 0.6, 0.95, 0.1]) is None

@@ -50,7 +50,7 @@ HOUR_NAMES = {
 DAY_NAMES = {"epact-h20-day", "epact-h200-day"}
 REPRO_NAMES = DAY_NAMES | HOUR_NAMES
 BENCH_NAMES = {n.replace("epact-", "bench-", 1) for n in REPRO_NAMES}  # realism 'paper' twins
-SHARED_NAMES = {"festina-h100-shared"}
+SHARED_NAMES = {"festina-h100-shared", "festina-h100-shared-day"}
 ALL_NAMES = REPRO_NAMES | BENCH_NAMES | SHARED_NAMES
 PROFILE = {"h20": "h20-qwen3.8-27b-fp8", "h200": "h200-qwen3.8-27b-fp8"}
 EXPECTED_FRACTION = {
@@ -90,7 +90,7 @@ def _forbid_run_fixed(monkeypatch) -> None:
 # ------------------------------------------------------------------------------------------ shipped files
 def test_shipped_names_and_ids_are_exactly_the_required_set():
     assert set(list_scenarios()) == ALL_NAMES
-    assert len(list_scenarios()) == 29
+    assert len(list_scenarios()) == 30
     desc = describe_scenarios()
     assert {eid for eid, _ in desc} == {f"commitenv/{n}-v0" for n in ALL_NAMES}
     for eid, line in desc:

@@ -127,7 +127,7 @@ def test_per_model_active_per_gpu_clocks_and_shares_reach_the_engine(tmp_path):
     env.reset(seed=0)
     assert env.action_space["active"].nvec.tolist() == [3, 2]
     sample = env.action_space.sample()
-    assert set(sample) == {"active", "clock", "clocks", "shares"}
+    assert set(sample) == {"active", "clock", "clocks", "shares", "placement", "migrate"}
     # small: 3 instances (GPU 0, 1, 2), big: 2 (GPU 0, 2); replicas in placement order: s0 b0 | s1 | b2 s2
     env.step({"active": [2, 1], "clock": 1, "clocks": [0, 1, 1], "shares": [0.3, 0.7, 1.0, 0.5, 0.5]})
     pool = env.pool

@@ -107,6 +107,7 @@ from commitenv.settlement import HourlySettlement
 from commitenv.sim import Pool, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
+from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.local import LocalPolicy
 from commitenv.workload.table import RequestTable
 
@@ -196,6 +197,8 @@ class CommitServeEnv(gym.Env):
                 "clock": spaces.Discrete(nl),
                 "clocks": spaces.MultiDiscrete([nl] * self.n_gpus),
                 "shares": spaces.Box(self._min_share, 1.0, (self.n_replicas,), dtype=np.float64),
+                "placement": spaces.MultiDiscrete([self.n_gpus] * self.n_replicas),
+                "migrate": spaces.Discrete(len(MIGRATE_MODES)),
             })
         else:
             self.action_space = spaces.Dict(
@@ -208,7 +211,9 @@ class CommitServeEnv(gym.Env):
         if not 1 <= self._init_active <= self.n_replicas:
             raise ValueError(f"scenario {sc.name}: initial.active must be in 1..{self.n_replicas}")
         self._init_shared = SharedConfig(self.replicas_per_model, (self._init_clock,) * self.n_gpus,
-                                         tuple(i.share for g in self.layout.gpus for i in g)) if self.shared else None
+                                         tuple(i.share for g in self.layout.gpus for i in g),
+                                         tuple(g for g, insts in enumerate(self.layout.gpus) for _ in insts)) \
+            if self.shared else None
         self._tables: dict[int, RequestTable] = {}
         self.pool: Pool | None = None
 
@@ -317,12 +322,13 @@ class CommitServeEnv(gym.Env):
         return a, c
 
     def _check_shared_action(self, action: Any) -> SharedConfig:
-        """A shared pool's action: ``active`` per model and ``clock`` (required), ``clocks`` per GPU and ``shares``
-        per replica (optional: ``clocks`` replaces ``clock`` GPU by GPU; without ``shares`` they stay)."""
-        keys = ("active", "clock", "clocks", "shares")
+        """A shared pool's action: ``active`` per model and ``clock`` (required); optional ``clocks`` per GPU
+        (replaces ``clock`` GPU by GPU), ``shares`` and ``placement`` (GPU) per replica (absent: they stay), and
+        ``migrate`` (index into `MIGRATE_MODES`: what the moves of this action do with running requests)."""
+        keys = ("active", "clock", "clocks", "shares", "placement", "migrate")
         if not isinstance(action, dict) or "active" not in action or "clock" not in action:
             raise ValueError(f"action: expected a dict with keys 'active' (per model) and 'clock', optionally "
-                             f"'clocks' (per GPU) and 'shares' (per replica), got {action!r}")
+                             f"'clocks' (per GPU), 'shares' and 'placement' (per replica) and 'migrate', got {action!r}")
         extra = sorted(str(k) for k in action if k not in keys)
         if extra:
             raise ValueError(f"action: unknown key(s) {', '.join(extra)}; a shared pool's action has {', '.join(keys)}")
@@ -350,6 +356,22 @@ class CommitServeEnv(gym.Env):
         for g, c in enumerate(clocks):
             if not 0 <= c < nl:
                 raise ValueError(f"action['clocks'][{g}]: expected a level index 0..{nl - 1}, got {c}")
+        gpus = list(self.shared_cfg.gpus)
+        if "placement" in action:
+            gpus = ints("placement", self.n_replicas)
+            for r, g in enumerate(gpus):
+                if not 0 <= g < self.n_gpus:
+                    raise ValueError(f"action['placement'][{r}]: expected a GPU index 0..{self.n_gpus - 1}, got {g}")
+                if g != self.shared_cfg.gpus[r] and self.pool.replicas[r].profile.latencies.load_s is None:
+                    raise ValueError(f"action['placement'][{r}]: moving it needs cold-start figures "
+                                     f"(latencies.load_s, load_w) in profile {self.pool.replicas[r].profile.name}")
+        migrate = "none"
+        if "migrate" in action:
+            (mi,) = ints("migrate", 1)
+            if not 0 <= mi < len(MIGRATE_MODES):
+                raise ValueError(f"action['migrate']: expected 0..{len(MIGRATE_MODES) - 1} "
+                                 f"({', '.join(MIGRATE_MODES)}), got {mi}")
+            migrate = MIGRATE_MODES[mi]
         shares = list(self.shared_cfg.shares)
         if "shares" in action:
             v = np.asarray(action["shares"], dtype=float) if not isinstance(action["shares"], (str, bytes)) else None
@@ -361,12 +383,13 @@ class CommitServeEnv(gym.Env):
                 mn = reps[r].profile.sm_share.min_share
                 if not mn - 1e-12 <= x <= 1.0:
                     raise ValueError(f"action['shares'][{r}]: expected {mn}..1.0, got {x}")
-            for g, gpu in enumerate(self.pool.gpus):
-                tot = sum(v[r.index] for r in gpu.replicas)
-                if tot > 1.0 + 1e-9:
-                    raise ValueError(f"action['shares']: the instances on GPU {g} would get {tot:.3f} > 1 of its SMs")
             shares = [float(x) for x in v]
-        return SharedConfig(tuple(active), tuple(clocks), tuple(shares))
+        for g in range(self.n_gpus):
+            tot = sum(x for x, gg in zip(shares, gpus) if gg == g)
+            if tot > 1.0 + 1e-9:
+                raise ValueError(f"action['shares'/'placement']: the instances on GPU {g} would get {tot:.3f} > 1 of "
+                                 f"its SMs")
+        return SharedConfig(tuple(active), tuple(clocks), tuple(shares), tuple(gpus), migrate)
 
     def step(self, action: Any):
         if self.pool is None:
@@ -587,7 +610,9 @@ class CommitServeEnv(gym.Env):
             "clock_mhz": self.clocks_mhz[self.cfg[1]],
             **({"active_by_model": list(self.shared_cfg.active),
                 "clocks_mhz": [self.clocks_mhz[c] for c in self.shared_cfg.clocks],
-                "shares": list(self.shared_cfg.shares)} if self.shared else {}),
+                "shares": list(self.shared_cfg.shares), "placement": list(self.shared_cfg.gpus),
+                "moves": self.pool.moves, "cold_starts": self.pool.cold_starts,
+                "migrated_requests": self.pool.migrated} if self.shared else {}),
             "new_misses": new_misses,
             "misses": self.misses,
             "reward_offset_kwh": self.reward_offset_kwh,

@@ -413,4 +413,5 @@ def engine_options(sc: Scenario, seed: int = 0) -> EngineOptions:
         truth=truth_spec(sc),
         visible_deadlines=r.deadlines,
         **{k: v for k, v in sc.engine.overrides().items() if k in ("prefix_caching", "prefix_block_tokens", "dispatch")},
+        **({"migration": sc.engine.migration} if sc.engine.migration is not None else {}),
     )

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from commitenv.scenarios.realism import Realism
+from commitenv.sim.migration import MigrationSpec
 
 
 class _Strict(BaseModel):
@@ -220,13 +221,16 @@ class EngineSpec(_Strict):
     ``reserve_full_sequence``: admit a waiting request only when its whole sequence fits the free KV blocks (vLLM's
     ``scheduler_reserve_full_isl``; replaces the profile's ``scheduler.reserve_full_sequence``).
     ``dispatch``: the router (`commitenv.sim.dispatch`): ``least_unfinished`` (the default) or ``prefix_affinity``
-    (cache-aware routing, as production routers do); a controller's own policy replaces it."""
+    (cache-aware routing, as production routers do); a controller's own policy replaces it.
+    ``migration``: the KV transfer of requests migrated between GPUs (`commitenv.sim.migration.MigrationSpec`:
+    ``link_gbs``, ``setup_s``, ``j_per_gb``; absent: an HGX H100 board's NVLink)."""
 
     context_limit: int | None = Field(default=None, ge=2)
     prefix_caching: bool | None = None
     prefix_block_tokens: int | None = Field(default=None, ge=1)
     reserve_full_sequence: bool | None = None
     dispatch: Literal["least_unfinished", "prefix_affinity"] | None = None
+    migration: MigrationSpec | None = None
 
     def overrides(self) -> dict:
         """The settings given (a reference run's cache key holds only these)."""

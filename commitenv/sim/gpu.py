@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.profiles.schema import Profile
     from commitenv.sim.replica import Replica
 
 
@@ -13,8 +14,9 @@ class GPU:
     (above-floor) energy of every step its instances run. For a single instance this equals the sum of step
     energies plus idle gaps at the state's idle power."""
 
-    def __init__(self, index: int, clock_idx: int) -> None:
+    def __init__(self, index: int, clock_idx: int, profile: "Profile | None" = None) -> None:
         self.index = index
+        self.profile = profile  # sets the idle floor (the first instance placed here; instances may move away)
         self.clock_idx = clock_idx
         self.pending_clock: int | None = None
         self.pending_t = 0.0
@@ -27,17 +29,22 @@ class GPU:
         self.power_factor = 1.0  # this part's power relative to the profile (realism: per-GPU spread)
 
     def floor_power(self) -> float:
-        """Idle power implied by the hosted instances' states (the most awake one sets it)."""
-        from commitenv.sim.replica import ACTIVE, DRAINING, WAKING
+        """Idle power implied by the hosted instances' states (the most awake one sets it; an instance loading its
+        weights draws at least its profile's ``load_w``; a GPU hosting nothing draws standby power)."""
+        from commitenv.sim.replica import ACTIVE, DRAINING, LOADING, MOVING, WAKING
 
-        prof = self.replicas[0].profile
+        prof = self.profile if self.profile is not None else self.replicas[0].profile
         lvl = prof.clocks[self.clock_idx]
-        states = {r.state for r in self.replicas}
-        if ACTIVE in states or WAKING in states:
-            return lvl.active_idle_w * self.power_factor
-        if DRAINING in states:
-            return lvl.draining_idle_w * self.power_factor
-        return prof.standby_w * self.power_factor
+        states = {WAKING if r.state == LOADING and r.load_ready else r.state for r in self.replicas}
+        if ACTIVE in states or WAKING in states:  # (a loaded instance waiting for SMs idles like a waking one)
+            w = lvl.active_idle_w
+        elif DRAINING in states or MOVING in states:
+            w = lvl.draining_idle_w
+        else:
+            w = prof.standby_w
+        if LOADING in states:
+            w = max([w] + [r.profile.latencies.load_w for r in self.replicas if r.state == LOADING and not r.load_ready])
+        return w * self.power_factor
 
     def update_floor(self, t: float) -> None:
         """Close the floor meter at ``t`` and continue at the power the current states imply."""

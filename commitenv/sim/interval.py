@@ -3,7 +3,7 @@ by the environment's step and the hindsight door's ground-truth forks, so both m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from commitenv.sim.pool import Pool
@@ -31,20 +31,25 @@ def run_interval(pool: Pool, cfg: tuple[int, int], new: tuple[int, int], t_apply
 
 @dataclass(frozen=True)
 class SharedConfig:
-    """A shared pool's configuration: active instances per model, clock level index per GPU, SM share per replica."""
+    """A shared pool's configuration: active instances per model, clock level index per GPU, SM share per replica,
+    GPU per replica (a change moves the instance) and how a move treats the running requests
+    (`commitenv.sim.migration.MIGRATE_MODES`)."""
 
     active: tuple[int, ...]
     clocks: tuple[int, ...]
     shares: tuple[float, ...]
+    gpus: tuple[int, ...]
+    migrate: str = "none"
 
 
 def run_shared_interval(pool: Pool, cfg: SharedConfig, new: SharedConfig, t_apply: float, t1: float,
                         clocks_mhz: tuple[int, ...] | list[int]) -> tuple[SharedConfig, list[tuple[str, float, Any]]]:
-    """`run_interval` for a pool of several models: switch each model's active count, each GPU's clock and each
-    replica's SM share that differ (shares that shrink first, so a GPU's shares never sum above 1 on the way).
-    Changes are ("active:<model>" | "clock:<gpu>" | "share:<replica>", time, value)."""
+    """`run_interval` for a pool of several models: switch each model's active count, each GPU's clock, and each
+    replica's SM share and GPU that differ (shrinking shares, then moves, then growing shares, so a GPU's shares
+    never sum above 1 on the way). Changes are ("active:<model>" | "clock:<gpu>" | "share:<replica>" |
+    "move:<replica>", time, value)."""
     changes: list[tuple[str, float, Any]] = []
-    if new != cfg and not t_apply >= t1:
+    if replace(new, migrate=cfg.migrate) != cfg and not t_apply >= t1:  # the mode alone changes nothing
         pool.run_until(t_apply)
         for m, (a, b) in enumerate(zip(cfg.active, new.active)):
             if a != b:
@@ -54,8 +59,16 @@ def run_shared_interval(pool: Pool, cfg: SharedConfig, new: SharedConfig, t_appl
             if a != b:
                 pool.set_clock(t_apply, clocks_mhz[b], [g])
                 changes.append((f"clock:{g}", t_apply, clocks_mhz[b]))
-        moves = [(r, b) for r, (a, b) in enumerate(zip(cfg.shares, new.shares)) if a != b]
-        for r, b in sorted(moves, key=lambda x: x[1] - cfg.shares[x[0]]):  # shrinking shares first
+        resized = [(r, b) for r, (a, b) in enumerate(zip(cfg.shares, new.shares)) if a != b]
+        resized.sort(key=lambda x: x[1] - cfg.shares[x[0]])  # shrinking shares first
+        for r, b in [x for x in resized if x[1] < cfg.shares[x[0]]]:
+            pool.set_share(t_apply, r, b)
+            changes.append((f"share:{r}", t_apply, b))
+        moved = {r: b for r, (a, b) in enumerate(zip(cfg.gpus, new.gpus)) if a != b}
+        if moved:
+            pool.move(t_apply, moved, new.migrate)
+            changes.extend((f"move:{r}", t_apply, b) for r, b in moved.items())
+        for r, b in [x for x in resized if x[1] > cfg.shares[x[0]]]:
             pool.set_share(t_apply, r, b)
             changes.append((f"share:{r}", t_apply, b))
         cfg = new

@@ -19,14 +19,15 @@ from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy, m
 from commitenv.sim.local import LocalPolicy, LocalView, TaskView
 from commitenv.sim.gpu import GPU
 from commitenv.sim.lref import reference_latency
+from commitenv.sim.migration import MIGRATE_MODES, MigrationSpec
 from commitenv.sim.noise import NoiseSource, NoiseSpec
 from commitenv.sim.prefix_cache import PrefixCache
-from commitenv.sim.replica import ACTIVE, DRAINING, SEG_NONE, SEG_RUN, STANDBY, WAKING, Replica
+from commitenv.sim.replica import ACTIVE, DRAINING, LOADING, MOVING, SEG_NONE, SEG_RUN, STANDBY, WAKING, Replica
 from commitenv.sim.request import Req
 from commitenv.sim.truth import NominalModel, TruthSource, TruthSpec
 from commitenv.workload.table import RequestTable
 
-EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2
+EV_SEG, EV_WAKE, EV_CLOCK, EV_LOAD, EV_LAND = 0, 1, 2, 3, 4  # LOAD: a cold start ends; LAND: a migrated request arrives
 REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
 INF = math.inf
 
@@ -97,6 +98,7 @@ class EngineOptions:
     truth: TruthSpec | None = None  # realism: per-GPU factors, drift, grid noise, overheads (replaces `noise`)
     length_bias: float = 0.0  # relative bias of the output-length prediction (0.1: predicts 10 % long on average)
     visible_deadlines: str = "true"  # deadline a controller sees: "true" (a + alpha L_ref) or "predicted" lengths
+    migration: MigrationSpec = field(default_factory=MigrationSpec)  # KV transfer of migrated requests
 
     def __post_init__(self) -> None:
         if self.visible_deadlines not in ("true", "predicted"):
@@ -193,10 +195,11 @@ class Pool:
         self.gpus: list[GPU] = []
         self.replicas: list[Replica] = []
         for g, insts in enumerate(layout.gpus):
-            gpu = GPU(g, cidx)
             for inst in insts:
                 if not 0 <= inst.model < len(self.profiles):
                     raise ValueError(f"layout.gpus[{g}]: model index {inst.model} has no profile")
+            gpu = GPU(g, cidx, self.profiles[insts[0].model])
+            for inst in insts:
                 mn = self.profiles[inst.model].sm_share.min_share
                 if not mn <= inst.share <= 1.0:
                     raise ValueError(f"layout.gpus[{g}]: SM share {inst.share} outside [{mn}, 1.0] (profile sm_share.min_share)")
@@ -226,6 +229,12 @@ class Pool:
         self.local_calls = 0
         self.pred_out: np.ndarray | None = None
         self._pending: list[Replica] = []
+        self.transit: dict[int, tuple[float, Req]] = {}  # migrated requests on the link: slot -> (landing time, request)
+        self.moves = 0  # instance moves ordered (`move`)
+        self.cold_starts = 0  # instance loads begun
+        self.migrated = 0  # running requests sent to another instance with their KV
+        self.migration_bytes = 0.0
+        self.migration_j = 0.0  # link energy of those transfers (metered on the source GPUs)
         self.events = 0  # processed events (arrivals and heap events), for benchmarks
         self.live = 0  # arrived, unfinished requests
         self.completed = 0
@@ -298,6 +307,12 @@ class Pool:
         heapq.heappush(self.heap, (t, kind, self._seq, idx, version))
 
     def _start(self, rep: Replica, t: float) -> None:
+        if rep.state == MOVING:
+            if rep.migrate != "none":
+                self._migrate_out(rep, t)
+            if not rep.has_work():
+                self._detach(rep, t)
+                return
         record = self.log is not None or self.on_step is not None
         if rep.local is not None:
             started = rep.start(t, self.noise, False, record, self._local_order(rep, t))
@@ -380,6 +395,14 @@ class Pool:
                     self._floor_changed(rep.gpu, t)
                     self._refresh_routable(rep.model)
                     self._redistribute(rep.model, t)
+                elif kind == EV_LOAD:
+                    rep = self.replicas[idx]
+                    if rep.version != ver or rep.state != LOADING:
+                        continue
+                    self._loaded(rep, t)
+                elif kind == EV_LAND:
+                    _, r = self.transit.pop(idx)
+                    self._route(r, t)
                 else:
                     gpu = self.gpus[idx]
                     if gpu.version != ver:
@@ -492,15 +515,19 @@ class Pool:
         for r in moved:
             self._route(r, t)
         for rep in self.replicas:
-            if rep.model == model and rep.state == DRAINING and rep.seg == SEG_NONE and not rep.has_work():
-                self._to_standby(rep, t)
+            if rep.model == model and rep.seg == SEG_NONE and not rep.has_work():
+                if rep.state == DRAINING:
+                    self._to_standby(rep, t)
+                elif rep.state == MOVING:
+                    self._detach(rep, t)
 
     def replicas_of(self, model: int) -> list[Replica]:
         return [r for r in self.replicas if r.model == model]
 
     def active_count(self, model: int = 0) -> int:
-        """Replicas of ``model`` that are active or waking (the configured count)."""
-        return sum(1 for r in self.replicas if r.model == model and r.state in (ACTIVE, WAKING))
+        """Replicas of ``model`` that are active or waking, or moving to become active (the configured count)."""
+        return sum(1 for r in self.replicas if r.model == model and (
+            r.state in (ACTIVE, WAKING) or (r.state in (MOVING, LOADING) and r.after_load == ACTIVE)))
 
     def set_active(self, t: float, count: int, model: int = 0) -> None:
         """Make the first ``count`` replicas of ``model`` active (waking from standby takes the profile's
@@ -512,7 +539,9 @@ class Pool:
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
         before = [r.state for r in reps]
         for i, rep in enumerate(reps):
-            if i < count:
+            if rep.state in (MOVING, LOADING):  # a move in progress: the state it takes once loaded
+                rep.after_load = ACTIVE if i < count else STANDBY
+            elif i < count:
                 if rep.state == DRAINING:
                     rep.state = ACTIVE
                     self._floor_changed(rep.gpu, t)
@@ -543,7 +572,7 @@ class Pool:
             raise ValueError(f"set_clock at t={t} precedes the engine clock {self.now}")
         for g in range(len(self.gpus)) if gpus is None else gpus:
             gpu = self.gpus[g]
-            idx = gpu.replicas[0].profile.clock_index(mhz)
+            idx = gpu.profile.clock_index(mhz)
             target = gpu.pending_clock if gpu.pending_clock is not None else gpu.clock_idx
             if idx == target:
                 continue
@@ -552,7 +581,7 @@ class Pool:
                 gpu.pending_clock = None  # cancel a pending change back to the current clock
                 continue
             gpu.pending_clock = idx
-            gpu.pending_t = t + gpu.replicas[0].profile.latencies.clock_change_s
+            gpu.pending_t = t + gpu.profile.latencies.clock_change_s
             self._push(gpu.pending_t, EV_CLOCK, g, gpu.version)
 
     def _apply_clock(self, gpu: GPU, t: float) -> None:
@@ -577,14 +606,155 @@ class Pool:
         mn = rep.profile.sm_share.min_share
         if not mn <= share <= 1.0:
             raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
-        total = sum(r.share for r in rep.gpu.replicas if r is not rep) + share
+        gpu = rep.dest if rep.state == MOVING else rep.gpu
+        total = share + sum(r.share for r in self.replicas if r is not rep and (
+            (r.gpu is gpu and r.state != MOVING) or (r.state == MOVING and r.dest is gpu)))
         if total > 1.0 + 1e-9:
-            raise ValueError(f"sm shares on GPU {rep.gpu.index} would sum to {total:.3f} > 1")
+            raise ValueError(f"sm shares on GPU {gpu.index} would sum to {total:.3f} > 1")
         rep.share = share
         rep.invalidate_coeffs()
         if rep.seg == SEG_RUN and rep.cut(t):
             rep.version += 1
             self._push(rep.t1, EV_SEG, rep.index, rep.version)
+
+    # ================================================================================ placement and migration
+    def move(self, t: float, moves: dict[int, int], migrate: str = "none") -> None:
+        """Move instances (``{replica: GPU}``) from ``t``: each takes no new requests (its queued ones are routed
+        anew), its running requests finish where they are or travel with their KV cache to another active instance
+        of the model (``migrate``, `commitenv.sim.migration`), then it unloads and cold-starts on its GPU (the
+        profile's ``latencies.load_s`` at ``load_w``) and serves again (or stands by, as ``set_active`` says). The
+        SM shares of every GPU's staying and arriving instances must sum to <= 1 once all ``moves`` are made."""
+        if t < self.now - 1e-9:
+            raise ValueError(f"move at t={t} precedes the engine clock {self.now}")
+        if migrate not in MIGRATE_MODES:
+            raise ValueError(f"move: migrate must be one of {MIGRATE_MODES}, got {migrate!r}")
+        target = {r.index: (r.dest if r.state == MOVING else r.gpu).index for r in self.replicas}
+        for replica, gpu in moves.items():
+            if not 0 <= replica < len(self.replicas):
+                raise ValueError(f"move: replica index {replica} outside 0..{len(self.replicas) - 1}")
+            if not 0 <= gpu < len(self.gpus):
+                raise ValueError(f"move: GPU index {gpu} outside 0..{len(self.gpus) - 1}")
+            prof = self.replicas[replica].profile
+            if gpu != target[replica] and prof.latencies.load_s is None:
+                raise ValueError(f"move: profile {prof.name} has no cold-start figures (latencies.load_s, load_w)")
+            target[replica] = gpu
+        for g in set(moves.values()):
+            held = sum(r.share for r in self.replicas if target[r.index] == g)
+            if held > 1.0 + 1e-9:
+                raise ValueError(f"move: the instances on GPU {g} would hold {held:.3f} > 1 of its SMs")
+        for replica, gpu in moves.items():
+            self._move(self.replicas[replica], self.gpus[gpu], migrate, t)
+
+    def _move(self, rep: Replica, dest: GPU, migrate: str, t: float) -> None:
+        if dest is (rep.dest if rep.state == MOVING else rep.gpu):
+            return
+        self.moves += 1
+        if rep.state == MOVING:
+            if dest is rep.gpu:  # called back before it left: it stays and serves as before
+                rep.state, rep.dest = (ACTIVE if rep.after_load == ACTIVE else DRAINING), None
+                self._floor_changed(rep.gpu, t)
+                self._refresh_routable(rep.model)
+                self._redistribute(rep.model, t)
+                self._flush(t)
+            else:
+                rep.dest, rep.migrate = dest, migrate
+            return
+        if rep.state == LOADING:  # the load so far is lost
+            rep.dest = dest
+            self._detach(rep, t)
+            return
+        if rep.state == WAKING:
+            rep.version += 1  # cancels the wake
+        rep.after_load = ACTIVE if rep.state in (ACTIVE, WAKING) else STANDBY
+        rep.state, rep.dest, rep.migrate = MOVING, dest, migrate
+        self._floor_changed(rep.gpu, t)
+        self._refresh_routable(rep.model)
+        if rep.seg == SEG_NONE:
+            if migrate != "none":
+                self._migrate_out(rep, t)
+        elif migrate != "none" and rep.seg == SEG_RUN and rep.cut(t):  # leave at the next step end
+            rep.version += 1
+            self._push(rep.t1, EV_SEG, rep.index, rep.version)
+        self._redistribute(rep.model, t)  # its queued requests go elsewhere; idle, it unloads at once
+        self._flush(t)
+
+    def _migrate_out(self, rep: Replica, t: float) -> None:
+        """Send ``rep``'s requests that its migration mode moves (between steps) to be routed anew after their KV
+        transfer; with ``latency_aware``, only those whose predicted remaining time exceeds the transfer time."""
+        spec = self.opt.migration
+        kvb = rep.profile.model.kv_bytes_per_token
+        step_s = 0.0
+        if rep.migrate == "latency_aware" and rep.running:
+            ctx = sum(r.computed + 1 for r in rep.running)
+            step_s = rep.coeffs.step_time(0, len(rep.running), ctx, 0)
+        keep, moved = [], []
+        for r in rep.running:
+            nbytes = r.computed * kvb
+            if rep.migrate == "latency_aware":
+                pred = self._seen(r)[0]
+                left = max(pred - r.generated, 1) + -(-(r.prompt - min(r.computed, r.prompt)) // rep.budget)
+                if not left * step_s > spec.transfer_s(nbytes):
+                    keep.append(r)
+                    continue
+            moved.append((r, nbytes))
+        rep.running = keep
+        for r in [r for r in rep.waiting if r.started]:  # preempted (no KV left) or landed here, not yet admitted
+            moved.append((r, r.computed * kvb))
+        rep.waiting = type(rep.waiting)(r for r in rep.waiting if not r.started)
+        for r, nbytes in moved:
+            rep._release(r)
+            r.hashes, r.replica = (), -1  # its KV arrives as private blocks
+            if nbytes:
+                e = spec.transfer_j(nbytes)
+                rep.gpu.book(e, 0.0)
+                self.migration_j += e
+                self.migration_bytes += nbytes
+            self.migrated += 1
+            land = t + (spec.transfer_s(nbytes) if nbytes else 0.0)
+            self.transit[r.slot] = (land, r)
+            self._push(land, EV_LAND, r.slot, 0)
+        rep.unf = len(rep.running) + len(rep.waiting)
+
+    def _detach(self, rep: Replica, t: float) -> None:
+        """Take ``rep`` (idle) off its GPU and cold-start it on its destination (``rep.dest``); instances loaded on
+        the GPU it left and waiting for SMs may then start."""
+        src, dest = rep.gpu, rep.dest
+        rep.dest = None
+        src.replicas.remove(rep)
+        self._begin_load(rep, dest, t)
+        self._floor_changed(src, t)
+        for r in list(src.replicas):
+            if r.state == LOADING and r.load_ready:
+                self._loaded(r, t)
+
+    def _begin_load(self, rep: Replica, dest: GPU, t: float) -> None:
+        rep.gpu = dest
+        dest.replicas.append(rep)
+        rep.invalidate_coeffs()
+        rep.free_blocks = rep.cap_blocks  # a fresh KV cache (an empty prefix cache)
+        if rep.pcache is not None:
+            rep.pcache = PrefixCache(rep.pcache.block_tokens, rep.bs, rep.cap_blocks)
+        rep.state, rep.load_ready = LOADING, False
+        rep.version += 1
+        rep.load_t = t + rep.profile.latencies.load_s
+        self.cold_starts += 1
+        self._floor_changed(dest, t)
+        self._push(rep.load_t, EV_LOAD, rep.index, rep.version)
+
+    def _loaded(self, rep: Replica, t: float) -> None:
+        """``rep``'s cold start is over: it serves (or stands by) once the SMs of its share are free."""
+        busy = sum(r.share for r in rep.gpu.replicas if r is not rep and r.state in (ACTIVE, DRAINING, MOVING, WAKING))
+        if busy + rep.share > 1.0 + 1e-9:
+            if not rep.load_ready:
+                rep.load_ready = True
+                self._floor_changed(rep.gpu, t)
+            return
+        rep.state, rep.load_ready = rep.after_load, False
+        self._floor_changed(rep.gpu, t)
+        if rep.state == ACTIVE:
+            self._refresh_routable(rep.model)
+            self._redistribute(rep.model, t)
+            self._flush(t)
 
     # ================================================================================ metering
     def settle(self, t: float) -> None:
@@ -641,7 +811,7 @@ class Pool:
         c.on_step = None
         c.gpus, c.replicas = [], []
         for g in self.gpus:
-            ng = GPU(g.index, g.clock_idx)
+            ng = GPU(g.index, g.clock_idx, c.profiles[self.profiles.index(g.profile)])
             ng.pending_clock, ng.pending_t = g.pending_clock, g.pending_t
             ng.floor_w, ng.t_floor = g.floor_w, self.now
             c.gpus.append(ng)
@@ -650,6 +820,10 @@ class Pool:
                 nr.local = rep.local  # a what-if copy plans its steps as the original does
                 ng.replicas.append(nr)
                 c.replicas.append(nr)
+        c.replicas.sort(key=lambda r: r.index)  # moves leave GPU order and index order apart
+        for rep, nr in zip(self.replicas, c.replicas):
+            if rep.dest is not None:
+                nr.dest = c.gpus[rep.dest.index]
         reqmap: dict[int, Req] = {}
         for r in self.live_requests():
             cr = r.copy()
@@ -666,6 +840,14 @@ class Pool:
             if nr.state == WAKING:
                 nr.wake_t = rep.wake_t
                 c._push(nr.wake_t, EV_WAKE, nr.index, nr.version)
+            elif nr.state == LOADING and not nr.load_ready:
+                c._push(nr.load_t, EV_LOAD, nr.index, nr.version)
+        c.transit = {}
+        for slot, (land, r) in self.transit.items():
+            c.transit[slot] = (land, reqmap[slot])
+            c._push(land, EV_LAND, slot, 0)
+        c.moves = c.cold_starts = c.migrated = 0
+        c.migration_bytes = c.migration_j = 0.0
         for g in c.gpus:
             if g.pending_clock is not None:
                 c._push(g.pending_t, EV_CLOCK, g.index, g.version)
@@ -783,7 +965,7 @@ class Pool:
     # ================================================================================ state views
     def counts(self) -> dict[str, int]:
         """Queue and running counts across the pool (what a controller may observe)."""
-        w = sum(len(r.waiting) for r in self.replicas) + len(self.unrouted)
+        w = sum(len(r.waiting) for r in self.replicas) + len(self.unrouted) + len(self.transit)
         run = sum(len(r.running) for r in self.replicas)
         return {"waiting": w, "running": run, "live": self.live, "arrived": self._cursor, "completed": self.completed}
 
@@ -793,6 +975,7 @@ class Pool:
             out.extend(rep.running)
             out.extend(rep.waiting)
         out.extend(self.unrouted)
+        out.extend(r for _, r in self.transit.values())
         return out
 
     captured_left = 0

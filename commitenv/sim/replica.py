@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from commitenv.sim.gpu import GPU
 
 ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3
-STATE_NAMES = ("active", "draining", "standby", "waking")
+MOVING, LOADING = 4, 5  # leaving its GPU (finishing the requests it keeps), cold-starting on another GPU
+STATE_NAMES = ("active", "draining", "standby", "waking", "moving", "loading")
 
 SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 
@@ -69,6 +70,11 @@ class Replica:
         self.unf = 0  # len(running) + len(waiting), kept up to date for the router
         self.state = ACTIVE
         self.wake_t = 0.0
+        self.dest: "GPU | None" = None  # MOVING: the GPU it goes to
+        self.migrate = "none"  # MOVING: what happens to its running requests (commitenv.sim.migration)
+        self.after_load = ACTIVE  # MOVING / LOADING: the state it takes once loaded (ACTIVE or STANDBY)
+        self.load_t = 0.0  # LOADING: when the cold start ends
+        self.load_ready = False  # LOADING: loaded, waiting for SMs the GPU's departing instances still use
         self.version = 0  # bumps whenever the pending heap entry of this replica becomes stale
         # segment in flight
         self.seg = SEG_NONE
@@ -541,6 +547,8 @@ class Replica:
         other.unf = len(other.running) + len(other.waiting)
         other.state = self.state
         other.share = self.share
+        other.migrate, other.after_load = self.migrate, self.after_load
+        other.load_t, other.load_ready = self.load_t, self.load_ready
         other.seg = self.seg
         other.t0, other.t1 = self.t0, self.t1
         other.batch = [(reqmap[r.slot], k) for r, k in self.batch]

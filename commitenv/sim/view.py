@@ -31,7 +31,7 @@ def _frozen(values, dtype) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class RequestView:
     """Arrived, unfinished requests in queue order: replica by replica (by index) its running batch, then its
-    waiting queue in admission order; then the requests no active replica could take yet (``replica == -1``)."""
+    waiting queue in admission order; then the requests no active replica could take yet and those migrating between GPUs (``replica == -1``)."""
 
     slot: np.ndarray  # int64: the request's index in the episode's trace order (arrival order)
     arrival_s: np.ndarray  # float64
@@ -52,7 +52,7 @@ class RequestView:
 class ReplicaView:
     """One entry per replica, by index."""
 
-    state: tuple[str, ...]  # "active", "draining", "standby" or "waking"
+    state: tuple[str, ...]  # "active", "draining", "standby", "waking", "moving" (leaving its GPU) or "loading"
     gpu: np.ndarray  # int64: the GPU the replica runs on
     model: np.ndarray  # int64: the model it serves
     share: np.ndarray  # float64: its SM share of the GPU (1 on a dedicated GPU)
@@ -105,9 +105,10 @@ def take_snapshot(pool: Pool, model: int = 0, meter_j: float | None = None) -> S
             reqs.extend(queue)
             where.extend([i] * len(queue))
             running.extend([is_running] * len(queue))
-    reqs.extend(clone.unrouted)
-    where.extend([-1] * len(clone.unrouted))
-    running.extend([False] * len(clone.unrouted))
+    away = clone.unrouted + [r for _, r in clone.transit.values()]  # not yet routed, or migrating between GPUs
+    reqs.extend(away)
+    where.extend([-1] * len(away))
+    running.extend([False] * len(away))
     requests = RequestView(
         slot=_frozen([r.slot for r in reqs], np.int64),
         arrival_s=_frozen([r.arrival for r in reqs], np.float64),

@@ -83,16 +83,29 @@ workload and 32-GPU pool, sec. 5.1):
      ignores the max_seqs cap on admission and the noise of the ground truth.
   5. Only information a controller may have is used: the snapshot (arrived requests, predicted output
      lengths) and recent arrivals; the commitment is ignored (DynamoLLM minimizes energy).
+
+Shared pools (several models co-hosting the GPUs) are this project's adaptation: the DynamoLLM paper manages one
+model per pool. Here each model gets its own one-model DynamoLLM (`_reset_shared`), unchanged in its rules: its
+profile's laws taken at the smallest SM share the placement gives the model, its own instances and the requests
+routed to them (`model_view`), its own recent arrivals, and a count capped at its instance count; a model's first
+``active`` instances in placement order are the active ones (the env's rule). Every GPU then runs at the highest
+clock any of its active instances asks for, the lowest when none is active (`gpu_clocks_mhz`); SM shares stay as
+placed. Also adaptation: arrivals are assigned to a model by tenant (a tenant named as a model is that model's;
+otherwise it is learned from live routed requests matched by arrival time and prompt length, and arrivals of a
+tenant not mapped yet count for every model: capacity first), idle power stays the whole GPU's in each model's plan, and a model
+neither sees nor prices the clock its co-hosts impose on it.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import numpy as np
 
+from commitenv.control import ReplicaView, RequestView, Snapshot
 from commitenv_controllers.base import Controller, ControllerContext
 from commitenv_controllers.registry import register
 
@@ -127,7 +140,7 @@ def classify(prompt_tokens: Any, output_tokens: Any) -> np.ndarray:
 # ============================================================================================= profile
 @dataclass(frozen=True)
 class ClockLaws:
-    """Step-law coefficients of every clock level as arrays over levels (full SM share)."""
+    """Step-law coefficients of every clock level as arrays over levels (at one SM share, full by default)."""
 
     mhz: tuple[int, ...]
     tau0: np.ndarray
@@ -149,10 +162,11 @@ class ClockLaws:
     top: int  # index of the reference (top) clock
 
     @staticmethod
-    def of(profile: Any) -> "ClockLaws":
+    def of(profile: Any, share: float = 1.0) -> "ClockLaws":
+        """The laws of ``profile`` for an instance holding ``share`` of its GPU's SMs."""
         from commitenv.sim.coeffs import coeffs_for
 
-        cs = [coeffs_for(profile, i, 1.0) for i in range(len(profile.clocks))]
+        cs = [coeffs_for(profile, i, share) for i in range(len(profile.clocks))]
 
         def arr(name: str) -> np.ndarray:
             return np.array([getattr(c, name) for c in cs], dtype=np.float64)
@@ -469,11 +483,68 @@ def transition_energy_j(n_from: int, n_to: int, laws: ClockLaws) -> float:
     return abs(int(n_to) - int(n_from)) * laws.activation_s * float(laws.idle_w[laws.top])
 
 
+# ============================================================================================= shared pools
+def model_view(snap: Snapshot, model: int) -> Snapshot:
+    """``snap`` restricted to the replicas of ``model`` (renumbered from 0, in index order) and the requests routed to
+    them; ``active`` counts its active and waking replicas, ``clock_mhz`` is the fastest of their GPUs' clocks.
+    Unrouted requests are left out (the snapshot does not say their model)."""
+    reps, req = snap.replicas, snap.requests
+    own = np.flatnonzero(reps.model == model)
+    renum = np.full(len(reps), -1, dtype=np.int64)
+    renum[own] = np.arange(len(own))
+    routed = req.replica >= 0
+    keep = np.flatnonzero(routed & (renum[np.where(routed, req.replica, 0)] >= 0))
+    cols = {f.name: getattr(req, f.name)[keep] for f in fields(RequestView)}
+    cols["replica"] = renum[req.replica[keep]]
+    rep_cols = {f.name: getattr(reps, f.name)[own] for f in fields(ReplicaView) if f.name != "state"}
+    view = ReplicaView(state=tuple(reps.state[i] for i in own), **rep_cols)
+    active = sum(1 for st in view.state if st in ("active", "waking"))
+    clock = int(view.clock_mhz.max()) if len(own) else snap.clock_mhz
+    return replace(snap, active=active, clock_mhz=clock, requests=RequestView(**cols), replicas=view)
+
+
+def gpu_clocks_mhz(placement: Any, decisions: Any, clocks_mhz: tuple[int, ...]) -> list[int]:
+    """Per GPU, the highest clock any of its active instances needs (``decisions``: (active, clock MHz) per model;
+    a model's first ``active`` instances in placement order are its active ones); the lowest clock if none is."""
+    seen = [0] * len(decisions)
+    out = []
+    for gpu in placement:
+        need = []
+        for m, _ in gpu:
+            if seen[m] < decisions[m][0]:
+                need.append(decisions[m][1])
+            seen[m] += 1
+        out.append(max(need, default=min(clocks_mhz)))
+    return out
+
+
+class _ModelProbe:
+    """One model's probe on a shared pool: the owner's current `model_view` and the model's recent arrivals."""
+
+    def __init__(self, owner: "DynamoLLMController", model: int) -> None:
+        self.owner, self.model = owner, model
+
+    def snapshot(self) -> Snapshot:
+        """The model's view of the snapshot the owner took this step."""
+        return self.owner._views[self.model]
+
+    def recent_arrivals(self, window_s: float) -> Any:
+        """The pool's recent arrivals served by this model (and those of tenants not mapped to a model yet)."""
+        table = self.owner.ctx.probe.recent_arrivals(window_s)
+        rows = self.owner._model_of_rows(table)
+        return table.take(np.flatnonzero((rows == self.model) | (rows < 0)))
+
+    def report_planning_delay(self, seconds: float) -> None:
+        """Not forwarded: the per-model decisions are combined into one action by the owner."""
+
+
 # ============================================================================================= controller
 @register("dynamollm")
 class DynamoLLMController(Controller):
     """DynamoLLM (HPCA 2025) as the ePACT paper evaluates it: energy-minimizing instance count and clock;
     see the module docstring for the design and the deviations this environment imposes."""
+
+    _share: float = 1.0  # SM share the profile's laws are taken at (a model's smallest placed share on a shared pool)
 
     def __init__(
         self,
@@ -523,6 +594,9 @@ class DynamoLLMController(Controller):
         super().reset(ctx, seed)
         if ctx.probe is None:
             raise ValueError("dynamollm needs ctx.probe (the env): build the context with ControllerContext.from_env(env)")
+        if ctx.shared:
+            self._reset_shared(ctx, seed)
+            return
         self.laws: ClockLaws | None = None
         self.cap: ClassCapacity | None = None
         prof = self._profile_override if self._profile_override is not None else ctx.profile
@@ -541,10 +615,70 @@ class DynamoLLMController(Controller):
         self.log: list[dict[str, Any]] = []
 
     def _setup(self, profile: Any) -> None:
-        self.laws = ClockLaws.of(profile)
+        self.laws = ClockLaws.of(profile, self._share)
         if self.laws.mhz != tuple(self.ctx.clocks_mhz):
             raise ValueError(f"dynamollm: profile clocks {self.laws.mhz} differ from the scenario's {self.ctx.clocks_mhz}")
         self.cap = class_capacity(self.laws, self.ctx.alpha, self.slo_frac, self.rep_prompt, self.rep_output)
+
+    def _reset_shared(self, ctx: ControllerContext, seed: int | None) -> None:
+        """One one-model DynamoLLM per model of a shared pool, on its profile, instances and arrivals."""
+        self._tenant_model: dict[int, int] = {}
+        self._views: list[Snapshot] = []
+        subs = []
+        for m, prof in enumerate(ctx.profiles):
+            sub = copy.copy(self)
+            sub._profile_override = None
+            sub._share = min(s for gpu in ctx.placement for mm, s in gpu if mm == m)
+            sub.reset(replace(ctx, n_replicas=ctx.replicas_per_model[m], reference_clock_mhz=prof.reference_clock_mhz,
+                              profile=prof, probe=_ModelProbe(self, m), hindsight=None, models=(),
+                              replicas_per_model=(), placement=(), profiles=()), seed)
+            subs.append(sub)
+        self.subs: list[DynamoLLMController] = subs
+        self.decisions: list[tuple[int, int]] = []  # (active, clock MHz) per model, from the last act
+        self.log = []
+
+    def _model_of_rows(self, table: Any) -> np.ndarray:
+        """Model serving each row of an arrivals table (-1: tenant not mapped yet); a tenant named as a model is
+        that model's."""
+        for k, name in enumerate(table.tenant_names):
+            if name in self.ctx.models:
+                self._tenant_model.setdefault(k, self.ctx.models.index(name))
+        lut = np.array([self._tenant_model.get(k, -1) for k in range(len(table.tenant_names))], dtype=np.int64)
+        return lut[np.asarray(table.tenant, dtype=np.int64)]
+
+    def _learn_tenants(self, snap: Snapshot, window_s: float) -> None:
+        """Map the tenants of the last ``window_s`` of arrivals to models: a live routed request with the same
+        arrival time and prompt length is served by its replica's model."""
+        recent = self.ctx.probe.recent_arrivals(window_s)
+        if not len(recent) or np.all(self._model_of_rows(recent) >= 0):
+            return
+        req = snap.requests
+        ok = req.replica >= 0
+        live = {(round(float(a), 6), int(p)): int(snap.replicas.model[r])
+                for a, p, r in zip(req.arrival_s[ok], req.prompt_tokens[ok], req.replica[ok])}
+        for a, p, k in zip(recent.arrival_s - window_s, recent.prompt_tokens, recent.tenant):
+            m = live.get((round(float(a), 6), int(p)))
+            if m is not None:
+                self._tenant_model.setdefault(int(k), m)
+
+    def _act_shared(self, observation: np.ndarray, info: dict[str, Any]) -> dict:
+        """Each model's (active, clock) from its own DynamoLLM; each GPU at the highest clock its active instances
+        need."""
+        ctx = self.ctx
+        snap = ctx.probe.snapshot()
+        if snap.t > 0:
+            self._learn_tenants(snap, ctx.interval_s)
+        self._views = [model_view(snap, m) for m in range(len(ctx.models))]
+        by_model = info.get("active_by_model")
+        self.decisions = []
+        for m, sub in enumerate(self.subs):
+            sub_info = {"clock_mhz": self._views[m].clock_mhz, **({"active": by_model[m]} if by_model else {})}
+            a = sub.act(observation, sub_info)
+            self.decisions.append((a["active"], ctx.clocks_mhz[a["clock"]]))
+        clocks = gpu_clocks_mhz(ctx.placement, self.decisions, ctx.clocks_mhz)
+        self.log.append({"t": float(snap.t), "active": [a for a, _ in self.decisions],
+                         "clock_mhz": [c for _, c in self.decisions], "gpu_clocks_mhz": clocks})
+        return ctx.action(tuple(a for a, _ in self.decisions), max(clocks), clocks_mhz=clocks)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _power(self, n: int) -> float:
@@ -578,6 +712,8 @@ class DynamoLLMController(Controller):
     # ------------------------------------------------------------------------------------------ act
     def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:
         ctx = self.ctx
+        if ctx.shared:
+            return self._act_shared(observation, info)
         N = ctx.n_replicas
         snap = ctx.probe.snapshot()
         laws = self.laws

@@ -1,5 +1,6 @@
 """Festina's energy-aware workload replacement (paper sec. 3.5): the Energy Waste Ratio, capacity planning
-(Phase Two) and EWR-aware placement (Phase Three), plus the trigger and request-migration rules.
+(Phase Two) and EWR-aware placement (Phase Three), the trigger, and the mapping of a plan onto a pool's GPUs (the
+latency-aware migration of running requests is the engine's, `commitenv.sim.migration`).
 
 Pure algorithms on plain records; nothing here touches the simulator.
 
@@ -518,7 +519,7 @@ def plan_and_place(
     raise ValueError(f"no placement found with up to {max(1, len(demands))} GPUs: {last}")
 
 
-# --------------------------------------------------------------------------------------------- trigger, migration
+# --------------------------------------------------------------------------------------------- trigger
 
 
 def should_consolidate(current_active_gpus: int, planned_n: int) -> bool:
@@ -526,15 +527,53 @@ def should_consolidate(current_active_gpus: int, planned_n: int) -> bool:
     return planned_n < current_active_gpus
 
 
-def migration_overhead(kv_bytes: float, link_gbps: float, fixed_s: float) -> float:
-    """Seconds to move a request: fixed_s plus kv_bytes * 8 bits over a link of link_gbps (1e9 bit/s)."""
-    if kv_bytes < 0 or fixed_s < 0:
-        raise ValueError("kv_bytes and fixed_s must be >= 0")
-    if link_gbps <= 0:
-        raise ValueError(f"link_gbps must be > 0, got {link_gbps}")
-    return fixed_s + kv_bytes * 8.0 / (link_gbps * 1e9)
+# --------------------------------------------------------------------------------------------- onto the pool
 
 
-def should_migrate_request(remaining_s: float, migration_overhead_s: float) -> bool:
-    """Move an active request only if its remaining execution time exceeds the migration overhead."""
-    return remaining_s > migration_overhead_s
+def assign_gpus(groups: Sequence[Sequence[int]], gpu_of: Sequence[int]) -> list[int]:
+    """A physical GPU for each planned group of instances (by replica index): greedily, largest group first, the
+    unused GPU already hosting most of the group's instances (fewest moves; ties: the lower GPU index)."""
+    n_gpus = max(gpu_of) + 1 if gpu_of else 0
+    if len([g for g in groups if g]) > n_gpus:
+        raise ValueError(f"{len(groups)} groups for {n_gpus} GPUs")
+    out = [-1] * len(groups)
+    used: set[int] = set()
+    for k in sorted(range(len(groups)), key=lambda k: (-len(groups[k]), k)):
+        if not groups[k]:
+            continue
+        free = [g for g in range(n_gpus) if g not in used]
+        best = max(free, key=lambda g: (sum(1 for r in groups[k] if gpu_of[r] == g), -g))
+        out[k] = best
+        used.add(best)
+    return out
+
+
+def consolidated_placement(groups: Sequence[Sequence[int]], gpu_of: Sequence[int], shares: Sequence[float],
+                           min_shares: Sequence[float]) -> list[int] | None:
+    """GPU of every instance after a consolidation: the planned groups' instances on the GPUs `assign_gpus` picks,
+    every other (idle) instance where it is if its share still fits there at its minimum, else on the GPU outside
+    the groups with the most room; None when an idle instance fits nowhere. Shares: the instances' current ones
+    (``min_shares`` for the idle ones), so the caller's split fits."""
+    where = assign_gpus(groups, gpu_of)
+    n_gpus = max(gpu_of) + 1
+    new = list(gpu_of)
+    load = [0.0] * n_gpus
+    placed = set()
+    for k, grp in enumerate(groups):
+        for r in grp:
+            new[r] = where[k]
+            load[where[k]] += shares[r]
+            placed.add(r)
+    busy_gpus = {g for g in where if g >= 0}
+    idle = [r for r in range(len(gpu_of)) if r not in placed]
+    for r in idle:
+        if load[gpu_of[r]] + min_shares[r] <= 1.0 + _EPS:
+            load[gpu_of[r]] += min_shares[r]
+            continue
+        spare = [g for g in range(n_gpus) if g not in busy_gpus and load[g] + min_shares[r] <= 1.0 + _EPS]
+        if not spare:
+            return None
+        g = min(spare, key=lambda g: (load[g], g))
+        new[r] = g
+        load[g] += min_shares[r]
+    return new

@@ -8,11 +8,16 @@ GPUs).
   dispatcher asked for since the last interval (an arrival no active instance could serve in time), at least one; each GPU's SM shares follow the shares its instances' local schedulers needed (the largest
   since the last interval, floored at the profile's minimum), scaled so the GPU's shares sum to 1.
 
-What this environment does not offer yet, and so this controller does not do: moving a model instance to another
-GPU (placement is the scenario's; the EWR-aware replacement of `consolidation` plans it but cannot apply it) and
-migrating running requests. Deactivating every instance on a GPU lets it fall to standby power, which is where
-consolidation saves its energy here. The interval's ``clock`` is left to the local schedulers (the action repeats
-the clock the GPUs were set to at reset, so the environment changes nothing on its own).
+Consolidation (sec. 3.5) on keep-alive expiry: when an instance's keep-alive has just run out, the instances that stay
+active (the engine activates each model's lowest-index instances) are planned with `consolidation.plan_and_place`
+(capacity planning on CP-SAT with delta = 5 % margins, then EWR-aware placement; per instance over the last
+interval: the means of the clocks and of the SM shares its local scheduler chose, weighted by busy time, as F_l and
+SM_l, its model's weights as memory, its busy time). If the plan needs fewer GPUs than the active instances occupy, the groups go to the GPUs
+already holding most of them (`consolidation.consolidated_placement`), idle instances make room at their minimum
+share, and the action moves the instances with latency-aware migration of their running requests (the engine's
+cold start and KV transfer, `commitenv.sim.migration`); no new check for ``keep_alive_s`` after a move. A GPU whose
+instances are all inactive falls to standby power. The interval's ``clock`` is left to the local schedulers (the
+action repeats the clock the GPUs were set to at reset, so the environment changes nothing on its own).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from commitenv.control import ArrivalView, CandidateView, Controller, DispatchPolicy
+from commitenv_controllers.festina.consolidation import (LlmDemand, consolidated_placement, plan_and_place,
+                                                         should_consolidate)
 from commitenv_controllers.festina.dispatch import FestinaDispatch
 from commitenv_controllers.festina.local import FestinaLocal
 from commitenv_controllers.festina.lut import FestinaLUT
@@ -50,12 +57,13 @@ class Festina(Controller):
     """Festina (shared GPUs, energy first, SLOs as constraints); see the module docstring."""
 
     def __init__(self, keep_alive_s: float = 120.0, beta: float = 0.1, pad: float = 0.05, tie: float = 0.02,
-                 scale_shares: bool = True) -> None:
+                 scale_shares: bool = True, consolidate: bool = True, delta: float = 0.05) -> None:
         if keep_alive_s < 0 or not math.isfinite(keep_alive_s):
             raise ValueError(f"keep_alive_s: expected a finite number of seconds >= 0, got {keep_alive_s}")
         self.keep_alive_s = float(keep_alive_s)
         self.beta, self.pad, self.tie = float(beta), float(pad), float(tie)
         self.scale_shares = bool(scale_shares)
+        self.consolidate, self.delta = bool(consolidate), float(delta)
 
     def reset(self, ctx, seed: int | None = None) -> None:
         super().reset(ctx, seed)
@@ -77,6 +85,9 @@ class Festina(Controller):
         self.last_busy = [0.0] * len(self.model_of)
         self.active = list(self.n_per_model)
         self.scale_outs = 0
+        self.was_warm = [True] * len(self.model_of)
+        self.hold_until = 0.0  # no consolidation check before (a keep-alive after the last move)
+        self.consolidations = self.moved = 0
 
     def dispatch_policy(self) -> DispatchPolicy:
         return self._dispatch
@@ -103,10 +114,51 @@ class Festina(Controller):
         clock = info.get("clock_mhz", ctx.reference_clock_mhz)
         if clock not in ctx.clocks_mhz:
             clock = ctx.reference_clock_mhz
+        usage = self._local.reset_usage()
+        expired = any(a and not b for a, b in zip(self.was_warm, warm))
+        self.was_warm = warm
         if not ctx.shared:
             return ctx.action(self.active[0], clock)
+        moved = None
+        if self.consolidate and expired and t >= self.hold_until:
+            moved = self._consolidated(usage)
         shares = self._shares()
-        return ctx.action(tuple(self.active), clock, shares=shares)
+        if moved is None:
+            return ctx.action(tuple(self.active), clock, shares=shares)
+        self.hold_until = t + self.keep_alive_s
+        return ctx.action(tuple(self.active), clock, shares=shares, placement=self.gpu_of, migrate="latency_aware")
+
+    def _consolidated(self, usage: dict[int, tuple[float, float, float]]) -> list[int] | None:
+        """Festina's replacement of the instances that stay active (module docstring); updates ``gpu_of`` and
+        ``shares`` and returns the replicas that move, or None when the plan saves no GPU or does not fit."""
+        profiles = self.ctx.profiles
+        mins = [profiles[m].sm_share.min_share for m in self.model_of]
+        keep = [r for m in range(len(self.n_per_model))
+                for r in [r for r, mm in enumerate(self.model_of) if mm == m][: self.active[m]]]
+        top = float(max(self.ctx.clocks_mhz))
+        cap = 1.0 - self.delta
+        want, demands = {}, []
+        for r in keep:
+            busy, f, sm = usage.get(r, (0.0, top, mins[r]))
+            want[r] = min(max(sm, mins[r]), cap)
+            demands.append(LlmDemand(str(r), f, want[r], profiles[self.model_of[r]].model.weight_gb, busy))
+        mem = min(p.gpu.memory_gb for p in profiles)
+        try:
+            _, res = plan_and_place(demands, gpu_mem_cap_gb=mem, delta=self.delta, time_limit_s=2.0)
+        except ValueError:
+            return None
+        if not should_consolidate(len({self.gpu_of[r] for r in keep}), len(res.placement.active_gpus)):
+            return None
+        groups = [[int(i) for i in ids] for ids in res.placement.assignment.values() if ids]
+        shares = [want.get(r, mins[r]) for r in range(len(self.model_of))]
+        new = consolidated_placement(groups, self.gpu_of, shares, mins)
+        if new is None:
+            return None
+        moved = [r for r, (a, b) in enumerate(zip(self.gpu_of, new)) if a != b]
+        self.gpu_of, self.shares = new, shares
+        self.consolidations += 1
+        self.moved += len(moved)
+        return moved
 
     def _shares(self) -> list[float]:
         """Each GPU's SM split: its instances' needed shares since the last interval (at least the profile's
@@ -135,4 +187,5 @@ class Festina(Controller):
         d = {k: sum(x.decisions.get(k, 0) for x in self.dispatchers) for k in ("energy", "fallback_max_clock",
                                                                                 "infeasible")}
         return {"festina_scale_outs": float(self.scale_outs), "festina_local_calls": float(self._local.calls),
+                "festina_consolidations": float(self.consolidations), "festina_moved_instances": float(self.moved),
                 **{f"festina_dispatch_{k}": float(v) for k, v in d.items()}}

@@ -67,8 +67,9 @@ Clocks and shares that are not LUT grid values snap down to the nearest grid val
 grid), as in `commitenv_controllers.festina.dispatch`: a slower operating point, conservative for the deadline
 checks.
 
-Readable by the controller: ``last`` (replica -> `FestinaStep`, the latest decision) and ``peak_share`` (replica ->
-the largest ``needed_share`` since `reset_peaks`, 1.0 counted when infeasible at every clock); ``calls``.
+Readable by the controller: ``last`` (replica -> `FestinaStep`, the latest decision), ``usage`` (busy time and
+clock choices, `reset_usage`) and ``peak_share`` (replica -> the largest ``needed_share`` since `reset_peaks`, 1.0
+counted when infeasible at every clock); ``calls``.
 
 Known consequences of these choices: a prefill past its TTFT deadline has score +inf and the earliest deadline,
 so under overload late prefills go ahead of decodes, and with a small token budget the decodes then wait (their
@@ -171,6 +172,7 @@ class FestinaLocal(LocalPolicy):
         self.vote_window_s = float(vote_window_s)
         self.last: dict[int, FestinaStep] = {}
         self.peak_share: dict[int, float] = {}
+        self.usage: dict[int, tuple[float, float, float]] = {}  # replica -> (busy s, sum clock x s, sum share x s)
         self.calls = 0
         self._votes: dict[int, dict[int, tuple[float, int]]] = {}  # gpu -> replica -> (t, clock)
         self._k: dict[tuple[int, float, float], StepCoeffs] = {}
@@ -375,7 +377,17 @@ class FestinaLocal(LocalPolicy):
         peak = 1.0 if need is None else need
         if peak > self.peak_share.get(view.replica, 0.0):
             self.peak_share[view.replica] = peak
+        busy, fsum, ssum = self.usage.get(view.replica, (0.0, 0.0, 0.0))
+        self.usage[view.replica] = (busy + step_s, fsum + clock * step_s, ssum + peak * step_s)
         return StepPlan(order, gpu_clock)
+
+    def reset_usage(self) -> dict[int, tuple[float, float, float]]:
+        """Hand over, per replica since the last reset, its planned busy seconds and the busy-time-weighted means of
+        its own clock choices (its preferred frequency F_l, sec. 3.5) and of its needed SM share (SM_l), and clear
+        them."""
+        out = {r: (b, f / b, s / b) for r, (b, f, s) in self.usage.items() if b > 0}
+        self.usage = {}
+        return out
 
     def reset_peaks(self) -> dict[int, float]:
         """Hand over ``peak_share`` (replica -> largest needed share since the last reset) and clear it."""
