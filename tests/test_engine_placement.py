@@ -209,11 +209,9 @@ def test_a_what_if_copy_carries_moves_loads_and_requests_in_transit():
 # ------------------------------------------------------------------------------------------ through the env
 
 
-def test_the_env_moves_an_instance_with_its_placement_key_and_reports_it(tmp_path):
-    import csv
-
-    from commitenv.envs import CommitServeEnv
+def test_the_env_moves_an_instance_with_its_placement_key_and_reports_it():
     from commitenv.control import ControllerContext
+    from commitenv.envs import CommitServeEnv
 
     env = CommitServeEnv("festina-h100-shared")
     env.reset(seed=100000)

@@ -22,5 +22,7 @@ def test_report_means_and_saving_by_hand():
     # energy 11 vs 5.5 MJ: 50.0 % less; latency attainment 98 vs 97: -1.00 points
     assert "50.0 % less energy" in text and "-1.00 points" in text
     assert "| MuxServe-like default (vllm) | 11.000 |" in text and "| Festina | 5.500 |" in text
+    assert "DynamoLLM" not in text  # not run: no row
+    assert text.count("| 1.0 | 1.0 | 1.0 |") == 2  # moves, cold starts, migrated requests (1.0 in every row here)
     assert "dispatch 15.0 us per arrival" in text and "60.0 us per step" in text
     assert "| Festina | 100.00 | 90.00 |" in text

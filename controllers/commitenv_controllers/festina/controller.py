@@ -14,8 +14,10 @@ active (the engine activates each model's lowest-index instances) are planned wi
 interval: the means of the clocks and of the SM shares its local scheduler chose, weighted by busy time, as F_l and
 SM_l, its model's weights as memory, its busy time). If the plan needs fewer GPUs than the active instances occupy, the groups go to the GPUs
 already holding most of them (`consolidation.consolidated_placement`), idle instances make room at their minimum
-share, and the action moves the instances with latency-aware migration of their running requests (the engine's
-cold start and KV transfer, `commitenv.sim.migration`); no new check for ``keep_alive_s`` after a move. A GPU whose
+share, and, when the idle power saved over a keep-alive (freed GPUs x (active idle at the top clock - standby))
+outweighs the moved instances' cold-start energy (the paper's scale-in condition, sec. 1), the action moves them with
+latency-aware migration of their running requests (the engine's cold start and KV transfer,
+`commitenv.sim.migration`); no new check for ``keep_alive_s`` after a move. A GPU whose
 instances are all inactive falls to standby power. The interval's ``clock`` is left to the local schedulers (the
 action repeats the clock the GPUs were set to at reset, so the environment changes nothing on its own).
 """
@@ -147,7 +149,8 @@ class Festina(Controller):
             _, res = plan_and_place(demands, gpu_mem_cap_gb=mem, delta=self.delta, time_limit_s=2.0)
         except ValueError:
             return None
-        if not should_consolidate(len({self.gpu_of[r] for r in keep}), len(res.placement.active_gpus)):
+        now_gpus, planned = len({self.gpu_of[r] for r in keep}), len(res.placement.active_gpus)
+        if not should_consolidate(now_gpus, planned):
             return None
         groups = [[int(i) for i in ids] for ids in res.placement.assignment.values() if ids]
         shares = [want.get(r, mins[r]) for r in range(len(self.model_of))]
@@ -155,6 +158,12 @@ class Festina(Controller):
         if new is None:
             return None
         moved = [r for r, (a, b) in enumerate(zip(self.gpu_of, new)) if a != b]
+        # scale in only when the idle power saved over a keep-alive outweighs the moves' cold starts (sec. 1)
+        p0 = profiles[0]
+        saved_j = (now_gpus - planned) * (p0.clocks[-1].active_idle_w - p0.standby_w) * self.keep_alive_s
+        cost_j = sum(profiles[self.model_of[r]].latencies.load_energy_j or 0.0 for r in moved)
+        if not saved_j > cost_j:
+            return None
         self.gpu_of, self.shares = new, shares
         self.consolidations += 1
         self.moved += len(moved)
