@@ -17,6 +17,7 @@ every other controller gets None there. Runs that use it are marked, and the lea
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -112,6 +113,25 @@ class ControllerContext:
     def all_active(self) -> int | tuple[int, ...]:
         """``active`` with every replica on: ``n_replicas``, or per model on a shared pool."""
         return self.replicas_per_model if self.shared else self.n_replicas
+
+    def spread_active(self, total: int) -> tuple[int, ...]:
+        """A shared pool's per-model active counts for ``total`` instances: one each, the rest in proportion to each
+        model's other instances (largest remainders, ties to the earlier model). For controllers that plan a pool-wide
+        count (ePACT's catalog)."""
+        n = self.replicas_per_model
+        if not n:
+            raise ValueError("spread_active: only for shared pools (several models)")
+        if isinstance(total, (bool, np.bool_)) or not len(n) <= total <= sum(n):
+            raise ValueError(f"spread_active: expected a total in {len(n)}..{sum(n)} (one instance per model at "
+                             f"least), got {total!r}")
+        extra, cap = int(total) - len(n), [x - 1 for x in n]
+        if extra == 0:
+            return (1,) * len(n)
+        raw = [extra * c / sum(cap) for c in cap]
+        base = [math.floor(r) for r in raw]
+        for m in sorted(range(len(n)), key=lambda m: (base[m] - raw[m], m))[: extra - sum(base)]:
+            base[m] += 1
+        return tuple(1 + b for b in base)
 
     def action(self, active, clock_mhz: int, *, clocks_mhz=None, shares=None, placement=None,
                migrate: str | None = None) -> dict:

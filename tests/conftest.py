@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,13 @@ def attn_toy_profile(**over) -> Profile:
                energy=dict(a=1.0, c1=0.1, c2=0.0001, b=0.01, kappa=0.001), active_idle_w=50.0,
                draining_idle_w=50.0)
     return toy_profile(clocks=[low, top], **over)
+
+
+def slow_requested(config) -> bool:
+    """Slow cases that skip themselves run only when asked for: ``-m slow`` (or any marker expression selecting
+    ``slow`` without ``not slow``) or ``COMMITENV_RUN_SLOW=1``; a plain run stays quick."""
+    expr = (config.getoption("markexpr") or "").replace(" ", "")
+    return os.environ.get("COMMITENV_RUN_SLOW") == "1" or ("slow" in expr and "notslow" not in expr)
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from conftest import slow_requested
+
 from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import run_episode
 from commitenv.scenarios import list_scenarios, load_scenario, scenario_workload
@@ -98,16 +100,9 @@ def test_quick_subset_covers_every_gpu_setting_and_realism():
 
 
 # ================================================================================================ 1. deadlines cost
-def _slow_requested(config) -> bool:
-    """Slow cases run only when asked for: ``-m slow`` (or any marker expression selecting ``slow`` without
-    ``not slow``) or ``COMMITENV_RUN_SLOW=1``; a plain run of this file stays quick."""
-    expr = (config.getoption("markexpr") or "").replace(" ", "")
-    return os.environ.get("COMMITENV_RUN_SLOW") == "1" or ("slow" in expr and "notslow" not in expr)
-
-
 @pytest.mark.parametrize("name", SCENARIO_PARAMS)
 def test_neglecting_deadlines_returns_less_than_vllm(name, request):
-    if request.node.get_closest_marker("slow") and not _slow_requested(request.config):
+    if request.node.get_closest_marker("slow") and not slow_requested(request.config):
         pytest.skip("slow (alpha 2.5/3.5 hours: ~6 s each; days: ~20 min each): "
                     "run with -m slow or COMMITENV_RUN_SLOW=1")
     vllm = _run(name, "vllm").summary

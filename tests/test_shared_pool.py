@@ -175,3 +175,57 @@ def test_decisions_csv_of_a_shared_pool_has_the_per_model_columns(tmp_path):
         assert int(r["active"]) == sum(by) and len(by) == 2
         assert len(r["shares"].split()) == 5 and r["clocks_mhz"] == ""  # festina sets shares, not per-GPU clocks
     assert res.summary["requests"] > 0
+
+
+# ------------------------------------------------------------------------------------------ ePACT on a shared pool
+
+
+def test_spread_active_by_hand(tmp_path):
+    from commitenv.control import ControllerContext
+
+    env = CommitServeEnv(str(shared_scenario(tmp_path)))
+    env.reset(seed=0)
+    ctx = ControllerContext.from_env(env)  # small: 3 instances, big: 2
+    # one each, the rest in proportion to (2, 1) other instances, largest remainder first
+    assert [ctx.spread_active(n) for n in (2, 3, 4, 5)] == [(1, 1), (2, 1), (2, 2), (3, 2)]
+    with pytest.raises(ValueError, match="expected a total in 2..5"):
+        ctx.spread_active(1)
+
+
+def test_a_shared_what_if_replays_each_arrival_to_its_tenants_model(tmp_path):
+    from commitenv.sim.lref import reference_latency
+    from commitenv.sim.whatif import observed_arrivals
+
+    env = CommitServeEnv(str(shared_scenario(tmp_path)))
+    env.reset(seed=0)
+    env.step({"active": [3, 2], "clock": 1})
+    pool = env.pool
+    replay = observed_arrivals(pool, 600.0)
+    snap = env.snapshot()
+    copy = snap._engine.clone(hide_lengths=False)
+    copy.attach_replay(replay)
+    big = replay.tenant == replay.tenant_names.index("b")
+    assert big.any() and (~big).any()
+    assert [m for m in copy._model] == big.astype(int).tolist()  # tenant b -> model 1 ("big")
+    i = int(np.flatnonzero(big)[0])
+    want = replay.arrival_s[i] + env.scenario.alpha * reference_latency(
+        env.profiles[1], replay.prompt_tokens[i:i + 1], replay.output_tokens[i:i + 1])[0]
+    assert copy._deadline[i] == pytest.approx(want, rel=1e-12)
+    res = snap.simulate((1, 1), 1000, 600.0, replay, track_arrivals=True)
+    assert res.forecast_n == int((~copy.rejected).sum()) and res.complete
+    with pytest.raises(ValueError, match="one active count per model"):
+        snap.simulate(2, 1000, 600.0)
+
+
+def test_epact_runs_a_shared_pool_with_spread_counts(tmp_path):
+    from commitenv.evaluation import run_episode
+
+    env, res = run_episode("epact", str(shared_scenario(tmp_path)), 0, controller_kwargs={"workers": 0})
+    by = [tuple(int(x) for x in d["active_by_model"].split()) for d in res.decisions]
+    assert len(by) == 6 and all(1 <= a <= 3 and 1 <= b <= 2 for a, b in by)
+    # every decision is the spread of its own total (the catalog's pool-wide count)
+    from commitenv.control import ControllerContext
+
+    ctx = ControllerContext.from_env(env)
+    assert all(ctx.spread_active(a + b) == (a, b) for a, b in by)
+    assert res.summary["requests"] > 0 and res.summary["energy_mj"] > 0

@@ -249,6 +249,7 @@ class Pool:
         self.captured_left = 0
         self.captured_finish: dict[int, float] = {}
         self._hashes: list[int] | None = None
+        self.tenant_model: dict[int, int] = {}
         for gpu in self.gpus:
             gpu.update_floor(0.0)
 
@@ -266,6 +267,7 @@ class Pool:
                 if not 0 <= m < self.n_models:
                     raise ValueError(f"tenant_model: tenant {ten} mapped to model {m}, but the pool has {self.n_models}")
                 tm[table.tenant == ten] = m
+        self.tenant_model = dict(tenant_model or {})  # the scenario's routing of tenants to models (public)
         self.model_of = tm  # model serving each request row
         self._model = tm.tolist()
         terms = request_terms(self.profiles, self.opt, table, tm)
@@ -795,6 +797,7 @@ class Pool:
         c = Pool.__new__(Pool)
         c.profiles = [p.model_copy(deep=True) for p in self.profiles] if own_profiles else list(self.profiles)
         c.layout, c.n_models = self.layout, self.n_models
+        c.tenant_model = self.tenant_model
         c.opt = replace(self.opt, log_steps=False, truth=None, seed=0)  # the run seed would regenerate the trace
         nominal = self.truth is not None
         c.now = self.now
@@ -888,16 +891,18 @@ class Pool:
         self._arr = table.arrival_s.tolist()
         self._prompt = table.prompt_tokens.tolist()
         self._n = n
-        self._model = [0] * n
+        model_of = np.zeros(n, dtype=np.int64)
+        for ten, m in self.tenant_model.items():
+            model_of[table.tenant == ten] = m
+        self._model = model_of.tolist()
         self._cursor = 0
         self._slot_base = REPLAY_SLOT_BASE
         self._hashes = None  # replayed arrivals carry no prefix blocks
-        prof = self.profiles[0]
-        lim = prof.scheduler.context_limit
+        lim = np.array([p.scheduler.context_limit for p in self.profiles])[model_of]
         self.rejected = np.asarray(table.prompt_tokens >= lim)
-        out = np.minimum(table.output_tokens, np.maximum(lim - table.prompt_tokens, 1))
+        out, lref = _capped_lref(self.profiles, table, model_of, table.output_tokens)
         self._out = out.tolist()
-        self._deadline = (table.arrival_s + self.opt.alpha * reference_latency(prof, table.prompt_tokens, out)).tolist()
+        self._deadline = (table.arrival_s + self.opt.alpha * lref).tolist()
 
     def _local_order(self, rep: Replica, t: float) -> tuple[int, ...] | None:
         """Ask ``rep``'s local policy for its next step (timed): the plan's order (None: the vLLM scheduler); a

@@ -87,7 +87,7 @@ class Snapshot:
         """Visible deadline by request slot (a new dict each call)."""
         return dict(zip(self.requests.slot.tolist(), self.requests.deadline_s.tolist()))
 
-    def simulate(self, active: int, clock_mhz: int, horizon_s: float, arrivals: "RequestTable | None" = None, *,
+    def simulate(self, active: int | tuple[int, ...], clock_mhz: int, horizon_s: float, arrivals: "RequestTable | None" = None, *,
                  max_tail_s: float = 3600.0, track_arrivals: bool = False) -> "WhatIf":
         """What-if run from this state under (active, clock); see `commitenv.sim.whatif.simulate`."""
         from commitenv.sim.whatif import simulate

@@ -55,7 +55,7 @@ def observed_arrivals(pool: Pool, window_s: float, shift_s: float | None = None)
 
 def simulate(
     snap: Snapshot,
-    active: int,
+    active: int | tuple[int, ...],
     clock_mhz: int,
     horizon_s: float,
     arrivals: RequestTable | None = None,
@@ -63,7 +63,8 @@ def simulate(
     max_tail_s: float = 3600.0,
     track_arrivals: bool = False,
 ) -> WhatIf:
-    """Predict interval energy and captured requests' completions under configuration (active, clock).
+    """Predict interval energy and captured requests' completions under configuration (active, clock); on a pool of
+    several models ``active`` gives each model's count (replayed arrivals go to their tenants' models).
 
     With ``track_arrivals`` the replayed arrivals are followed to completion too and appear in ``finish``
     under slot ``REPLAY_SLOT_BASE + i``; misses and margin still cover the snapshot's requests only.
@@ -72,7 +73,15 @@ def simulate(
     t = snap.t
     pool.capture_all()
     pool._capture_arrivals = track_arrivals
-    pool.set_active(t, active)
+    if isinstance(active, (tuple, list)):
+        if len(active) != pool.n_models:
+            raise ValueError(f"what-if: expected {pool.n_models} active counts (one per model), got {active!r}")
+        for m, a in enumerate(active):
+            pool.set_active(t, int(a), model=m)
+    elif pool.n_models > 1:
+        raise ValueError(f"what-if: a pool of {pool.n_models} models takes one active count per model, got {active!r}")
+    else:
+        pool.set_active(t, active)
     pool.set_clock(t, clock_mhz)
     if arrivals is not None and len(arrivals):
         sel = arrivals.arrival_s < t + horizon_s

@@ -5,6 +5,11 @@ the previous interval's observed arrivals (replayed as the forecast, never futur
 what-if runs of the engine, one per candidate, evaluated in parallel by persistent workers; the adaptive
 search proposes candidates; the selection rule (SLO admission, cost-weighted target matching,
 service-first fallback) picks the configuration. ``static_target=True`` is the Static-Target ablation.
+
+On a shared pool (several models on the GPUs) the catalog's replica counts are pool-wide totals, each spread over the
+models in proportion to their instances (`ControllerContext.spread_active`), with one clock for every GPU; the
+what-if runs the whole shared pool and replays each observed arrival to its tenant's model. This is this project's
+adaptation: the paper plans one model per pool.
 """
 
 from __future__ import annotations
@@ -90,7 +95,8 @@ class EPACT(Controller):
         super().reset(ctx, seed)
         if ctx.probe is None:
             raise ValueError("epact needs a probe (ControllerContext.from_env) for snapshots")
-        self.catalog = Catalog.build(ctx.n_replicas, ctx.clocks_mhz)
+        # a shared pool: the catalog's counts are pool-wide totals, spread over the models by ctx.spread_active
+        self.catalog = Catalog.build(ctx.n_replicas, ctx.clocks_mhz, min_replicas=len(ctx.models) or 1)
         K = ctx.intervals_per_hour
         if self.nominal_fractions is not None:
             if len(self.nominal_fractions) != K:
@@ -148,7 +154,7 @@ class EPACT(Controller):
         def evaluate(batch: list[Rank]) -> None:
             nonlocal n_cap
             configs = [self.catalog.config(r) for r in batch]
-            preds = self.workers.evaluate(configs)
+            preds = self.workers.evaluate([(self._per_model(a), c) for a, c in configs])
             if track:
                 n_cap = snap.n_requests + preds[0].forecast_n
             for r, (a, c), w in zip(batch, configs, preds):
@@ -171,13 +177,14 @@ class EPACT(Controller):
         self.plan_times.append(wall)
         self.evaluated_counts.append(len(search.order))
         if chosen is None:  # no valid prediction: keep the current configuration
-            action = ctx.action(int(info["active"]), int(info["clock_mhz"]))
+            keep = tuple(info["active_by_model"]) if ctx.shared else int(info["active"])
+            action = ctx.action(keep, int(info["clock_mhz"]))
         else:
             rank = self.catalog.nearest(chosen.active, chosen.clock_mhz)
             if rank in self.warm:
                 self.warm.remove(rank)
             self.warm.append(rank)
-            action = ctx.action(chosen.active, chosen.clock_mhz)
+            action = ctx.action(self._per_model(chosen.active), chosen.clock_mhz)
             self._predicted_j = chosen.energy_j
         delay = wall if self.planning_delay == "measured" else float(self.planning_delay)
         if delay > 0:
@@ -188,6 +195,10 @@ class EPACT(Controller):
             "band_rel": band_rel, "band_j": band,
         })
         return action
+
+    def _per_model(self, active: int) -> int | tuple[int, ...]:
+        """A catalog count as the action and the what-if take it (per model on a shared pool)."""
+        return self.ctx.spread_active(active) if self.ctx.shared else active
 
     def stats(self) -> dict[str, float]:
         """Planning figures of the run (the paper reports a mean search time of 23.35 s per decision)."""

@@ -27,8 +27,9 @@ class Catalog:
     clocks: tuple[int, ...]
 
     @staticmethod
-    def build(n_replicas: int, clocks_mhz: Sequence[int], max_replicas: int = 8, max_clocks: int = 5) -> "Catalog":
-        counts = list(range(1, n_replicas + 1))
+    def build(n_replicas: int, clocks_mhz: Sequence[int], max_replicas: int = 8, max_clocks: int = 5,
+              min_replicas: int = 1) -> "Catalog":
+        counts = list(range(min_replicas, n_replicas + 1))
         reps = tuple(counts[i] for i in uniform_ranks(len(counts), max_replicas))
         clk = sorted(clocks_mhz)
         return Catalog(reps, tuple(clk[i] for i in uniform_ranks(len(clk), max_clocks)))
