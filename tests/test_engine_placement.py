@@ -234,3 +234,46 @@ def test_the_env_moves_an_instance_with_its_placement_key_and_reports_it():
     assert pool.replicas[0].state == ACTIVE and pool.moves == 1
     snap = ctx.probe.snapshot()
     assert snap.replicas.gpu[0] == 1 and snap.replicas.state[0] == "active"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_random_moves_lose_no_request_and_never_oversubscribe_a_gpu(seed):
+    """Random moves (every migration mode), activations and arrivals on two models sharing three GPUs: every
+    request finishes once, every replica ends with all its KV blocks free, and the steps running at any moment on a
+    GPU never hold more than its SMs."""
+    rng = np.random.default_rng(seed)
+    profiles = [profile(1e5), profile(1e5)]
+    layout = PoolLayout(((Instance(0, 0.5), Instance(1, 0.5)), (Instance(0, 0.4), Instance(1, 0.4)),
+                         (Instance(0, 0.3),)))
+    pool = Pool(profiles, layout, EngineOptions(noise=NoiseSpec(0, 0), closed_form=False, log_steps=True))
+    n = 400
+    table = make_table(np.sort(rng.uniform(0, 120, n)), rng.integers(4, 200, n), rng.integers(1, 1500, n))
+    table = table.__class__(**{**table.__dict__, "tenant": rng.integers(0, 2, n).astype(np.int32),
+                               "tenant_names": ("a", "b")})
+    pool.attach(table, {0: 0, 1: 1})
+    t = 0.0
+    while t < 120:
+        t += float(rng.uniform(2, 12))
+        pool.run_until(t)
+        r = int(rng.integers(0, len(pool.replicas)))
+        g = int(rng.integers(0, len(pool.gpus)))
+        try:
+            pool.move(t, {r: g}, migrate=["none", "latency_aware", "all"][int(rng.integers(0, 3))])
+        except ValueError as e:
+            assert "would hold" in str(e)  # the only refusal: the SMs do not fit
+        if rng.random() < 0.3:
+            m = int(rng.integers(0, 2))
+            pool.set_active(t, int(rng.integers(1, len(pool.replicas_of(m)) + 1)), model=m)
+    for m in range(2):
+        pool.set_active(t, len(pool.replicas_of(m)), model=m)
+    pool.run_until(np.inf)
+    assert np.all(np.isfinite(pool.finish_t)) and pool.completed == n and not pool.transit
+    assert all(r.free_blocks == r.cap_blocks and not r.has_work() for r in pool.replicas)
+    assert pool.moves > 0 and pool.cold_starts > 0
+    for g in range(len(pool.gpus)):  # SMs of the steps running at once on GPU g: a sweep over starts and ends
+        ev = sorted([(e.t1, 0, e.share) for e in pool.log if e.gpu == g] +
+                    [(e.t0, 1, e.share) for e in pool.log if e.gpu == g])  # at equal times, ends first
+        used = 0.0
+        for _, start, share in ev:
+            used += share if start else -share
+            assert used <= 1 + 1e-9

@@ -72,8 +72,6 @@ def shared_scenario(folder: Path, name: str = "toy-shared", **over) -> Path:
     (lambda r: r["pool"].update(placement=[[{"model": "small"}]] * 3), "model(s) ['big'] have no instance"),
     (lambda r: r["workload"].update(tenant_mix={"s": 0.5, "x": 0.5}), "tenant(s) ['x'] are served by no model"),
     (lambda r: r["workload"].update(tenant_mix={"s": 0.5, "b": 0.4}), "must sum to 1"),
-    (lambda r: r.update(commitment={"fractions": [0.8], "reference": {"workload_seed": 0}}),
-     "reference runs of shared pools"),
     (lambda r: r["workload"].pop("tenant_mix"), "needs the workload's tenants"),
 ])
 def test_bad_shared_scenarios_are_refused_naming_the_field(tmp_path, edit, says):
@@ -229,3 +227,18 @@ def test_epact_runs_a_shared_pool_with_spread_counts(tmp_path):
     ctx = ControllerContext.from_env(env)
     assert all(ctx.spread_active(a + b) == (a, b) for a, b in by)
     assert res.summary["requests"] > 0 and res.summary["energy_mj"] > 0
+
+
+def test_a_shared_pools_reference_run_is_its_full_capacity_vllm_hour(tmp_path):
+    from commitenv.evaluation import run_episode
+    from commitenv.scenarios import load_scenario
+    from commitenv.scenarios.commitments import commitments_mj
+
+    path = shared_scenario(tmp_path, name="toy-shared-ref", commitment={"fractions": [0.8], "reference": {}},
+                           noise={"time_sigma": 0.0, "energy_sigma": 0.0})
+    raw = yaml.safe_load(path.read_text())
+    raw["workload"]["seed"] = 0  # the episode serves the reference's own workload (trace, tenants drawn with seed 0)
+    path.write_text(yaml.safe_dump(raw))
+    c = commitments_mj(load_scenario(str(path)), use_cache=False)
+    env, res = run_episode("vllm", str(path), 0)  # every instance at its placed share, the reference clock
+    assert c[0] == pytest.approx(0.8 * env.hour_energy_j[0] / 1e6, rel=1e-9)

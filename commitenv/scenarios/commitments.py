@@ -36,9 +36,13 @@ from commitenv.scenarios.build import (
     engine_options,
     realism_of,
     reference_workload,
+    scenario_layout,
     scenario_profile,
     scenario_profile_path,
+    scenario_profiles,
+    scenario_tenant_model,
     synthetic_lengths_path,
+    with_tenant_mix,
 )
 from commitenv.scenarios.loader import ScenarioError
 from commitenv.scenarios.schema import Scenario
@@ -132,6 +136,11 @@ def reference_inputs(sc: Scenario) -> dict:
         "package_version": __version__,
         "engine_code_sha256": engine_code_sha256(),
         "profile_sha256": _sha256_file(scenario_profile_path(sc)),
+        **({"pool": {"models": [{"name": m.name, "tenants": list(m.tenants),
+                                 "profile_sha256": _sha256_file(scenario_profile_path(sc, m.profile))}
+                                for m in sc.pool.models],
+                     "placement": [[i.model_dump(mode="json") for i in g] for g in sc.pool.placement]}}
+           if sc.pool.shared else {}),
         "workload": wl,
         "gpus": sc.pool.gpus,
         "horizon_hours": sc.horizon_hours,
@@ -227,8 +236,14 @@ def compute_reference(sc: Scenario, *, progress: bool = False) -> dict:
     prof = scenario_profile(sc)
     opts = engine_options(sc, REFERENCE_ENGINE_SEED)  # what the controller would see plays no part in vLLM
     t = time.perf_counter()
-    res = run_fixed(prof, table, n_gpus=sc.pool.gpus, active=None, clock_mhz=None, options=opts,
-                    hours=sc.horizon_hours, interval_s=sc.interval_s, progress=progress)
+    if sc.pool.shared:  # every instance at its placed share, top clock: the MuxServe-like default (`vllm`)
+        table = with_tenant_mix(sc, table, seed)
+        res = run_fixed(scenario_profiles(sc), table, layout=scenario_layout(sc),
+                        tenant_model=scenario_tenant_model(sc, table), options=opts, hours=sc.horizon_hours,
+                        interval_s=sc.interval_s, progress=progress)
+    else:
+        res = run_fixed(prof, table, n_gpus=sc.pool.gpus, active=None, clock_mhz=None, options=opts,
+                        hours=sc.horizon_hours, interval_s=sc.interval_s, progress=progress)
     settle = 1.0 + realism_of(sc).meters.pool_overhead  # commitments are bought on the meter that settles them
     return {
         "cache_format": CACHE_FORMAT,

@@ -366,9 +366,6 @@ class Scenario(_Strict):
             unserved = sorted(set(mix) - served)
             if unserved:
                 raise ValueError(f"workload.tenant_mix: tenant(s) {unserved} are served by no model (pool.models.tenants)")
-            if c.fractions is not None:
-                raise ValueError("commitment.fractions: reference runs of shared pools are not supported yet; give "
-                                 "absolute commitments (commitment.mj)")
             if self.initial.active is not None:
                 raise ValueError("initial.active: a shared pool starts with every instance active")
         truth_parts = {"latency", "gpu_variation", "energy_model"} & self.realism.model_fields_set

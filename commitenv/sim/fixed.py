@@ -28,10 +28,12 @@ class FixedRunResult:
 
 
 def run_fixed(
-    profile: Profile,
+    profile: Profile | list[Profile],
     table: RequestTable,
     *,
     n_gpus: int = 32,
+    layout: PoolLayout | None = None,
+    tenant_model: dict[int, int] | None = None,
     active: int | None = None,
     clock_mhz: int | None = None,
     options: EngineOptions | None = None,
@@ -39,23 +41,27 @@ def run_fixed(
     interval_s: float = 60.0,
     progress: bool = False,
 ) -> FixedRunResult:
-    """Serve ``table`` with ``active`` of ``n_gpus`` replicas at ``clock_mhz`` (defaults: all, reference clock).
+    """Serve ``table`` with ``active`` of ``n_gpus`` replicas at ``clock_mhz`` (defaults: all, reference clock); a
+    shared pool gives its ``layout`` (every instance active) and ``tenant_model`` instead of ``n_gpus``.
 
     Energy is settled per hour over ``hours`` (default: the trace span rounded up); every request is then
     run to completion so that late finishes still count against their arrival hour.
     """
     opts = options or EngineOptions()
-    pool = Pool(profile, PoolLayout.single(n_gpus), opts, clock_mhz=clock_mhz)
+    if layout is not None and active is not None:
+        raise ValueError("run_fixed: a given layout runs every instance (active must be None)")
+    pool = Pool(profile, layout or PoolLayout.single(n_gpus), opts, clock_mhz=clock_mhz)
     if active is not None and active != n_gpus:
         pool.set_active(0.0, active)
-    pool.attach(table)
+    pool.attach(table, tenant_model)
     H = hours if hours is not None else max(1, math.ceil(table.duration_s / 3600.0 + 1e-9))
     steps = int(round(H * 3600.0 / interval_s))
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=steps, unit="interval", desc=f"{profile.name} x{n_gpus}", leave=False)
+        name = profile.name if isinstance(profile, Profile) else "+".join(p.name for p in profile)
+        bar = tqdm(total=steps, unit="interval", desc=f"{name} x{len(pool.gpus)}", leave=False)
     per_hour = int(round(3600.0 / interval_s))
     book = HourlySettlement(np.ones(H), intervals_per_hour=per_hour)  # hourly energies only: no commitment yet
     for k in range(1, steps + 1):
