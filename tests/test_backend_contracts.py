@@ -250,3 +250,26 @@ def test_cli_calibrate_writes_a_valid_profile_and_report(tmp_path, capsys):
     assert "1711" in capsys.readouterr().err
     assert main(["calibrate", "--out", str(out)]) == 2
     assert "--template" in capsys.readouterr().err
+
+
+def test_the_engine_seam_reports_preemptions_as_the_simulator_counts_them():
+    # a KV cache of 256 tokens (16 blocks of 16) for four 40-token prompts growing to 120 tokens each: vLLM
+    # preempts the newest running request when the blocks run out
+    from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+    from commitenv.workload.table import make_table
+
+    base = load_profile(PROFILE)
+    prof = base.model_copy(update={"scheduler": base.scheduler.model_copy(update={"kv_capacity_tokens": 256})})
+    clock = VirtualClock()
+    eng = SimEngine(prof, FakeGpu(prof, clock), clock)
+    for i in range(4):
+        eng.add_request(f"r{i}", 40, 80)
+    counted = {f"r{i}": 0 for i in range(4)}
+    while eng.has_work():
+        for rid in eng.step().preempted:
+            counted[rid] += 1
+    pool = Pool(prof, PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), closed_form=False))
+    pool.attach(make_table(np.zeros(4), np.full(4, 40), np.full(4, 80)))
+    pool.run_until(math.inf)
+    assert sum(counted.values()) > 0
+    assert [counted[f"r{i}"] for i in range(4)] == pool.preemptions.tolist()

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class StepRecord:
     """One engine step: when it started and how long it took (s), its prefill tokens ``P``, prefill attention
-    pairs ``A``, decoding requests ``n`` and summed decode context ``L``, the requests that got their first token and
-    those that finished (ids), and each scheduled request's progress after it (id, tokens computed, tokens
-    generated: absolute counts, so a recomputation after a preemption shows as such), from which a backend
-    follows every request."""
+    pairs ``A``, decoding requests ``n`` and summed decode context ``L``, the requests that got their first token,
+    those that finished and those the scheduler preempted while forming the step (ids; vLLM's
+    ``SchedulerOutput.preempted_req_ids``), and each scheduled request's progress after it (id, tokens computed,
+    tokens generated: absolute counts), from which a backend follows every request."""
 
     t_start: float
     elapsed_s: float
@@ -28,6 +28,7 @@ class StepRecord:
     first_token: tuple[str, ...] = field(default=())
     finished: tuple[str, ...] = field(default=())
     progress: tuple[tuple[str, int, int], ...] = field(default=())
+    preempted: tuple[str, ...] = field(default=())
 
 
 class ServingEngine(ABC):

@@ -58,8 +58,10 @@ class SimEngine(ServingEngine):
             self._gpu.clock_idx = idx
             self.rep.invalidate_coeffs()
         rep = self.rep
+        before = {r.slot: r.preemptions for r in (*rep.running, *rep.waiting)}
         if not rep.start(t0, None, False, False):
             return None
+        preempted = tuple(self._ids[r.slot] for r in rep.waiting if r.preemptions > before.get(r.slot, 0))
         P, A, n, L = batch_terms(rep.batch)
         batch = [r for r, _ in rep.batch]
         fresh = [r for r in batch if r.generated == 0]
@@ -78,7 +80,7 @@ class SimEngine(ServingEngine):
         progress = tuple((self._ids[r.slot], r.computed, r.generated) for r in batch)
         first = tuple(self._ids[r.slot] for r in fresh if r.generated >= 1)
         finished = tuple(self._ids.pop(r.slot) for r in done)
-        return StepRecord(t0, elapsed, P, A, n, L, first, finished, progress)
+        return StepRecord(t0, elapsed, P, A, n, L, first, finished, progress, preempted)
 
     def sleep(self) -> None:
         if self.rep.has_work():
@@ -92,3 +94,12 @@ class SimEngine(ServingEngine):
         self.fake.set_state("active")  # waking: the instance draws active idle while weights come back
         self.clock.sleep(self.profile.latencies.activation_s)
         self.rep.state = ACTIVE
+
+
+def standalone_sim_engine(profile: Profile, *, noise_sigma: float = 0.0, seed: int = 0) -> SimEngine:
+    """A `SimEngine` with its own `FakeGpu` on its own virtual clock: a fake engine that can be built anywhere,
+    e.g. in a `commitenv.backends.process_engine.ProcessEngine`'s process."""
+    from commitenv.backends.clock import VirtualClock
+
+    clock = VirtualClock()
+    return SimEngine(profile, FakeGpu(profile, clock), clock, noise_sigma=noise_sigma, seed=seed)

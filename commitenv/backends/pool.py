@@ -80,6 +80,9 @@ class DeviceWorker:
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout=30)
+        close = getattr(self.engine, "close", None)  # an engine in its own process (`ProcessEngine`) stops it
+        if callable(close):
+            close()
 
     def _run(self) -> None:
         eng = self.engine
@@ -111,6 +114,8 @@ class DeviceWorker:
                     continue
                 self.steps += 1
                 t_end = rec.t_start + rec.elapsed_s
+                for rid in rec.preempted:
+                    self.live[rid].preemptions += 1
                 for rid, computed, generated in rec.progress:  # as the engine counts them, after the step
                     r = self.live[rid]
                     r.computed, r.generated, r.started = computed, generated, True
@@ -160,7 +165,7 @@ class HardwarePool:
         self.finish_t = np.full(n, np.nan)
         self.first_t = np.full(n, np.nan)
         self.replica_of = np.full(n, -1, dtype=np.int32)
-        self.preemptions = np.zeros(n, dtype=np.int32)  # not observable through the engine seam
+        self.preemptions = np.zeros(n, dtype=np.int32)  # from the engines' step records (preempted ids)
         self._arr = table.arrival_s.tolist()
         self._origin = self.clock.now()
 
@@ -174,6 +179,7 @@ class HardwarePool:
             self.finish_t[s] = t_clock - self._origin
             self.first_t[s] = r.first_t - self._origin
             self.replica_of[s] = r.replica
+            self.preemptions[s] = r.preemptions
             self.completed += 1
             if self.done_slots is not None:
                 self.done_slots.append(s)

@@ -183,9 +183,12 @@ class VllmEngine(ServingEngine):
                 finished.append(state[0])
                 gone.append(internal)
         progress = tuple((self._reqs[rid][0], h + c, self._reqs[rid][2]) for rid, c, h in chunks)
+        out = self._captured[0] if self._captured else None
+        preempted = tuple(self._reqs[rid][0] for rid in sorted(getattr(out, "preempted_req_ids", None) or ())
+                          if rid in self._reqs)
         for internal in gone:
             del self._internal[self._reqs[internal][0]], self._reqs[internal]
-        return StepRecord(t_start, elapsed, P, A, n, L, tuple(first), tuple(finished), progress)
+        return StepRecord(t_start, elapsed, P, A, n, L, tuple(first), tuple(finished), progress, preempted)
 
     def sleep(self) -> None:
         """vLLM sleep level 1: weights offloaded to CPU memory, KV cache dropped."""

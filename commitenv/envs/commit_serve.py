@@ -107,8 +107,8 @@ from commitenv.settlement import HourlySettlement
 from commitenv.sim import Pool, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
-from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.local import LocalPolicy
+from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.workload.table import RequestTable
 
 OBS_FEATURES = (
