@@ -12,7 +12,6 @@ do-nothing 757 s; the backlog of ~1M requests is walked in Python by every obser
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
