@@ -171,8 +171,9 @@ def test_the_what_if_view_mirrors_the_workers_queues():
 def test_epact_runs_on_the_fake_backend_through_the_what_if_view(tmp_path):
     """ePACT plans with snapshots of the hardware pool; its hourly energy lands within 2 % of its simulated run."""
     sc = toy_three_hour(tmp_path / "sc", horizon_hours=1, commitment={"mj": [0.2]}, alpha=30.0, name="toy-ep")
-    # 300x: ePACT's planning runs in real time, and each real millisecond of it is 0.3 s of the pool's time
-    _, hw = run_episode("epact", str(sc), 0, controller_kwargs={"workers": 0}, backend=fake_backend(speed=300.0))
+    # 200x: ePACT's planning runs in real time, and each real millisecond of it is 0.2 s of the pool's time (a real-time
+    # test: scheduling jitter on a loaded machine is magnified by the speed-up too)
+    _, hw = run_episode("epact", str(sc), 0, controller_kwargs={"workers": 0}, backend=fake_backend(speed=200.0))
     _, sim = run_episode("epact", str(sc), 0, controller_kwargs={"workers": 0})
     assert hw.summary["energy_mj"] == pytest.approx(sim.summary["energy_mj"], rel=0.02)
     assert hw.summary["misses"] == sim.summary["misses"] == 0

@@ -797,7 +797,7 @@ class Pool:
         c = Pool.__new__(Pool)
         c.profiles = [p.model_copy(deep=True) for p in self.profiles] if own_profiles else list(self.profiles)
         c.layout, c.n_models = self.layout, self.n_models
-        c.tenant_model = self.tenant_model
+        c.tenant_model = dict(self.tenant_model)
         c.opt = replace(self.opt, log_steps=False, truth=None, seed=0)  # the run seed would regenerate the trace
         nominal = self.truth is not None
         c.now = self.now
