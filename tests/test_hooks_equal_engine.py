@@ -1,7 +1,8 @@
 """The engine's hooks with their default policies change nothing: a benchmark run with the least-unfinished dispatch
 policy installed equals the engine's own router bit for bit, and one with first-come-first-served local plans equals
 the vLLM scheduler stepping one step at a time bit for bit (requests' finish times and replicas, metered energy); a
-local policy plans every step, so against the engine's closed-form decode runs it agrees to rounding (1e-9 s). Quick:
+local policy plans every step, so against the engine's closed-form decode runs it agrees to rounding (1e-12 of the
+time). Quick:
 the first 15 minutes of a benchmark hour; slow: a whole day. FCFS equals vLLM while KV suffices, so the premise (no
 preemption) is asserted too."""
 
@@ -51,8 +52,9 @@ def _check(scenario: str, intervals: int | None) -> None:
     _same(stepped, planned)
     done = ~np.isnan(base.finish_t)
     assert np.array_equal(done, ~np.isnan(planned.finish_t))
-    assert np.max(np.abs(base.finish_t[done] - planned.finish_t[done])) < 1e-9
-    assert planned.energy_j() == pytest.approx(base.energy_j(), rel=1e-12)
+    # rounding of the closed-form runs' sums: 1.4e-11 s after 15 minutes, 1.5e-9 s after a day (t ~ 86,400 s)
+    assert np.all(np.abs(base.finish_t[done] - planned.finish_t[done]) <= 1e-12 * np.maximum(base.finish_t[done], 1.0))
+    assert planned.energy_j() == pytest.approx(base.energy_j(), rel=1e-10)
 
 
 def test_default_hooks_equal_the_engine_on_a_quarter_hour():
