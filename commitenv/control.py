@@ -103,6 +103,12 @@ class ControllerContext:
     replicas_per_model: tuple[int, ...] = ()
     placement: tuple[tuple[tuple[int, float], ...], ...] = ()  # per GPU: (model index, SM share) of its instances
     profiles: tuple[Profile, ...] = ()  # per model (the controller's own copies)
+    model_tenants: tuple[tuple[str, ...], ...] = ()  # per model: the tenants it serves (the scenario's routing)
+
+    def model_of_tenants(self, tenant_names: tuple[str, ...]) -> np.ndarray:
+        """The model serving each of ``tenant_names`` (a table's tenants, by index; -1 for a tenant no model serves)."""
+        by_name = {t: m for m, ts in enumerate(self.model_tenants) for t in ts}
+        return np.array([by_name.get(n, -1) for n in tenant_names], dtype=np.int64)
 
     @property
     def shared(self) -> bool:
@@ -215,6 +221,7 @@ class ControllerContext:
             hindsight=access,
             **({"models": tuple(e.model_names), "replicas_per_model": tuple(e.replicas_per_model),
                 "placement": tuple(tuple((i.model, float(i.share)) for i in g) for g in e.layout.gpus),
+                "model_tenants": tuple(tuple(m.tenants) for m in sc.pool.models),
                 "profiles": tuple(p.model_copy(deep=True) for p in e.profiles)} if e.shared else {}),
         )
 

@@ -188,6 +188,8 @@ def test_spread_active_by_hand(tmp_path):
     assert [ctx.spread_active(n) for n in (2, 3, 4, 5)] == [(1, 1), (2, 1), (2, 2), (3, 2)]
     with pytest.raises(ValueError, match="expected a total in 2..5"):
         ctx.spread_active(1)
+    assert ctx.model_tenants == (("s",), ("b",))
+    assert ctx.model_of_tenants(("b", "x", "s")).tolist() == [1, -1, 0]
 
 
 def test_a_shared_what_if_replays_each_arrival_to_its_tenants_model(tmp_path):

@@ -90,10 +90,9 @@ profile's laws taken at the smallest SM share the placement gives the model, its
 routed to them (`model_view`), its own recent arrivals, and a count capped at its instance count; a model's first
 ``active`` instances in placement order are the active ones (the env's rule). Every GPU then runs at the highest
 clock any of its active instances asks for, the lowest when none is active (`gpu_clocks_mhz`); SM shares stay as
-placed. Also adaptation: arrivals are assigned to a model by tenant (a tenant named as a model is that model's;
-otherwise it is learned from live routed requests matched by arrival time and prompt length, and arrivals of a
-tenant not mapped yet count for every model: capacity first), idle power stays the whole GPU's in each model's plan, and a model
-neither sees nor prices the clock its co-hosts impose on it.
+placed. Arrivals go to a model by their tenant (the scenario's routing, `ControllerContext.model_of_tenants`). Also
+adaptation: idle power stays the whole GPU's in each model's plan, and a model neither sees nor prices the clock its
+co-hosts impose on it.
 """
 
 from __future__ import annotations
@@ -529,10 +528,11 @@ class _ModelProbe:
         return self.owner._views[self.model]
 
     def recent_arrivals(self, window_s: float) -> Any:
-        """The pool's recent arrivals served by this model (and those of tenants not mapped to a model yet)."""
-        table = self.owner.ctx.probe.recent_arrivals(window_s)
-        rows = self.owner._model_of_rows(table)
-        return table.take(np.flatnonzero((rows == self.model) | (rows < 0)))
+        """The pool's recent arrivals served by this model."""
+        ctx = self.owner.ctx
+        table = ctx.probe.recent_arrivals(window_s)
+        rows = ctx.model_of_tenants(table.tenant_names)[np.asarray(table.tenant, dtype=np.int64)]
+        return table.take(np.flatnonzero(rows == self.model))
 
     def report_planning_delay(self, seconds: float) -> None:
         """Not forwarded: the per-model decisions are combined into one action by the owner."""
@@ -622,7 +622,6 @@ class DynamoLLMController(Controller):
 
     def _reset_shared(self, ctx: ControllerContext, seed: int | None) -> None:
         """One one-model DynamoLLM per model of a shared pool, on its profile, instances and arrivals."""
-        self._tenant_model: dict[int, int] = {}
         self._views: list[Snapshot] = []
         subs = []
         for m, prof in enumerate(ctx.profiles):
@@ -637,37 +636,11 @@ class DynamoLLMController(Controller):
         self.decisions: list[tuple[int, int]] = []  # (active, clock MHz) per model, from the last act
         self.log = []
 
-    def _model_of_rows(self, table: Any) -> np.ndarray:
-        """Model serving each row of an arrivals table (-1: tenant not mapped yet); a tenant named as a model is
-        that model's."""
-        for k, name in enumerate(table.tenant_names):
-            if name in self.ctx.models:
-                self._tenant_model.setdefault(k, self.ctx.models.index(name))
-        lut = np.array([self._tenant_model.get(k, -1) for k in range(len(table.tenant_names))], dtype=np.int64)
-        return lut[np.asarray(table.tenant, dtype=np.int64)]
-
-    def _learn_tenants(self, snap: Snapshot, window_s: float) -> None:
-        """Map the tenants of the last ``window_s`` of arrivals to models: a live routed request with the same
-        arrival time and prompt length is served by its replica's model."""
-        recent = self.ctx.probe.recent_arrivals(window_s)
-        if not len(recent) or np.all(self._model_of_rows(recent) >= 0):
-            return
-        req = snap.requests
-        ok = req.replica >= 0
-        live = {(round(float(a), 6), int(p)): int(snap.replicas.model[r])
-                for a, p, r in zip(req.arrival_s[ok], req.prompt_tokens[ok], req.replica[ok])}
-        for a, p, k in zip(recent.arrival_s - window_s, recent.prompt_tokens, recent.tenant):
-            m = live.get((round(float(a), 6), int(p)))
-            if m is not None:
-                self._tenant_model.setdefault(int(k), m)
-
     def _act_shared(self, observation: np.ndarray, info: dict[str, Any]) -> dict:
         """Each model's (active, clock) from its own DynamoLLM; each GPU at the highest clock its active instances
         need."""
         ctx = self.ctx
         snap = ctx.probe.snapshot()
-        if snap.t > 0:
-            self._learn_tenants(snap, ctx.interval_s)
         self._views = [model_view(snap, m) for m in range(len(ctx.models))]
         by_model = info.get("active_by_model")
         self.decisions = []
