@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from commitenv.profiles.schema import Profile
+from commitenv.sim.memory import GPU_MEMORY_UTILIZATION
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -45,7 +46,15 @@ def toy_profile(**over) -> Profile:
                  "scheduler": "test", "latencies": "test", "sm_share": "test"},
     )
     raw.update(over)
+    if "gpu" not in over:  # memory consistent with the KV capacity: footprint 1/64 of usable (`commitenv.sim.memory`)
+        kvb = raw["model"]["kv_bytes_per_token"]
+        raw["gpu"] = dict(raw["gpu"], memory_gb=sched["kv_capacity_tokens"] * kvb * 64 / 63 / GPU_MEMORY_UTILIZATION / 1e9)
     return Profile.model_validate(raw)
+
+
+# scheduler limits of a toy instance that can share its GPU: its KV cache at share 1 holds 16 requests at the context
+# limit, so down to the toy's minimum SM share of 0.1 it still holds one (`commitenv.sim.memory`)
+COLOCATE = dict(kv_capacity_tokens=1024)
 
 
 def attn_toy_profile(**over) -> Profile:

@@ -19,7 +19,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from conftest import COLOCATE, toy_profile
 
 import commitenv.attribution.windows as windows
 from commitenv.attribution import (
@@ -130,7 +130,7 @@ def metered_busy_j(table, prof, layout) -> float:
 def test_colocated_instances_count_the_floor_once():
     # two 0.5-share instances on one GPU: overlapping steps each include the GPU's idle floor, the meter counts it
     # once; the replay game is the metered busy energy, so its Shapley value is exact there too
-    prof = toy_profile()
+    prof = toy_profile(scheduler=COLOCATE)
     layout = PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),))
     table = make_table([0.0, 0.002, 0.01, 0.03, 0.05], [8, 5, 12, 3, 9], [6, 9, 4, 7, 5])
     n = len(table)

@@ -55,7 +55,9 @@ CASES = [
 def test_closed_form_equals_step_by_step(seed, n, rate, n_gpus, dt, actions, clock_lat, coloc):
     rng = np.random.default_rng(seed)
     table = random_table(rng, n, rate)
-    prof = toy_profile(latencies=dict(clock_change_s=clock_lat, activation_s=0.07))
+    # co-located: a KV cache at share 1 of 132 tokens leaves each half-share instance 64 (`commitenv.sim.memory`)
+    prof = toy_profile(latencies=dict(clock_change_s=clock_lat, activation_s=0.07),
+                       scheduler=dict(kv_capacity_tokens=132 if coloc else 64))
     if coloc:
         layout = PoolLayout(tuple((Instance(0, 0.5), Instance(0, 0.5)) for _ in range(n_gpus)))
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from conftest import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout, observed_arrivals, simulate, take_snapshot
 from commitenv.workload.table import make_table
@@ -109,7 +109,7 @@ def test_replay_before_snapshot_and_no_workload():
 
 @pytest.mark.parametrize("which", ["clock", "share"])
 def test_actions_in_the_past_are_rejected(which):
-    prof = toy_profile()
+    prof = toy_profile(scheduler=COLOCATE)
     layout = PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),))
     pool = Pool(prof, layout, exact())
     pool.attach(make_table([0.0], [4], [40]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from conftest import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.sim.lref import reference_latency
@@ -81,7 +81,7 @@ def test_lone_request_takes_exactly_lref(p, o):
 
 
 def test_deadlines_use_clamped_output_and_full_share():
-    prof = attn_profile()
+    prof = attn_profile(scheduler=COLOCATE)
     layout = PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),))
     pool = Pool(prof, layout, EngineOptions(noise=NoiseSpec(0, 0), alpha=3.0))
     pool.attach(make_table([0.0, 2.0], [60, 10], [50, 5]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from conftest import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool
 from commitenv.sim.migration import MigrationSpec
@@ -16,7 +16,7 @@ from commitenv.sim.replica import ACTIVE, LOADING, MOVING, STANDBY
 from commitenv.workload.table import make_table
 
 LOAD_S, LOAD_W = 5.0, 70.0  # cold start of the toy profile below; active idle 50 W at 1,000 MHz, standby 20 W
-SCHED = dict(token_budget=64, max_seqs=8, context_limit=4096, block_size=4, kv_capacity_tokens=8192)
+SCHED = dict(token_budget=64, max_seqs=8, context_limit=1024, block_size=4, kv_capacity_tokens=8192)
 
 
 def profile(kv_bytes: float = 1.0):
@@ -182,7 +182,7 @@ def test_bad_moves_are_refused_with_the_reason():
         pool.move(0.0, {0: 5})
     with pytest.raises(ValueError, match="migrate must be one of"):
         pool.move(0.0, {0: 0}, migrate="some")
-    bare = Pool(toy_profile(), PoolLayout(((Instance(0, 0.5),), (Instance(0, 0.5),))))
+    bare = Pool(toy_profile(scheduler=COLOCATE), PoolLayout(((Instance(0, 0.5),), (Instance(0, 0.5),))))
     with pytest.raises(ValueError, match="no cold-start figures"):
         bare.move(0.0, {0: 1})
     with pytest.raises(ValueError, match="migration.link_gbs"):
@@ -216,24 +216,28 @@ def test_the_env_moves_an_instance_with_its_placement_key_and_reports_it():
     env = CommitServeEnv("festina-h100-shared")
     env.reset(seed=100000)
     ctx = ControllerContext.from_env(env)
-    gpus = [g for g, insts in enumerate(ctx.placement) for _ in insts]  # replica -> GPU: 0 0 1 1 2 2 ...
+    gpus = [g for g, insts in enumerate(ctx.placement) for _ in insts]  # replica -> GPU: 0 1 2 2 3 3 ...
     shares = [s for g in ctx.placement for _, s in g]
-    assert gpus[:4] == [0, 0, 1, 1] and shares[:4] == [0.4, 0.6, 0.4, 0.6]
+    assert gpus[:6] == [0, 1, 2, 2, 3, 3] and shares[:6] == [1.0, 1.0, 0.4, 0.6, 0.4, 0.6]
     bad = gpus.copy()
-    bad[0] = 1  # Qwen (0.4) onto GPU 1, which already holds 0.4 + 0.6
-    with pytest.raises(ValueError, match="GPU 1 would get 1.400 > 1"):
+    bad[2] = 3  # Qwen (0.4) onto GPU 3, which already holds 0.4 + 0.6
+    with pytest.raises(ValueError, match="GPU 3 would get 1.400 > 1"):
         env.step(ctx.action(ctx.all_active, 1980, placement=bad))
-    good, fit = bad, shares.copy()
-    fit[0] = fit[2] = 0.2  # the two Qwen instances shrink to share GPU 1 with Mistral
-    _, _, _, _, info = env.step(ctx.action(ctx.all_active, 1980, shares=fit, placement=good, migrate="all"))
-    assert info["placement"][:4] == [1, 0, 1, 1] and info["cold_starts"] == 1 and info["moves"] == 1
+    fit = shares.copy()
+    fit[2] = fit[4] = 0.2  # the SMs would fit (0.2 + 0.2 + 0.6), but both Qwens keep the 0.4 of memory they were placed with
+    with pytest.raises(ValueError, match="GPU 3 would reserve 1.400 > 1 of its memory"):
+        env.step(ctx.action(ctx.all_active, 1980, shares=fit, placement=bad))
+    good = gpus.copy()
+    good[2], good[4] = 3, 2  # the two Qwen instances swap GPUs
+    _, _, _, _, info = env.step(ctx.action(ctx.all_active, 1980, placement=good, migrate="all"))
+    assert info["placement"][:6] == [0, 1, 3, 2, 2, 3] and info["cold_starts"] == 2 and info["moves"] == 2
     pool = env.pool
-    assert pool.replicas[0].gpu.index == 1 and [r.index for r in pool.gpus[0].replicas] == [1]
-    assert pool.replicas[0].state in (ACTIVE, LOADING)
-    env.step(ctx.action(ctx.all_active, 1980, shares=fit))  # placement absent: it stays
-    assert pool.replicas[0].state == ACTIVE and pool.moves == 1
+    assert pool.replicas[2].gpu.index == 3 and sorted(r.index for r in pool.gpus[2].replicas) == [3, 4]
+    assert pool.replicas[2].state in (ACTIVE, LOADING)
+    env.step(ctx.action(ctx.all_active, 1980))  # placement absent: it stays
+    assert pool.replicas[2].state == ACTIVE and pool.moves == 2
     snap = ctx.probe.snapshot()
-    assert snap.replicas.gpu[0] == 1 and snap.replicas.state[0] == "active"
+    assert snap.replicas.gpu[2] == 3 and snap.replicas.state[2] == "active"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import toy_profile
+from conftest import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
@@ -22,7 +22,7 @@ def share_profile():
     clocks = [c.model_dump() for c in toy_profile().clocks]
     clocks[1]["time"] = dict(TAU)
     clocks[1]["energy"] = dict(EN)
-    return toy_profile(clocks=clocks)
+    return toy_profile(clocks=clocks, scheduler=COLOCATE)
 
 
 def exact(closed_form=True):

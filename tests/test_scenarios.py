@@ -27,7 +27,9 @@ from commitenv.scenarios import (
     reference_cache_path,
     reference_key,
     register_all,
+    scenario_layout,
     scenario_profile,
+    scenario_profiles,
     scenario_workload,
     workload_seed,
 )
@@ -35,7 +37,7 @@ from commitenv.scenarios import loader as loader_mod
 from commitenv.scenarios.make_epact_files import main as make_main
 from commitenv.scenarios.make_epact_files import render_all
 from commitenv.sim.noise import NoiseSpec
-from commitenv.sim.pool import EngineOptions
+from commitenv.sim.pool import EngineOptions, Pool
 from commitenv.workload import AZURE_CODE_DAY_HOURLY_COUNTS, builtin_workload, time_window
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -50,7 +52,7 @@ HOUR_NAMES = {
 DAY_NAMES = {"epact-h20-day", "epact-h200-day"}
 REPRO_NAMES = DAY_NAMES | HOUR_NAMES
 BENCH_NAMES = {n.replace("epact-", "bench-", 1) for n in REPRO_NAMES}  # realism 'paper' twins
-SHARED_NAMES = {"festina-h100-shared", "festina-h100-shared-day"}
+SHARED_NAMES = {"festina-h100-shared", "festina-h100-shared-day", "festina-h100-shared-energy"}
 ALL_NAMES = REPRO_NAMES | BENCH_NAMES | SHARED_NAMES
 PROFILE = {"h20": "h20-qwen3.8-27b-fp8", "h200": "h200-qwen3.8-27b-fp8"}
 EXPECTED_FRACTION = {
@@ -90,7 +92,7 @@ def _forbid_run_fixed(monkeypatch) -> None:
 # ------------------------------------------------------------------------------------------ shipped files
 def test_shipped_names_and_ids_are_exactly_the_required_set():
     assert set(list_scenarios()) == ALL_NAMES
-    assert len(list_scenarios()) == 30
+    assert len(list_scenarios()) == 31
     desc = describe_scenarios()
     assert {eid for eid, _ in desc} == {f"commitenv/{n}-v0" for n in ALL_NAMES}
     for eid, line in desc:
@@ -123,13 +125,17 @@ def test_every_shipped_file_validates(name):
 
 def test_the_shared_gpu_scenario():
     """festina-h100-shared: 8 H100s, three models on shared GPUs (shares <= 1 per GPU), every model placed, the
-    traffic split among the models, absolute commitment, deadlines that cost, a trace per seed."""
+    traffic split among the models, absolute commitment, deadlines that cost, a trace per seed; every instance's memory
+    fits its GPU (the pool builds)."""
     sc = load_scenario("festina-h100-shared")
     assert sc.pool.shared and sc.pool.gpus == 8 and len(sc.pool.placement) == 8
     assert [m.profile for m in sc.pool.models] == ["h100-qwen2.5-7b-festina", "h100-llama2-13b", "h100-mistral-small-24b"]
     assert all(sum(i.share for i in g) <= 1.0 for g in sc.pool.placement)
     assert sum(sc.workload.tenant_mix.values()) == pytest.approx(1.0) and sc.workload.seed is None
-    assert sc.commitment.mj == [10.74] and sc.miss_penalty_kwh > 0 and sc.seeds is not None
+    assert sc.commitment.mj == [10.09]
+    assert sc.miss_penalty_kwh > 0 and sc.seeds is not None
+    pool = Pool(scenario_profiles(sc), scenario_layout(sc))
+    assert all(sum(r.mem_share for r in g.replicas) <= 1.0 for g in pool.gpus)
     for key in ("pool", "workload", "commitment", "slo", "realism"):
         assert sc.paper.get(key), f"paper.{key} missing"
 

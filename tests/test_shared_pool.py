@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import toy_profile
+from conftest import COLOCATE, toy_profile
 
 from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import run_episode
@@ -22,8 +22,8 @@ def write_profiles(folder: Path) -> tuple[Path, Path]:
     """Two toy models on the same toy GPU: 'big' takes twice the toy law's time and energy per token."""
     a = folder / "toy-small.yaml"
     b = folder / "toy-big.yaml"
-    small = toy_profile()
-    big = toy_profile(name="toy-big")
+    small = toy_profile(scheduler=COLOCATE)
+    big = toy_profile(name="toy-big", scheduler=COLOCATE)
     clocks = []
     for c in big.model_dump(mode="json")["clocks"]:
         c["time"] = {k: 2 * v for k, v in c["time"].items()}

@@ -11,6 +11,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from commitenv.profiles.schema import Profile
 from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy, make_dispatch
 from commitenv.sim.local import LocalPolicy, LocalView, TaskView
 from commitenv.sim.gpu import GPU
+from commitenv.sim import memory
 from commitenv.sim.lref import reference_latency
 from commitenv.sim.migration import MIGRATE_MODES, MigrationSpec
 from commitenv.sim.noise import NoiseSource, NoiseSpec
@@ -207,6 +209,10 @@ class Pool:
                 gpu.replicas.append(rep)
                 self.replicas.append(rep)
             self.gpus.append(gpu)
+        for g in self.gpus:
+            for rep in g.replicas:
+                rep.mem_share = rep.share
+                rep.cap_blocks = rep.free_blocks = memory.kv_blocks(rep.profile, rep.share, f"layout.gpus[{g.index}]")
         self.n_models = len(self.profiles)
         self.now = 0.0
         self.heap: list[tuple] = []
@@ -644,8 +650,19 @@ class Pool:
             held = sum(r.share for r in self.replicas if target[r.index] == g)
             if held > 1.0 + 1e-9:
                 raise ValueError(f"move: the instances on GPU {g} would hold {held:.3f} > 1 of its SMs")
+        self._check_memory(target, moves)
         for replica, gpu in moves.items():
             self._move(self.replicas[replica], self.gpus[gpu], migrate, t)
+
+    def _check_memory(self, target: dict[int, int], moved: Iterable[int]) -> None:
+        """Raise when the memory shares of the instances a GPU would host under ``target`` ({replica: GPU}) sum to
+        more than 1: an instance keeps the memory it reserved when first placed (`commitenv.sim.memory`)."""
+        for g in set(target[r] for r in moved):
+            held = sum(r.mem_share for r in self.replicas if target[r.index] == g)
+            if held > 1.0 + 1e-9:
+                raise memory.PlacementMemoryError(
+                    f"move: the instances on GPU {g} would reserve {held:.3f} > 1 of its memory (an instance keeps the "
+                    "memory share it was placed with; SM share changes do not move memory)")
 
     def _move(self, rep: Replica, dest: GPU, migrate: str, t: float) -> None:
         if dest is (rep.dest if rep.state == MOVING else rep.gpu):

@@ -65,6 +65,7 @@ class Replica:
         self.cap_blocks = sch.kv_capacity_tokens // sch.block_size
         self.reserve_full = sch.reserve_full_sequence
         self.free_blocks = self.cap_blocks
+        self.mem_share = share  # the part of its GPU's usable memory it reserves (`commitenv.sim.memory`)
         self.running: list[Req] = []
         self.waiting: deque[Req] = deque()
         self.unf = 0  # len(running) + len(waiting), kept up to date for the router
@@ -536,6 +537,7 @@ class Replica:
         """Copy queue, KV and segment state into ``other`` (a replica of a what-if pool). With ``nominal`` the
         segment in flight is restated at the nominal profile (time and energy factors one; it cannot end before
         ``now``), so a copy carries none of the truth's factors."""
+        other.cap_blocks, other.mem_share = self.cap_blocks, self.mem_share
         other.free_blocks = self.free_blocks
         if self.pcache is not None:
             other.pcache, emap = self.pcache.clone()

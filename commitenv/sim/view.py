@@ -59,6 +59,9 @@ class ReplicaView:
     clock_mhz: np.ndarray  # int64: its GPU's current clock
     running: np.ndarray  # int64: requests in its running batch
     waiting: np.ndarray  # int64: requests in its waiting queue
+    kv_blocks: np.ndarray  # int64: KV blocks it reserved where it loaded (`commitenv.sim.memory`)
+    free_kv_blocks: np.ndarray  # int64: of those, free now
+    memory_share: np.ndarray  # float64: the part of its GPU's usable memory it reserved (footprint + KV cache)
 
     def __len__(self) -> int:
         return len(self.state)
@@ -129,6 +132,9 @@ def take_snapshot(pool: Pool, model: int = 0, meter_j: float | None = None) -> S
         clock_mhz=_frozen([r.profile.clocks[r.gpu.clock_idx].mhz for r in reps], np.int64),
         running=_frozen([len(r.running) for r in reps], np.int64),
         waiting=_frozen([len(r.waiting) for r in reps], np.int64),
+        kv_blocks=_frozen([r.cap_blocks for r in reps], np.int64),
+        free_kv_blocks=_frozen([r.free_blocks for r in reps], np.int64),
+        memory_share=_frozen([r.mem_share for r in reps], np.float64),
     )
     active = clone.active_count(model)
     clock = clone.profiles[0].clocks[clone.gpus[0].clock_idx].mhz

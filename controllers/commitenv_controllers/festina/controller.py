@@ -12,9 +12,10 @@ Consolidation (sec. 3.5) on keep-alive expiry: when an instance's keep-alive has
 active (the engine activates each model's lowest-index instances) are planned with `consolidation.plan_and_place`
 (capacity planning on CP-SAT with delta = 5 % margins, then EWR-aware placement; per instance over the last
 interval: the means of the clocks and of the SM shares its local scheduler chose, weighted by busy time, as F_l and
-SM_l, its model's weights as memory, its busy time). If the plan needs fewer GPUs than the active instances occupy, the groups go to the GPUs
+SM_l, the memory share it reserved on its GPU as memory, its busy time; reservations are static, so memory gets no
+delta margin). If the plan needs fewer GPUs than the active instances occupy, the groups go to the GPUs
 already holding most of them (`consolidation.consolidated_placement`), idle instances make room at their minimum
-share, and, when the idle power saved over a keep-alive (freed GPUs x (active idle at the top clock - standby))
+share (the move is dropped when any GPU's memory shares, idle instances' included, would exceed 1), and, when the idle power saved over a keep-alive (freed GPUs x (active idle at the top clock - standby))
 outweighs the moved instances' cold-start energy (the paper's scale-in condition, sec. 1), the action moves them with
 latency-aware migration of their running requests (the engine's cold start and KV transfer,
 `commitenv.sim.migration`); no new check for ``keep_alive_s`` after a move. A GPU whose
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from commitenv.control import ArrivalView, CandidateView, Controller, DispatchPolicy
+from commitenv.sim.memory import GPU_MEMORY_UTILIZATION
 from commitenv_controllers.festina.consolidation import (LlmDemand, consolidated_placement, plan_and_place,
                                                          should_consolidate)
 from commitenv_controllers.festina.dispatch import FestinaDispatch
@@ -123,14 +125,14 @@ class Festina(Controller):
             return ctx.action(self.active[0], clock)
         moved = None
         if self.consolidate and expired and t >= self.hold_until:
-            moved = self._consolidated(usage)
+            moved = self._consolidated(usage, reps.memory_share.tolist())
         shares = self._shares()
         if moved is None:
             return ctx.action(tuple(self.active), clock, shares=shares)
         self.hold_until = t + self.keep_alive_s
         return ctx.action(tuple(self.active), clock, shares=shares, placement=self.gpu_of, migrate="latency_aware")
 
-    def _consolidated(self, usage: dict[int, tuple[float, float, float]]) -> list[int] | None:
+    def _consolidated(self, usage: dict[int, tuple[float, float, float]], mem_share: list[float]) -> list[int] | None:
         """Festina's replacement of the instances that stay active (module docstring); updates ``gpu_of`` and
         ``shares`` and returns the replicas that move, or None when the plan saves no GPU or does not fit."""
         profiles = self.ctx.profiles
@@ -139,14 +141,15 @@ class Festina(Controller):
                 for r in [r for r, mm in enumerate(self.model_of) if mm == m][: self.active[m]]]
         top = float(max(self.ctx.clocks_mhz))
         cap = 1.0 - self.delta
+        usable_gb = min(p.gpu.memory_gb for p in profiles) * GPU_MEMORY_UTILIZATION  # what vLLM may reserve
         want, demands = {}, []
         for r in keep:
             busy, f, sm = usage.get(r, (0.0, top, mins[r]))
             want[r] = min(max(sm, mins[r]), cap)
-            demands.append(LlmDemand(str(r), f, want[r], profiles[self.model_of[r]].model.weight_gb, busy))
-        mem = min(p.gpu.memory_gb for p in profiles)
-        try:
-            _, res = plan_and_place(demands, gpu_mem_cap_gb=mem, delta=self.delta, time_limit_s=2.0)
+            demands.append(LlmDemand(str(r), f, want[r], mem_share[r] * usable_gb, busy))
+        try:  # a reservation does not fluctuate: the delta margin applies to SMs only
+            _, res = plan_and_place(demands, gpu_mem_cap_gb=usable_gb / (1.0 - self.delta), delta=self.delta,
+                                    time_limit_s=2.0)
         except ValueError:
             return None
         now_gpus, planned = len({self.gpu_of[r] for r in keep}), len(res.placement.active_gpus)
@@ -155,7 +158,7 @@ class Festina(Controller):
         groups = [[int(i) for i in ids] for ids in res.placement.assignment.values() if ids]
         shares = [want.get(r, mins[r]) for r in range(len(self.model_of))]
         new = consolidated_placement(groups, self.gpu_of, shares, mins)
-        if new is None:
+        if new is None or any(sum(mem_share[r] for r in range(len(new)) if new[r] == g) > 1.0 + 1e-9 for g in set(new)):
             return None
         moved = [r for r, (a, b) in enumerate(zip(self.gpu_of, new)) if a != b]
         # scale in only when the idle power saved over a keep-alive outweighs the moves' cold starts (sec. 1)
