@@ -37,7 +37,8 @@ def table(doc: dict, penalty_kwh: float) -> str:
                                    for s in seeds]), ".4f")
         else:
             gap = "0" if name == "oracle" else "n/a"
-        lines.append(f"| {name} | {_cell(m['cost_kwh_eq'], '.4f')} | {_cell(m['mean_abs_dev_pct'], '.2f')} | "
+        dev = _cell(m["mean_abs_dev_pct"], ".2f") if "mean_abs_dev_pct" in m else "energy-only"  # (no commitment)
+        lines.append(f"| {name} | {_cell(m['cost_kwh_eq'], '.4f')} | {dev} | "
                      f"{_cell(m['attainment_pct'], '.3f')} | {_cell(m['misses'], '.1f')} | "
                      f"{_cell(mean_ci95(total), '.4f')} | {gap} | {c['slo_gate_pass_count']}/{c['episodes']} |")
     return "\n".join(lines)

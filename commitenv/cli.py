@@ -95,21 +95,30 @@ def _gate_word(passed: bool | None) -> str:
     return "-" if passed is None else ("pass" if passed else "FAIL")
 
 
+_ENERGY_ONLY_CELLS = {"mean_abs_dev_pct": "energy-only", "hours_within_5pct": "-", "commitment_mj": "-"}
+
+
 def _print_table(rows: list[dict]) -> None:
     """One line per run; ``gate`` is the scenario's SLO gate (every arrival hour attains >= 100 (1 - epsilon) %),
-    followed by a note for every run with rejected requests."""
+    followed by a note for every run with rejected requests. A run without commitment (``"settlement":
+    "energy_only"``) shows ``energy-only`` for the deviation and ``-`` for the hours within 5 % and the commitment."""
     print("  ".join(f"{h:>{w}}" for _, h, w in _TABLE))
     for r in rows:
         cells = []
+        energy_only = r.get("settlement") == "energy_only"
         for c, _, w in _TABLE:
             v = r.get(c)
             if c == "slo_gate_pass":
                 cells.append(f"{_gate_word(v):>{w}}")
+            elif energy_only and c in _ENERGY_ONLY_CELLS:
+                cells.append(f"{_ENERGY_ONLY_CELLS[c]:>{w}}")
             elif v is None:
                 cells.append(f"{'-':>{w}}")
             else:
                 cells.append(f"{v:>{w}.3f}" if isinstance(v, float) else f"{v!s:>{w}}")
         print("  ".join(cells))
+    if any(r.get("settlement") == "energy_only" for r in rows):
+        print("energy-only: no commitment; cost_kWh = lambda_plus x energy in kWh (no deviation)")
     eps = {r["slo_gate_epsilon"] for r in rows if "slo_gate_epsilon" in r}
     if eps:
         print("gate: every arrival hour attains >= " + " / ".join(f"{100 * (1 - e):g} %" for e in sorted(eps))
@@ -460,7 +469,9 @@ def _print_seed_table(doc: dict) -> None:
         cells = [f"{c['controller']:>{w}}", f"{c['episodes']:>3}", f"{c['slo_gate_pass_count']:>3}/{c['episodes']:<2}"]
         for k, _, fmt in _SEED_TABLE:
             m = c["metrics"].get(k)
-            if m is None or m["mean"] is None:
+            if m is None and k == "mean_abs_dev_pct" and doc.get("settlement") == "energy_only":
+                cells.append(f"{'energy-only':>20}")
+            elif m is None or m["mean"] is None:
                 cells.append(f"{'-':>20}")
             elif m["half_width"] is None:
                 cells.append(f"{format(m['mean'], fmt):>20}")

@@ -39,7 +39,10 @@ run whose controller declared ``hindsight = True`` (the ``oracle``): it was give
 ground-truth forks (`commitenv.hindsight`), so its numbers are a bound, never a competitor; the leaderboard refuses
 such controllers and results (`refuses_hindsight`). summary.json also records
 ``controller_origin`` (``builtin``, ``entry_point:<dist>``, ``module:<mod>:<Class>`` or ``path:<file>:<Class>``,
-see `commitenv_controllers.registry`), from which ``commitenv attribute`` rebuilds the controller.
+see `commitenv_controllers.registry`), from which ``commitenv attribute`` rebuilds the controller, and
+``settlement``: ``"commitment"``, or ``"energy_only"`` for a scenario without commitment (``commitment: {energy_only:
+true}``: the cost is lambda_plus x energy in kWh, and the deviation fields, ``mean_abs_dev_pct``,
+``hours_within_5pct`` and hourly.csv's ``deviation_pct``, are None / empty).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ import numpy as np
 
 from commitenv.hindsight import uses_hindsight
 from commitenv.latency_slo import CLASS_NAMES, LatencyOutcome, attainment_by, latency_outcome
-from commitenv.metrics import deviation_cost_kwh, signed_deviation_pct, slo_gate, slo_outcome, summarize
+from commitenv.metrics import (deviation_cost_kwh, deviation_pct_or_none, settlement_kind, slo_gate, slo_outcome,
+                               summarize)
 from commitenv.scenarios.build import derived_seed
 from commitenv.scenarios.schema import Scenario
 from commitenv.sim.migration import MIGRATE_MODES
@@ -336,7 +340,6 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     commit = np.asarray(env.settlement.commit_j, dtype=np.float64)
     rejected = np.asarray(pool.rejected, dtype=bool)
     slo = slo_outcome(table.arrival_s, pool.finish_t, pool.deadline, H, rejected=rejected)
-    dev = signed_deviation_pct(energy, commit)
     cost = deviation_cost_kwh(energy, commit, sc.lambda_plus, sc.lambda_minus)
     att = slo.by_hour_pct
     gate, gate0 = slo_gate(slo, sc.epsilon), slo_gate(slo, 0.0)
@@ -346,7 +349,7 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
             "arrivals": int(slo.arrivals[h]),
             "energy_mj": float(energy[h] / 1e6),
             "commitment_mj": float(commit[h] / 1e6),
-            "deviation_pct": float(dev[h]),
+            "deviation_pct": deviation_pct_or_none(energy[h], commit[h]),  # None: energy-only hour
             "cost_kwh_eq": float(cost[h]),
             "attainment_pct": float(att[h]),
             "late": int(slo.late[h]),
@@ -365,6 +368,7 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     if src is not None:
         summary["scenario_file"] = src  # a scenario not shipped: where `commitenv attribute` finds it again
     summary.update(summarize(energy, commit, sc.lambda_plus, sc.lambda_minus, slo))
+    summary["settlement"] = settlement_kind(commit)  # "energy_only": no commitment, deviations None
     summary.update(
         {
             "misses": int(len(table) - slo.met.sum()),

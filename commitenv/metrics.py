@@ -3,6 +3,10 @@
 Settlement of hour h (ePACT eq. 1 and 6): C_h = lambda_plus*[E_h - E*_h]+ + lambda_minus*[E*_h - E_h]+,
 energies in kWh, each hour alone (no netting), so the day's score sum_h C_h is in kWh-equivalent.
 Signed deviation delta_h = 100 (E_h - E*_h) / E*_h (positive = overuse).
+
+Energy-only settlement (a scenario with ``commitment: {energy_only: true}``): E*_h = 0, so C_h = lambda_plus E_h
+(kWh) and the deviation is undefined: `signed_deviation_pct` gives NaN for such an hour, and every reported deviation
+(`summarize`, the hourly table, summary.json) is None there (JSON null), never NaN or inf.
 """
 
 from __future__ import annotations
@@ -22,10 +26,25 @@ def deviation_cost_kwh(energy_j, commit_j, lambda_plus: float = 2.0, lambda_minu
 
 
 def signed_deviation_pct(energy_j, commit_j):
-    """100 (E - E*) / E*, elementwise."""
+    """100 (E - E*) / E*, elementwise; NaN where E* = 0 (energy-only: no commitment, no deviation)."""
     e = np.asarray(energy_j, dtype=np.float64)
     c = np.asarray(commit_j, dtype=np.float64)
-    return 100.0 * (e - c) / c
+    if np.all(c != 0):
+        return 100.0 * (e - c) / c
+    e, c = np.broadcast_arrays(e, c)
+    out = np.full(e.shape, np.nan)
+    np.divide(100.0 * (e - c), c, out=out, where=c != 0)
+    return out if out.ndim else float(out)
+
+
+def deviation_pct_or_none(energy_j: float, commit_j: float) -> float | None:
+    """The signed deviation of one hour in %, or None for an energy-only hour (E* = 0), as outputs report it."""
+    return None if float(commit_j) == 0.0 else float(signed_deviation_pct(energy_j, commit_j))
+
+
+def settlement_kind(commit_j) -> str:
+    """``"energy_only"`` when every hour's commitment is 0 (every hour's energy billed), else ``"commitment"``."""
+    return "energy_only" if np.all(np.asarray(commit_j, dtype=np.float64) == 0.0) else "commitment"
 
 
 @dataclass(frozen=True)
@@ -111,14 +130,19 @@ def slo_gate(slo: SloOutcome, epsilon: float) -> SloGate:
 
 def summarize(
     energy_j: np.ndarray, commit_j: np.ndarray, lambda_plus: float, lambda_minus: float, slo: SloOutcome
-) -> dict[str, float]:
-    """The paper's Table 1 columns (plus totals) from hourly energies, commitments and SLO outcomes."""
+) -> dict[str, float | int | None]:
+    """The paper's Table 1 columns (plus totals) from hourly energies, commitments and SLO outcomes. The deviation
+    columns cover the hours with a commitment; with none (energy-only) they are None."""
     dev = signed_deviation_pct(energy_j, commit_j)
     cost = deviation_cost_kwh(energy_j, commit_j, lambda_plus, lambda_minus)
+    committed = np.asarray(commit_j, dtype=np.float64) != 0.0
+    if not np.all(committed):
+        dev = np.asarray(dev)[np.broadcast_to(committed, np.shape(dev))]
+    some = np.size(dev) > 0
     return {
         "attainment_pct": float(slo.pooled_pct),
-        "mean_abs_dev_pct": float(np.mean(np.abs(dev))),
-        "hours_within_5pct": int(np.sum(np.abs(dev) <= 5.0)),
+        "mean_abs_dev_pct": float(np.mean(np.abs(dev))) if some else None,
+        "hours_within_5pct": int(np.sum(np.abs(dev) <= 5.0)) if some else None,
         "cost_kwh_eq": float(np.sum(cost)),
         "energy_mj": float(np.sum(energy_j) / 1e6),
         "commitment_mj": float(np.sum(commit_j) / 1e6),

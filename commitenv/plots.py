@@ -26,6 +26,7 @@ def overview_figure(res: "EvalResult", path: str | Path) -> None:
     interval energy for a single-hour run)."""
     hourly = res.hourly
     hours = np.array([r["hour"] for r in hourly])
+    energy_only = all(r["deviation_pct"] is None for r in hourly)  # no commitment: nothing to deviate from
     fig = new_figure(figsize=(9, 10))
     ax = fig.subplots(4, 1, sharex=len(hours) > 1)
     title = f"{res.scenario} - {res.controller} (seed {res.seed})"
@@ -34,20 +35,29 @@ def overview_figure(res: "EvalResult", path: str | Path) -> None:
     ax[0].set_title(title)
     if len(hours) > 1:
         ax[1].bar(hours, [r["energy_mj"] for r in hourly], color="#d98c5f", label="energy")
-        ax[1].step(hours, [r["commitment_mj"] for r in hourly], where="mid", color="k", label="commitment")
+        if not energy_only:
+            ax[1].step(hours, [r["commitment_mj"] for r in hourly], where="mid", color="k", label="commitment")
         ax[1].set_ylabel("energy (MJ)")
     else:
         t = np.array([h["t"] for h in res.history]) / 60.0
         cum = np.cumsum([h["interval_j"] for h in res.history]) / 1e6
         ax[1].plot(t, cum, color="#d98c5f", label="cumulative energy")
-        ax[1].plot([0, t[-1] if len(t) else 60], [0, hourly[0]["commitment_mj"]], "k--", label="commitment pace")
+        if not energy_only:
+            ax[1].plot([0, t[-1] if len(t) else 60], [0, hourly[0]["commitment_mj"]], "k--", label="commitment pace")
         ax[1].set_ylabel("energy (MJ)")
         ax[1].set_xlabel("minute")
     ax[1].legend(loc="upper left", fontsize=8)
     dev = [r["deviation_pct"] for r in hourly]
-    ax[2].bar(hours, dev, color=["#c44e52" if d > 0 else "#55a868" for d in dev])
-    ax[2].axhspan(-5, 5, color="0.9", zorder=0)
-    ax[2].axhline(0, color="k", lw=0.8)
+    if energy_only:
+        ax[2].text(0.5, 0.5, "energy-only settlement: no commitment, no deviation", ha="center", va="center",
+                   transform=ax[2].transAxes)
+        ax[2].set_xticks([])
+        ax[2].set_yticks([])
+    else:
+        dev = [np.nan if d is None else d for d in dev]  # an hour without commitment has no deviation
+        ax[2].bar(hours, dev, color=["#c44e52" if d > 0 else "#55a868" for d in dev])
+        ax[2].axhspan(-5, 5, color="0.9", zorder=0)
+        ax[2].axhline(0, color="k", lw=0.8)
     ax[2].set_ylabel("deviation (%)")
     ax[3].plot(hours, [r["attainment_pct"] for r in hourly], "o-", color="#4c72b0")
     ax[3].set_ylabel("SLO attainment (%)")

@@ -325,6 +325,9 @@ def aggregate(scenario: str, seeds: list[int], controllers: list[dict[str, Any]]
     in order; ``episodes[name][seed]``: a finished episode's summary; ``errors``: ``{"controller", "seed",
     "error"}`` of the episodes that failed."""
     out = {"scenario": scenario, "seeds": seeds, "controllers": [], "errors": errors}
+    kinds = {s.get("settlement") for runs in episodes.values() for s in runs.values()} - {None}
+    if kinds == {"energy_only"}:  # no commitment: the deviation metrics are None, so absent from `metrics`
+        out["settlement"] = "energy_only"
     for c in controllers:
         name = c["controller"]
         runs = episodes.get(name, {})

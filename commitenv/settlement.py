@@ -5,6 +5,10 @@ Each hour is settled alone (ePACT eq. 1 and 6): C_h = lambda_plus [E_h - E*_h]+ 
 kWh-equivalent, with E_h the energy metered in [h, h+1) hours. Feeding the meter reading at every interval
 boundary gives the change of the open hour's cost, whose sum over an episode telescopes to
 -(sum_h C_h) + lambda_minus sum_h E*_h (the environment's reward without the miss penalty).
+
+A commitment may be 0 (energy-only settlement, ``commitment: {energy_only: true}``): the formula is unchanged, so
+such an hour costs lambda_plus E_h (kWh), the reward offset is 0 and the hour's deviation is undefined
+(``HourSettled.deviation_pct`` is None). Negative or non-finite commitments are refused.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, signed_deviation_pct
+from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, deviation_pct_or_none
 
 
 @dataclass(frozen=True)
@@ -23,10 +27,10 @@ class HourSettled:
     hour: int
     energy_j: float
     commitment_j: float
-    deviation_pct: float
+    deviation_pct: float | None  # None: an energy-only hour (E* = 0) has no deviation
     cost_kwh_eq: float
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | None]:
         return {"hour": self.hour, "energy_j": self.energy_j, "commitment_j": self.commitment_j,
                 "deviation_pct": self.deviation_pct, "cost_kwh_eq": self.cost_kwh_eq}
 
@@ -43,7 +47,8 @@ class IntervalSettled:
 
 @dataclass
 class HourlySettlement:
-    """Settles a cumulative energy meter, read at every interval boundary, hour by hour against ``commit_j``."""
+    """Settles a cumulative energy meter, read at every interval boundary, hour by hour against ``commit_j``
+    (finite, >= 0; 0 = an energy-only hour)."""
 
     commit_j: np.ndarray  # one commitment per hour of the horizon, J
     lambda_plus: float = 2.0
@@ -54,8 +59,8 @@ class HourlySettlement:
 
     def __post_init__(self) -> None:
         c = np.asarray(self.commit_j, dtype=np.float64)
-        if c.ndim != 1 or len(c) == 0 or not np.all(np.isfinite(c)) or np.any(c <= 0):
-            raise ValueError(f"commitments: expected one finite value > 0 per hour, got {c}")
+        if c.ndim != 1 or len(c) == 0 or not np.all(np.isfinite(c)) or np.any(c < 0):
+            raise ValueError(f"commitments: expected one finite value >= 0 per hour (0: energy-only), got {c}")
         self.commit_j = c
         self.energy_j = np.zeros(len(c))
         self.cost_kwh = np.zeros(len(c))
@@ -95,6 +100,6 @@ class HourlySettlement:
             self.energy_j[h] = m_new
             self.cost_kwh[h] = self.cost(m_new, h)
             ec = float(self.commit_j[h])
-            closed = HourSettled(h, float(m_new), ec, float(signed_deviation_pct(m_new, ec)), float(self.cost_kwh[h]))
+            closed = HourSettled(h, float(m_new), ec, deviation_pct_or_none(m_new, ec), float(self.cost_kwh[h]))
             self.e_hour_start = meter_j
         return IntervalSettled(h, float(interval_j), float(d_cost), closed)

@@ -86,7 +86,7 @@ def test_scenarios_lists_the_reproduction_and_benchmark_ids(capsys):
     assert main(["scenarios"]) == 0
     stdout, _ = capsys.readouterr()
     ids = [ln.split()[0] for ln in stdout.splitlines() if ln.strip()]
-    assert len(ids) == 30  # 14 ePACT reproduction files (ideal), their 14 benchmark twins (paper), festina-h100-shared(-day)
+    assert len(ids) == 31  # 14 ePACT reproductions (ideal), 14 bench twins (paper), festina-h100-shared(-day, -energy)
     assert sum(i.startswith("commitenv/bench-") for i in ids) == 14
     assert all(i.startswith("commitenv/") and i.endswith("-v0") for i in ids)
     assert f"commitenv/{HOUR_SCENARIO}-v0" in ids

@@ -39,7 +39,8 @@ Algorithms (`CostSplit.method`):
 
 * ``"linear"`` (exact, any number of tenants): when every coalition is on the same side of E* (idle >= E*, or
   idle + sum e <= E*), C is linear on all coalition energies and each tenant's share is its energy's part of
-  ``v(N) - v(empty)``.
+  ``v(N) - v(empty)``. An energy-only hour (E* = 0: C = lambda_plus E) is always split so: every tenant pays
+  lambda_plus per kWh of its energy (an idle energy rounded to -1e-9 J does not send it to the enumeration).
 * ``"enumeration"`` (exact): tenants with equal energies are interchangeable, so a coalition is described by how
   many of each energy group it holds (for all-distinct energies: the 2**n subsets). Every count vector k is
   enumerated, vectorised; the marginal of a member of group g is ``v(k + 1_g) - v(k)`` with the standard Shapley
@@ -119,7 +120,7 @@ def hour_cost_shares(tenant_j: dict[str, float], idle_j: float, commit_j: float,
     se = None
     if len(x) == 0:
         method = "none"
-    elif idle >= commit_j or idle + total <= commit_j:
+    elif commit_j <= 0 or idle >= commit_j or idle + total <= commit_j:  # (E* = 0: energy-only, C = lambda_plus E)
         method = "linear"
         phi[live] = (v_all - v0) * (x / total)
     else:

@@ -41,6 +41,12 @@ idx   name                     meaning and scaling                          boun
 15    misses                   log1p(deadline misses so far) / 10           [0, 2]      0 .. 1
 ====  =======================  ===========================================  ==========  ===================
 
+Energy-only hours (a scenario with ``commitment: {energy_only: true}``, E*_h = 0): feature 2 is 0 (soft(0)), which
+tells a policy it is in the energy-only regime, and features 3, 4 and 5 use D_h = N x TDP x 1 h (the pool's
+full-power hourly energy, feature 2's scale) in place of E*_h: 3 = soft(M_k / D_h), 4 = slog(last interval's energy /
+(D_h / K) - 1), 5 = slog((D_h - M_k)/(K - k) / (D_h / K) - 1). Nothing divides by E*_h = 0. ``info["commitment_j"]``
+is 0 and ``info["target_j"]`` keeps its formula (E*_h - M_k)/(K - k), i.e. -M_k/(K - k).
+
 ``hour_of_horizon`` and ``commitment`` are constant in a single-hour scenario; they are kept so that the observation is
 the same vector in every scenario (a policy can be carried to multi-hour days and other commitment levels), and a
 learner's running normalization turns a constant feature into a constant 0. The typical ranges are those of vLLM,
@@ -61,7 +67,8 @@ lengths, when the late answer arrives). Since C(0) = lambda_minus E*, an episode
 
     return = -(sum_h C_h + miss_penalty_kwh * misses) + lambda_minus * sum_h E*_h
 
-i.e. minus the score up to the constant ``reward_offset_kwh`` (reported in ``info``). Scores themselves
+i.e. minus the score up to the constant ``reward_offset_kwh`` (reported in ``info``; 0 for an energy-only scenario,
+whose return is -(lambda_plus x settled energy in kWh + miss_penalty_kwh x misses)). Scores themselves
 are computed by `commitenv.metrics` from the engine's records, never from rewards.
 
 Attribution (``CommitServeEnv(..., attribution=True)``; off by default: it makes a run about 40 % slower, mostly
@@ -554,8 +561,9 @@ class CommitServeEnv(gym.Env):
         h = min(k // K, self.H - 1)
         kin = k - h * K
         ec = self.commit_j[h]
+        d = ec if ec > 0 else self._e_scale  # D_h: an energy-only hour (E*_h = 0) takes the full-power hour's energy
         m = self.meter_prev - self.meter_hour_start  # the controller's meter, not the settled energy
-        target = (ec - m) / (K - kin) if kin < K else 0.0
+        target = (d - m) / (K - kin) if kin < K else 0.0
         now = pool.now
         live = pool.live_requests()
         wait_tokens = 0
@@ -575,9 +583,9 @@ class CommitServeEnv(gym.Env):
                 kin / K,
                 h / self.H,
                 _soft(ec / self._e_scale),
-                _soft(m / ec),
-                _slog(self.last_interval_j / (ec / K) - 1.0),
-                _slog(target / (ec / K) - 1.0),
+                _soft(m / d),
+                _slog(self.last_interval_j / (d / K) - 1.0),
+                _slog(target / (d / K) - 1.0),
                 math.log1p(arrivals) / 10,
                 math.log1p(cnt["waiting"]) / 10,
                 math.log1p(cnt["running"]) / 10,

@@ -305,11 +305,12 @@ class DoNothing(Controller):
 
 
 def episode_scenario(ep: Episode):
-    """The episode's scenario, its commitments scaled by ``ep.commitment_scale`` (fractions capped at 2)."""
+    """The episode's scenario, its commitments scaled by ``ep.commitment_scale`` (fractions capped at 2; an
+    energy-only scenario has no commitment to scale)."""
     from commitenv.scenarios.loader import load_scenario
 
     sc = load_scenario(ep.scenario)
-    if ep.commitment_scale == 1.0:
+    if ep.commitment_scale == 1.0 or sc.commitment.energy_only:
         return sc
     c = sc.commitment
     if c.fractions is not None:

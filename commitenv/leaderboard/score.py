@@ -64,11 +64,18 @@ def episode_row(label: str, scenario: str, seed: int | None, outcome: dict[str, 
     return row
 
 
+def _mean(values: list[Any]) -> float | None:
+    """The mean of the values given (None: an energy-only episode has no deviation, so it is left out), or None."""
+    vals = [v for v in values if v is not None]
+    return math.fsum(vals) / len(vals) if vals else None
+
+
 def suite_summary(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(score, metrics) of a suite's episode rows: the score's mean and 95 % interval; the raw metrics' means, the
-    SLO gate's pass count, the episode count and how many were lost (crash, timeout, ...)."""
+    SLO gate's pass count, the episode count and how many were lost (crash, timeout, ...). A raw metric an episode
+    does not have (the deviation of an energy-only scenario: None) is averaged over the episodes that have it."""
     score = mean_ci95([r["score"] for r in rows])
-    metrics: dict[str, Any] = {k: (math.fsum(r[k] for r in rows) / len(rows) if rows else None) for k in RAW}
+    metrics: dict[str, Any] = {k: _mean([r[k] for r in rows]) for k in RAW}
     metrics.update({"slo_gate_pass": sum(1 for r in rows if r["slo_gate_pass"]), "episodes": len(rows),
                     "failed": sum(1 for r in rows if r["status"] != "ok")})
     return score, metrics

@@ -1,6 +1,8 @@
 """Hourly energy commitments E*_h of a scenario, frozen before any controller runs.
 
-Absolute commitments (``commitment.mj``) are used as given. Fractional ones (``commitment.fractions``) scale
+An energy-only scenario (``commitment: {energy_only: true}``) has no commitment: E*_h = 0 for every hour (every
+hour's energy is billed) and no reference run is ever made. Absolute commitments (``commitment.mj``) are used as
+given. Fractional ones (``commitment.fractions``) scale
 the hourly energy of a *reference run*: full-capacity vLLM, i.e. all ``pool.gpus`` replicas active at the
 profile's reference clock for the whole horizon (:func:`commitenv.sim.fixed.run_fixed`), serving the
 scenario's workload built with ``commitment.reference.workload_seed`` (null: the evaluation workload itself,
@@ -263,7 +265,8 @@ def compute_reference(sc: Scenario, *, progress: bool = False) -> dict:
 def reference_hourly_energy_j(sc: Scenario, *, use_cache: bool = True, progress: bool = False) -> np.ndarray:
     """Hourly energy (J) of the scenario's reference run, from the cache when a trustworthy entry exists."""
     if sc.commitment.fractions is None:
-        raise ScenarioError(f"{sc.source}: commitment.fractions: absolute 'mj' commitments have no reference run")
+        raise ScenarioError(f"{sc.source}: commitment.fractions: absolute 'mj' commitments and energy-only scenarios "
+                            "have no reference run")
     inputs = reference_inputs(sc)
     key = _hash(inputs)
     path = cache_root() / "references" / f"{key}.json"
@@ -283,11 +286,16 @@ def reference_hourly_energy_j(sc: Scenario, *, use_cache: bool = True, progress:
 def commitments_mj(sc: Scenario, *, use_cache: bool = True, progress: bool = False) -> np.ndarray:
     """Hourly commitments E*_h in MJ, one per hour of the horizon (a single given value is used for every hour).
 
-    Absolute ``mj`` values are returned as given; ``fractions`` multiply the reference run's hourly energy.
-    The result is a read-only array: commitments are frozen before any controller runs.
+    Absolute ``mj`` values are returned as given; ``fractions`` multiply the reference run's hourly energy;
+    ``energy_only`` gives zeros (no commitment; no reference run is made). The result is a read-only array:
+    commitments are frozen before any controller runs.
     """
     c = sc.commitment
     H = sc.horizon_hours
+    if c.energy_only:
+        out = np.zeros(H, dtype=np.float64)
+        out.setflags(write=False)
+        return out
     if c.mj is not None:
         out = np.broadcast_to(np.asarray(c.mj, dtype=np.float64), (H,)).copy()
     else:

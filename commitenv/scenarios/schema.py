@@ -238,16 +238,27 @@ class EngineSpec(_Strict):
 
 
 class CommitmentSpec(_Strict):
-    """Hourly commitments E*_h: absolute MJ, or fractions of a reference run's hourly energy."""
+    """Hourly commitments E*_h: absolute MJ, fractions of a reference run's hourly energy, or none at all.
+
+    ``energy_only: true`` is the energy-only settlement (no commitment): E*_h = 0 for every hour, so every hour's
+    energy is billed, C_h = lambda_plus E_h (kWh); it takes none of ``mj``, ``fractions`` or ``reference``."""
 
     mj: list[float] | None = None
     fractions: list[float] | None = None
     reference: ReferenceSpec | None = None
+    energy_only: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "CommitmentSpec":
+        if self.energy_only:
+            for name in ("mj", "fractions", "reference"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"commitment.{name}: not with 'energy_only: true' (no commitment: every hour's "
+                                     f"energy is billed); give either energy_only or 'mj' / 'fractions'")
+            return self
         if (self.mj is None) == (self.fractions is None):
-            raise ValueError("commitment: give exactly one of 'mj' (absolute) or 'fractions' (of a reference run)")
+            raise ValueError("commitment: give exactly one of 'mj' (absolute) or 'fractions' (of a reference run), "
+                             "or 'energy_only: true' (no commitment)")
         if self.mj is not None and any(not 0 < v < float("inf") for v in self.mj):
             raise ValueError("commitment.mj: every hourly commitment must be a finite value > 0 (MJ)")
         if self.fractions is not None:
@@ -319,7 +330,7 @@ class Scenario(_Strict):
             )
         c = self.commitment
         field, n = ("commitment.mj", c.mj) if c.mj is not None else ("commitment.fractions", c.fractions)
-        if len(n) not in (1, self.horizon_hours):
+        if n is not None and len(n) not in (1, self.horizon_hours):  # (energy_only: no hourly values)
             raise ValueError(
                 f"{field}: expected 1 value (used for every hour) or horizon_hours={self.horizon_hours} hourly "
                 f"values, got {len(n)}"

@@ -64,8 +64,9 @@ def run_train(args: argparse.Namespace) -> int:
               f"best {ev['best']['mean_return']:.4f} at step {ev['best']['steps']}")
     for which, s in (rec.get("scores") or {}).items():
         if isinstance(s, dict):
+            dev = ("energy-only" if s.get("mean_abs_dev_pct") is None else f"{s['mean_abs_dev_pct']:.3f} %")
             print(f"{which:>5}: cost {s['cost_kwh_eq']:.4f} kWh-eq, attainment {s['attainment_pct']:.3f} %, misses "
-                  f"{s['misses']:.1f}, |dev| {s['mean_abs_dev_pct']:.3f} %")
+                  f"{s['misses']:.1f}, |dev| {dev}")
     print(f"wrote {args.out}/train.json, model.zip, vecnormalize.pkl; run it with --controller sb3:{args.out}")
     scores = {w: {k: v for k, v in s.items() if k != "per_seed"}
               for w, s in (rec.get("scores") or {}).items() if isinstance(s, dict)}

@@ -517,7 +517,9 @@ def score(out: str | Path, scenario: str, seeds: list[int], progress: bool = Fal
     for which in whichs:
         ctrl = resolved.make(which=which)
         rows = [evaluate(ctrl, scenario, seed=s).summary for s in seeds]
-        res[which] = {k: float(np.mean([r[k] for r in rows])) for k in SCORE_KEYS}
+        # (None, e.g. the deviation of an energy-only scenario, stays None)
+        res[which] = {k: (None if any(r[k] is None for r in rows) else float(np.mean([r[k] for r in rows])))
+                      for k in SCORE_KEYS}
         res[which]["slo_gate_passes"] = int(sum(bool(r.get("slo_gate_pass")) for r in rows))
         res[which]["per_seed"] = [{"seed": r["seed"], **{k: r[k] for k in SCORE_KEYS}} for r in rows]
     return res

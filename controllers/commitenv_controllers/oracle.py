@@ -93,8 +93,9 @@ class PlanTerms:
     def __post_init__(self) -> None:
         if self.intervals_per_hour < 1:
             raise ValueError(f"intervals_per_hour: expected >= 1, got {self.intervals_per_hour}")
-        if not self.commitments_j or any(not (c > 0 and math.isfinite(c)) for c in self.commitments_j):
-            raise ValueError(f"commitments_j: expected one finite value > 0 per hour, got {self.commitments_j}")
+        if not self.commitments_j or any(not (c >= 0 and math.isfinite(c)) for c in self.commitments_j):
+            raise ValueError(f"commitments_j: expected one finite value >= 0 per hour (0: energy-only), got "
+                             f"{self.commitments_j}")
         if not (self.miss_weight_kwh >= 0 and math.isfinite(self.miss_weight_kwh)):
             raise ValueError(f"miss_weight_kwh: expected a finite weight >= 0, got {self.miss_weight_kwh}")
         if self.max_misses is not None and self.max_misses < 0:
@@ -535,9 +536,10 @@ class OracleController(Controller):
     deadlines), then replays the plan. Needs the hindsight door (evaluation opens it for this class only).
 
     Parameters: ``beam`` (DP states kept per interval), ``energy_grid`` (energy cell of the DP, as a fraction of the
-    hour's per-interval commitment E*_h / K; 0: exact energies), ``estimate`` (rank unfinished plans by their
-    optimistic completion misses), ``screen_after`` / ``recheck`` (skip configurations over the miss budget from
-    every state for that many intervals, re-trying them every ``recheck`` intervals; 0: never skip),
+    hour's per-interval commitment E*_h / K; 0, and always on an energy-only scenario: exact energies), ``estimate``
+    (rank unfinished plans by their optimistic completion misses), ``screen_after`` / ``recheck`` (skip
+    configurations over the miss budget from every state for that many intervals, re-trying them every ``recheck``
+    intervals; 0: never skip),
     ``miss_weight_kwh`` (objective weight of a miss in kWh-eq; 0: the settlement cost alone, misses only within the
     constraint and as tie-break; None: the scenario's ``miss_penalty_kwh``), ``slo_rule`` and ``slo_slack`` (the
     miss budget, see `miss_budget`; ``slo_slack`` replaces the scenario's epsilon there), ``max_misses`` (overrides
@@ -625,7 +627,9 @@ class OracleController(Controller):
             if vllm_cfg not in self.configs:
                 self.configs.append(vllm_cfg)
             incumbents.append([self.configs.index(vllm_cfg)] * steps)
-        grid = self.energy_grid * min(ctx.commitments_j) / ctx.intervals_per_hour
+        # energy cells scale with the per-interval commitment; energy-only hours (E* = 0) have none, so an energy-only
+        # episode merges equal energies only (a mix of hours takes the smallest positive commitment)
+        grid = self.energy_grid * min((c for c in ctx.commitments_j if c > 0), default=0.0) / ctx.intervals_per_hour
 
         def log(step: int, kept: int) -> None:
             if self.progress:
