@@ -62,7 +62,8 @@ def test_mistral_cannot_share_an_h100_at_0_6_and_the_error_says_why():
 
 
 def test_an_instance_keeps_its_memory_share_when_its_sm_share_shrinks_and_moves():
-    prof = toy_profile(scheduler=COLOCATE, latencies=dict(clock_change_s=0.0, activation_s=1.0, load_s=5.0, load_w=70.0))
+    prof = toy_profile(scheduler=COLOCATE,
+                       latencies=dict(clock_change_s=0.0, activation_s=1.0, load_s=5.0, load_w=70.0))
     pool = Pool(prof, PoolLayout(((Instance(0, 0.5),), (Instance(0, 0.6),))), exact())
     pool.attach(make_table(np.zeros(0), np.zeros(0, int), np.zeros(0, int)))
     pool.set_share(0.0, 1, 0.4)  # GPU 1's SMs: 0.4 used, its memory still 0.6 reserved

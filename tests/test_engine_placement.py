@@ -227,6 +227,7 @@ def test_the_env_moves_an_instance_with_its_placement_key_and_reports_it():
     fit[2] = fit[4] = 0.2  # the SMs would fit (0.2 + 0.2 + 0.6), but both Qwens keep the 0.4 of memory they were placed with
     with pytest.raises(ValueError, match="GPU 3 would reserve 1.400 > 1 of its memory"):
         env.step(ctx.action(ctx.all_active, 1980, shares=fit, placement=bad))
+    assert [r.share for r in env.pool.replicas] == shares  # refused whole: not even the shares changed
     good = gpus.copy()
     good[2], good[4] = 3, 2  # the two Qwen instances swap GPUs
     _, _, _, _, info = env.step(ctx.action(ctx.all_active, 1980, placement=good, migrate="all"))

@@ -51,3 +51,22 @@ def test_festina_on_a_one_model_pool(tmp_path):
     env, res = run_episode("festina", path, 0)
     assert res.summary["energy_mj"] < vllm.summary["energy_mj"]
     assert res.summary["festina_local_calls"] > 0 and env.pool.dispatch_calls > 0
+
+
+def test_consolidation_packs_memory_reservations(tmp_path):
+    """Five lightly used instances (SM_l = 0.1 each) fit one GPU by SMs; with the toy pool's placement reservations
+    (0.5 + 0.5, 1.0, 0.6 + 0.4 of each GPU's memory: 3 GPUs' worth) no plan frees a GPU, with small reservations one
+    does."""
+    from commitenv.control import ControllerContext
+    from commitenv.envs import CommitServeEnv
+
+    env = CommitServeEnv(str(shared_scenario(tmp_path)))
+    env.reset(seed=0)
+    ctrl = Festina()
+    ctrl.reset(ControllerContext.from_env(env))
+    usage = {r: (10.0, 1000.0, 0.1) for r in range(5)}  # busy s, F_l MHz, SM_l
+    placed = env.pool.replicas
+    assert [r.mem_share for r in placed] == [0.5, 0.5, 1.0, 0.6, 0.4]
+    assert ctrl._consolidated(usage, [r.mem_share for r in placed]) is None
+    moved = ctrl._consolidated(usage, [0.1] * 5)
+    assert moved and len(set(ctrl.gpu_of)) < 3

@@ -26,3 +26,17 @@ def test_report_means_and_saving_by_hand():
     assert text.count("| 1.0 | 1.0 | 1.0 |") == 2  # moves, cold starts, migrated requests (1.0 in every row here)
     assert "dispatch 15.0 us per arrival" in text and "60.0 us per step" in text
     assert "| Festina | 100.00 | 90.00 |" in text
+
+
+def test_commitment_variant_rows_are_means_by_hand():
+    m = {"a": {"requests": 1, "attainment_pct": 100.0}}
+    res = {"scenario": "x", "commit_scenario": "y", "seeds": [1, 2], "wall_s": 3.0,
+           "runs": {"vllm/1": _row(10.0, 99.0, m), "festina/1": _row(5.0, 98.0, m)},
+           "commit_runs": {"epact/1": {"energy_mj": 9.0, "cost_kwh_eq": 0.1, "mean_abs_dev_pct": 1.0,
+                                       "attainment_pct": 99.0, "latency_attainment_pct": 98.0},
+                           "epact/2": {"energy_mj": 11.0, "cost_kwh_eq": 0.3, "mean_abs_dev_pct": 3.0,
+                                       "attainment_pct": 97.0, "latency_attainment_pct": 96.0}}}
+    text = report(res)
+    assert "On `y` (the commitment variant)" in text
+    assert "| ePACT | 10.000 | 0.200 | 2.00 | 98.00 | 97.00 |" in text
+    assert "| Festina | 5.000 | 0.200" not in text  # Festina has no commitment run here: no row

@@ -244,3 +244,11 @@ def test_a_shared_pools_reference_run_is_its_full_capacity_vllm_hour(tmp_path):
     c = commitments_mj(load_scenario(str(path)), use_cache=False)
     env, res = run_episode("vllm", str(path), 0)  # every instance at its placed share, the reference clock
     assert c[0] == pytest.approx(0.8 * env.hour_energy_j[0] / 1e6, rel=1e-9)
+
+
+def test_fixed_config_spreads_its_count_over_the_models(tmp_path):
+    # 5 instances (3 small, 2 big): round(28/32 x 5) = 4 active; one per model, the 2 left in proportion to the
+    # others (2 : 1 -> 1.33, 0.67; the larger remainder takes the last one): 2 small, 2 big, all hour long
+    env, _ = run_episode("fixed_config", str(shared_scenario(tmp_path)), 0)
+    assert env.shared_cfg.active == (2, 2)
+    assert [env.pool.active_count(m) for m in range(2)] == [2, 2]

@@ -56,6 +56,7 @@ def kv_blocks(profile: Profile, memory_share: float, where: str) -> int:
             f"{where}: {profile.model.name} at memory share {memory_share:.3f} of {usable_bytes(profile) / GB:.2f} GB "
             f"usable keeps {kv_gb:.2f} GB for its KV cache after its {footprint_bytes(profile) / GB:.2f} GB footprint "
             f"({blocks * profile.scheduler.block_size} tokens), less than one request at its context limit "
-            f"({profile.scheduler.context_limit} tokens); vLLM refuses to start such an instance: give it a larger share"
+            f"({profile.scheduler.context_limit} tokens); vLLM refuses to start such an instance: "
+            "give it a larger share"
         )
     return blocks

@@ -12,15 +12,15 @@ Consolidation (sec. 3.5) on keep-alive expiry: when an instance's keep-alive has
 active (the engine activates each model's lowest-index instances) are planned with `consolidation.plan_and_place`
 (capacity planning on CP-SAT with delta = 5 % margins, then EWR-aware placement; per instance over the last
 interval: the means of the clocks and of the SM shares its local scheduler chose, weighted by busy time, as F_l and
-SM_l, the memory share it reserved on its GPU as memory, its busy time; reservations are static, so memory gets no
-delta margin). If the plan needs fewer GPUs than the active instances occupy, the groups go to the GPUs
-already holding most of them (`consolidation.consolidated_placement`), idle instances make room at their minimum
-share (the move is dropped when any GPU's memory shares, idle instances' included, would exceed 1), and, when the idle power saved over a keep-alive (freed GPUs x (active idle at the top clock - standby))
-outweighs the moved instances' cold-start energy (the paper's scale-in condition, sec. 1), the action moves them with
-latency-aware migration of their running requests (the engine's cold start and KV transfer,
-`commitenv.sim.migration`); no new check for ``keep_alive_s`` after a move. A GPU whose
-instances are all inactive falls to standby power. The interval's ``clock`` is left to the local schedulers (the
-action repeats the clock the GPUs were set to at reset, so the environment changes nothing on its own).
+SM_l, the share of its GPU's usable memory it reserved as memory (capacity 1), its busy time; reservations are static, so memory gets no
+delta margin). If the plan needs fewer GPUs than the active instances occupy, the groups go to the GPUs already
+holding most of them (`consolidation.consolidated_placement`), idle instances make room at their minimum share (the
+move is dropped when any GPU's memory shares, idle instances' included, would exceed 1), and, when the idle power
+saved over a keep-alive (freed GPUs x (active idle at the top clock - standby)) outweighs the moved instances'
+cold-start energy (the paper's scale-in condition, sec. 1), the action moves them with latency-aware migration of
+their running requests (the engine's cold start and KV transfer, `commitenv.sim.migration`); no new check for
+``keep_alive_s`` after a move. A GPU whose instances are all inactive falls to standby power. The interval's
+``clock`` is left to the local schedulers (the action repeats the clock the GPUs were set to at reset, so the environment changes nothing on its own).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from commitenv.control import ArrivalView, CandidateView, Controller, DispatchPolicy
-from commitenv.sim.memory import GPU_MEMORY_UTILIZATION
 from commitenv_controllers.festina.consolidation import (LlmDemand, consolidated_placement, plan_and_place,
                                                          should_consolidate)
 from commitenv_controllers.festina.dispatch import FestinaDispatch
@@ -141,14 +140,13 @@ class Festina(Controller):
                 for r in [r for r, mm in enumerate(self.model_of) if mm == m][: self.active[m]]]
         top = float(max(self.ctx.clocks_mhz))
         cap = 1.0 - self.delta
-        usable_gb = min(p.gpu.memory_gb for p in profiles) * GPU_MEMORY_UTILIZATION  # what vLLM may reserve
         want, demands = {}, []
         for r in keep:
             busy, f, sm = usage.get(r, (0.0, top, mins[r]))
             want[r] = min(max(sm, mins[r]), cap)
-            demands.append(LlmDemand(str(r), f, want[r], mem_share[r] * usable_gb, busy))
+            demands.append(LlmDemand(str(r), f, want[r], mem_share[r], busy))  # memory in GPUs' usable memory
         try:  # a reservation does not fluctuate: the delta margin applies to SMs only
-            _, res = plan_and_place(demands, gpu_mem_cap_gb=usable_gb / (1.0 - self.delta), delta=self.delta,
+            _, res = plan_and_place(demands, gpu_mem_cap_gb=1.0 / (1.0 - self.delta), delta=self.delta,
                                     time_limit_s=2.0)
         except ValueError:
             return None
