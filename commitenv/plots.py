@@ -76,11 +76,14 @@ def render_progress(env: Any) -> np.ndarray:
     hist = env.history[h * K : h * K + kin]
     cum = np.cumsum([x["interval_j"] for x in hist]) / 1e6 if hist else np.zeros(0)
     ax[0].plot(np.arange(1, len(cum) + 1), cum, color="#d98c5f")
-    ax[0].plot([0, K], [0, env.commit_j[h] / 1e6], "k--")
-    ax[0].set_title(f"hour {h}: energy vs commitment (MJ)", fontsize=9)
+    energy_only = not np.any(env.commit_j)
+    if not energy_only:
+        ax[0].plot([0, K], [0, env.commit_j[h] / 1e6], "k--")
+    ax[0].set_title(f"hour {h}: energy (MJ)" if energy_only else f"hour {h}: energy vs commitment (MJ)", fontsize=9)
     done = env.k // K
     ax[1].bar(np.arange(done), env.hour_energy_j[:done] / 1e6, color="#d98c5f")
-    ax[1].step(np.arange(env.H), env.commit_j / 1e6, where="mid", color="k")
+    if not energy_only:
+        ax[1].step(np.arange(env.H), env.commit_j / 1e6, where="mid", color="k")
     ax[1].set_title("settled hours (MJ)", fontsize=9)
     fig.tight_layout()
     canvas = fig.canvas

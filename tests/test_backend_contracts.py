@@ -259,7 +259,9 @@ def test_the_engine_seam_reports_preemptions_as_the_simulator_counts_them():
     from commitenv.workload.table import make_table
 
     base = load_profile(PROFILE)
-    prof = base.model_copy(update={"scheduler": base.scheduler.model_copy(update={"kv_capacity_tokens": 256})})
+    # (the context limit shrinks with it: vLLM, and the engine, refuse a cache that cannot hold one full request)
+    prof = base.model_copy(update={"scheduler": base.scheduler.model_copy(update={"kv_capacity_tokens": 256,
+                                                                                  "context_limit": 256})})
     clock = VirtualClock()
     eng = SimEngine(prof, FakeGpu(prof, clock), clock)
     for i in range(4):

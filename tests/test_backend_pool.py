@@ -132,8 +132,6 @@ def test_the_env_runs_on_the_fake_backend_and_scores_like_the_simulator(tmp_path
 def test_backend_argument_errors():
     with pytest.raises(ValueError, match="pool factory"):
         CommitServeEnv("epact-h200-hour-fixed-a30", backend="vllm")
-    with pytest.raises(ValueError, match="step log"):
-        CommitServeEnv("epact-h200-hour-fixed-a30", backend=fake_backend(), attribution=True)
 
 
 def test_the_what_if_view_mirrors_the_workers_queues():

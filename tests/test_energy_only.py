@@ -403,3 +403,13 @@ def test_aggregates_leave_the_undefined_deviation_out():
     assert metrics["cost_kwh_eq"] == pytest.approx(0.75)
     _, only = suite_summary(rows[:1])
     assert only["mean_abs_dev_pct"] is None
+
+
+def test_a_leaderboard_episode_cannot_scale_a_commitment_that_does_not_exist():
+    from commitenv.leaderboard.sandbox import episode_scenario
+    from commitenv.leaderboard.suite import Episode
+
+    sc = episode_scenario(Episode("festina-h100-shared-energy", 100000))
+    assert sc.commitment.energy_only
+    with pytest.raises(ValueError, match="energy-only scenario has no commitment to scale"):
+        episode_scenario(Episode("festina-h100-shared-energy", 100000, commitment_scale=1.1))

@@ -49,10 +49,10 @@ def test_qwen_and_llama_split_an_h100_by_share_by_hand():
     assert [r.cap_blocks for r in pool.replicas] == [want_q, want_l]
     assert (want_q, want_l) == (10429, 1004)  # 166,864 and 16,064 tokens: Llama holds ~4 requests at 4,096
     assert all(r.free_blocks == r.cap_blocks for r in pool.replicas)
-    # the two reservations fill the usable memory: 0.4 + 0.6 of 72 GB
-    used = sum(r.cap_blocks * r.bs * r.profile.model.kv_bytes_per_token for r in pool.replicas)
-    footprints = (72e9 - 920224 * 57344.0) + (72e9 - 51232 * 819200.0)
-    assert used + footprints <= 72e9
+    # each reservation (footprint + KV) is its share of the 72 GB, less under one block of rounding
+    for r, share, foot in zip(pool.replicas, (0.4, 0.6), (72e9 - 920224 * 57344.0, 72e9 - 51232 * 819200.0)):
+        block = r.bs * r.profile.model.kv_bytes_per_token
+        assert share * 72e9 - block < foot + r.cap_blocks * block <= share * 72e9
 
 
 def test_mistral_cannot_share_an_h100_at_0_6_and_the_error_says_why():
@@ -90,3 +90,17 @@ def test_a_half_share_kv_cache_preempts_where_a_whole_gpu_does_not():
         p.run_until(np.inf)
         assert np.all(np.isfinite(p.finish_t)) and p.replicas[0].free_blocks == p.replicas[0].cap_blocks
     assert lone.preemptions.sum() == 0 and half.preemptions.sum() > 0
+
+
+def test_a_scenario_placing_mistral_beside_qwen_is_refused_at_load_naming_the_entry(tmp_path):
+    import yaml
+
+    from commitenv._paths import data_dir
+    from commitenv.scenarios import ScenarioError, load_scenario
+
+    raw = yaml.safe_load((data_dir("scenarios") / "festina-h100-shared.yaml").read_text())
+    raw["pool"]["placement"][0] = [{"model": "qwen-7b", "share": 0.4}, {"model": "mistral-24b", "share": 0.6}]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError, match=r"bad.yaml: pool.placement\[0\]\[1\]: Mistral.*32768 tokens"):
+        load_scenario(path)

@@ -137,19 +137,24 @@ def test_latency_aware_migration_keeps_the_near_complete_request():
     assert pool.replica_of[0] == 0 and pool.replica_of[1] == 1 and pool.migrated == 1
 
 
-def test_a_loaded_instance_waits_for_the_sms_its_departing_neighbour_still_uses():
-    pool = pool_of([[0.6], [0.6]])
-    # a long request keeps replica 1 busy on GPU 1 well past the 5-s load of replica 0 there
-    table = make_table(np.array([0.0]), np.array([8]), np.array([2000]))
-    pool.attach(table)
+def _one_busy(pool):
+    """Run to 0.5 s with one 2,000-token request on one of the two replicas: (busy, idle) replica indices."""
+    pool.attach(make_table(np.array([0.0]), np.array([8]), np.array([2000])))
     pool.run_until(0.5)
     assert pool.replica_of[0] == -1 and pool.replicas[0].unf + pool.replicas[1].unf == 1
     busy = 0 if pool.replicas[0].unf else 1
-    other = 1 - busy
+    return busy, 1 - busy
+
+
+def test_a_loaded_instance_waits_for_the_sms_its_departing_neighbour_still_uses():
+    pool = pool_of([[0.5], [0.5]])
+    busy, other = _one_busy(pool)
+    pool.set_share(0.5, busy, 0.7)  # its SMs grow to 0.7; its memory stays the 0.5 it was placed with
     pool.move(0.5, {busy: other, other: busy})  # swap; the busy one drains in place (no migration)
     pool.run_until(0.5 + LOAD_S + 1.0)
     waiting = pool.replicas[other]
-    assert waiting.state == LOADING and waiting.load_ready  # loaded, but 0.6 + 0.6 > 1 while the other drains
+    # memory fits (0.5 + 0.5), so the load ran at once; loaded, but 0.7 + 0.5 SMs > 1 while the other drains
+    assert waiting.state == LOADING and waiting.load_ready and pool.cold_starts == 1
     pool.run_until(np.inf)
     left = pool.finish_t[0]
     assert left > 0.5 + LOAD_S + 1.0
@@ -158,6 +163,26 @@ def test_a_loaded_instance_waits_for_the_sms_its_departing_neighbour_still_uses(
     assert pool.replicas[other].state == ACTIVE and pool.replicas[busy].state == ACTIVE
     # the departing instance loads on the freed GPU from the moment its request ended
     assert pool.replicas[busy].gpu.index == other and pool.cold_starts == 2
+    assert pool.replicas[busy].load_t == pytest.approx(left + LOAD_S, rel=1e-12)
+
+
+def test_an_arriving_instance_loads_only_once_its_departing_neighbour_frees_the_memory():
+    pool = pool_of([[0.6], [0.6]])
+    busy, other = _one_busy(pool)
+    pool.move(0.5, {busy: other, other: busy})  # swap; 0.6 + 0.6 of the busy one's GPU memory until it leaves
+    pool.run_until(0.5 + 2 * LOAD_S)
+    waiting = pool.replicas[other]
+    assert waiting.state == LOADING and waiting.load_wait and not waiting.load_ready and pool.cold_starts == 0
+    # while it waits it draws nothing: the busy one's GPU meters its own steps and the active idle floor only
+    g = pool.replicas[busy].gpu.index
+    steps = sum(e.energy_j - e.floor_j for e in pool.log if e.gpu == g and e.t1 <= 0.5 + 2 * LOAD_S)
+    inflight = pool.gpu_energy_j(0.5 + 2 * LOAD_S)[g] - steps - 50.0 * (0.5 + 2 * LOAD_S)
+    assert 0.0 <= inflight < 1.0  # the step in flight at the check, well under one joule, and no load_w
+    pool.run_until(np.inf)
+    left = pool.finish_t[0]
+    assert waiting.load_t == pytest.approx(left + LOAD_S, rel=1e-12)  # its load began when the neighbour left
+    assert pool.replicas[busy].load_t == pytest.approx(left + LOAD_S, rel=1e-12)
+    assert waiting.state == ACTIVE and pool.cold_starts == 2
 
 
 def test_a_standby_instance_moves_and_stays_on_standby():
@@ -244,8 +269,9 @@ def test_the_env_moves_an_instance_with_its_placement_key_and_reports_it():
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_moves_lose_no_request_and_never_oversubscribe_a_gpu(seed):
     """Random moves (every migration mode), activations and arrivals on two models sharing three GPUs: every
-    request finishes once, every replica ends with all its KV blocks free, and the steps running at any moment on a
-    GPU never hold more than its SMs."""
+    request finishes once, every replica ends with all its KV blocks free, the steps running at any moment on a
+    GPU never hold more than its SMs, and the instances on a GPU never hold more than its memory (SM shares shrink
+    at random, so a move's SMs can fit where its memory does not)."""
     rng = np.random.default_rng(seed)
     profiles = [profile(1e5), profile(1e5)]
     layout = PoolLayout(((Instance(0, 0.5), Instance(1, 0.5)), (Instance(0, 0.4), Instance(1, 0.4)),
@@ -262,10 +288,16 @@ def test_random_moves_lose_no_request_and_never_oversubscribe_a_gpu(seed):
         pool.run_until(t)
         r = int(rng.integers(0, len(pool.replicas)))
         g = int(rng.integers(0, len(pool.gpus)))
+        if rng.random() < 0.3:
+            s = int(rng.integers(0, len(pool.replicas)))
+            pool.set_share(t, s, float(rng.uniform(0.1, pool.replicas[s].share)))
         try:
             pool.move(t, {r: g}, migrate=["none", "latency_aware", "all"][int(rng.integers(0, 3))])
         except ValueError as e:
-            assert "would hold" in str(e)  # the only refusal: the SMs do not fit
+            assert "would hold" in str(e) or "of its memory" in str(e)  # the only refusals: SMs or memory
+        for gpu in pool.gpus:
+            held = sum(x.mem_share for x in gpu.replicas if not (x.state == LOADING and x.load_wait))
+            assert held <= 1 + 1e-9
         if rng.random() < 0.3:
             m = int(rng.integers(0, 2))
             pool.set_active(t, int(rng.integers(1, len(pool.replicas_of(m)) + 1)), model=m)

@@ -16,6 +16,9 @@ Online on a running pool (what `CommitServeEnv(..., attribution=True)` uses; no 
     split = att.close(t)                       # PeriodSplit: metered = busy (shares) + idle, per tenant
     att.own_j, att.shared_j                    # per-request bills so far (final once finished)
 
+On a hardware pool (`commitenv.backends.pool.HardwarePool`), `HardwareAttributor(pool)` does the same from the
+workers' step log and the GPUs' energy counters (busy = counter energy - the profile's floor over uncovered time).
+
 Prefix caching (section 6.7): `prefix_split` adds the equal split of every cached block's prefill to step sharing;
 `ReplayGame` serves tables with prefix hash blocks through the engine's prefix cache, and `model_game_for` then
 returns the matching `PrefixModelGame` as control variate.
@@ -33,6 +36,7 @@ from commitenv.attribution.law import OwnTracker, StepLaw, StepTable, decompose
 from commitenv.attribution.ledger import Ledger, WindowSettlement, ledger_horizon
 from commitenv.attribution.moe import moe_game, moe_split
 from commitenv.attribution.prefix import PrefixModelGame, prefix_split
+from commitenv.attribution.hardware import HardwareAttributor
 from commitenv.attribution.online import PeriodSplit, PoolAttributor, token_split_bills
 from commitenv.attribution.replay import (
     ReplayGame,
@@ -58,6 +62,7 @@ __all__ = [
     "Attribution",
     "CostSplit",
     "FunctionGame",
+    "HardwareAttributor",
     "Ledger",
     "ModelGame",
     "OwnTracker",

@@ -159,9 +159,16 @@ class PoolAttributor:
             energy = self._share_floor(replica, np.maximum(t0, start), t1, energy, floor)
         coef = self._coeff_arrays(replica, mhz, share)
         mt = member_terms(rows, n_steps, coef)
+        return self._split(replica, n_steps, energy, coef, mt)
+
+    def _split(self, replica: np.ndarray, n_steps: np.ndarray, energy: np.ndarray, coef: np.ndarray,
+               mt) -> tuple[np.ndarray, np.ndarray]:
+        """Split each entry's ``energy`` among its members in proportion to their law terms (``mt``: their
+        `member_terms`, ``coef``: (E, 5) coefficients), add the parts to the per-request totals; returns (per-tenant
+        J, per-GPU J)."""
+        ne = len(energy)
         ent, m, s, own = mt.entry, mt.m, mt.slots, mt.own
-        shared = n_steps * coef[:, 0]
-        law = shared + np.bincount(ent, weights=own, minlength=ne)
+        shared, law = entry_law(n_steps, coef, mt)
         ok = law > 0
         f = np.divide(energy, law, out=np.zeros(ne), where=ok)
         sh_each = np.where(ok, shared * f, energy) / m  # a segment without law terms: split equally
@@ -237,6 +244,12 @@ class PoolAttributor:
         busy = float(gj.sum())
         mt = float(metered.sum())
         return PeriodSplit(start, t, mt, busy, mt - busy, tj, metered, gj, nseg)
+
+
+def entry_law(n_steps: np.ndarray, coef: np.ndarray, mt) -> tuple[np.ndarray, np.ndarray]:
+    """(shared, law) energy of every entry under the law: ``n_steps * a`` and that plus its members' own terms."""
+    shared = n_steps * coef[:, 0]
+    return shared, shared + np.bincount(mt.entry, weights=mt.own, minlength=len(n_steps))
 
 
 def token_split_bills(prompt_tokens, output_tokens, total_j: float, served=None, output_weight: float = 5.0):

@@ -12,6 +12,15 @@ over) and sleep; reactivated ones wake (the engine's wake latency). Clock change
 Not modelled here, because the hardware is the truth: the realism level's truth model (speed and power factors,
 noise), which this pool ignores. What-if snapshots (`clone`) mirror the workers' queues into a nominal simulated
 pool, so controllers that simulate (ePACT, MPC) run here too.
+
+Step log (for per-request energy attribution, `commitenv.attribution.hardware.HardwareAttributor`): once
+`enable_step_log` is called, every worker records each executed step as a `commitenv.sim.pool.StepLogEntry` of the
+simulator's shape (``n_steps=1``; members, new tokens from the change of each request's computed count, computed
+before, decode flags, the clock read from the GPU before the step, ``t0``/``t1`` from the record in trace time). Its
+``energy_j`` is a *model estimate*, the profile's step-energy law at that clock over the record's terms: a GPU's
+energy is measured only by its cumulative counter, which `read_counters` reads. Each worker also keeps its lifecycle
+states and the pool the clock locks (effective after the profile's clock-change latency) with their times, from
+which `floor_events` gives the idle floor's timeline.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import collections
 import logging
 import math
 import threading
+import time as _time
 from dataclasses import replace
 from typing import Callable
 
@@ -31,7 +41,8 @@ from commitenv.backends.gpu import GpuControl, LockedClocks
 from commitenv.profiles.schema import Profile
 from commitenv.sim import replica as sim_replica
 from commitenv.sim.noise import NoiseSpec
-from commitenv.sim.pool import EngineOptions, Pool, PoolLayout, request_terms
+from commitenv.sim.coeffs import coeffs_for
+from commitenv.sim.pool import EngineOptions, Pool, PoolLayout, StepLogEntry, request_terms
 from commitenv.sim.request import Req
 from commitenv.workload.table import RequestTable
 
@@ -55,6 +66,15 @@ class DeviceWorker:
         self._stop = False
         self.error: BaseException | None = None
         self.steps = 0
+        # attribution (see `HardwarePool.enable_step_log`): lifecycle states with their clock times, and once enabled
+        # the step log, the clock time a step in flight started, each request's computed count as the log knows it
+        self.state_log: list[tuple[float, str]] = [(clock.now(), ACTIVE)]
+        self.step_log: collections.deque[StepLogEntry] | None = None
+        self.in_step: float | None = None
+        self.origin = 0.0
+        self._law: Callable[[int, int, int, int, int], float] | None = None
+        self._level: Callable[[int], int] | None = None
+        self._log_c: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name=f"commitenv-gpu{index}", daemon=True)
         self._thread.start()
 
@@ -72,8 +92,14 @@ class DeviceWorker:
         with self._cv:
             self._want = state
             if state == DRAINING and self.state == ACTIVE:
-                self.state = DRAINING
+                self._set_state(DRAINING)
             self._cv.notify()
+
+    def _set_state(self, state: str) -> None:
+        """Change the lifecycle state and note when (call with ``_cv`` held)."""
+        if state != self.state:
+            self.state_log.append((self.clock.now(), state))
+        self.state = state
 
     def stop(self) -> None:
         with self._cv:
@@ -83,6 +109,37 @@ class DeviceWorker:
         close = getattr(self.engine, "close", None)  # an engine in its own process (`ProcessEngine`) stops it
         if callable(close):
             close()
+
+    def _log_entry(self, rec, mhz: int) -> StepLogEntry:
+        """The step log entry of ``rec`` (called before the requests' progress is updated from it): a member's new
+        tokens are the change of its computed count (from 0 after a preemption: vLLM recomputes), a decode token is
+        one new token of a request whose prompt and earlier tokens were all computed (as the simulator flags it);
+        ``energy_j`` is the profile's law at the step's clock over the record's terms (an estimate, not measured)."""
+        known = self._log_c
+        for rid in rec.preempted:
+            known[rid] = 0
+        slots, new, before, dec = [], [], [], []
+        for rid, computed, _ in rec.progress:
+            r = self.live[rid]
+            c0 = known.get(rid, 0)
+            if computed < c0:  # a preemption the record did not name
+                c0 = 0
+            known[rid] = computed
+            k = computed - c0
+            if k <= 0:
+                continue
+            g0 = r.generated  # tokens generated before this step
+            slots.append(r.slot)
+            new.append(k)
+            before.append(c0)
+            dec.append(k == 1 and g0 >= 1 and c0 + 1 == r.prompt + g0)
+        for rid in rec.finished:
+            known.pop(rid, None)
+        level = self._level(mhz)
+        t0 = rec.t_start - self.origin
+        return StepLogEntry(self.index, self.index, t0, t0 + rec.elapsed_s, 1,
+                            self._law(level, rec.P, rec.n, rec.L, rec.A), tuple(slots), tuple(new), tuple(before),
+                            tuple(dec), clock_mhz=level, share=1.0)
 
     def _run(self) -> None:
         eng = self.engine
@@ -98,20 +155,34 @@ class DeviceWorker:
                     if not eng.has_work():
                         if self.state == DRAINING and self._want == DRAINING:
                             eng.sleep()
-                            self.state = STANDBY
+                            self._set_state(STANDBY)
                         if not (self.state == STANDBY and self._want == ACTIVE):
                             self._cv.wait(timeout=0.002)
                             continue
                 if self.state == STANDBY:  # asked to serve again: wake outside the lock (it takes a while)
+                    with self._cv:
+                        self.state_log.append((self.clock.now(), ACTIVE))  # a waking GPU draws active idle
                     eng.wake()
                     with self._cv:
                         self.state = ACTIVE if self._want == ACTIVE else DRAINING
+                        if self.state != ACTIVE:
+                            self.state_log.append((self.clock.now(), self.state))
                     continue
                 if self.state == DRAINING and self._want == ACTIVE:
-                    self.state = ACTIVE
+                    with self._cv:
+                        self._set_state(ACTIVE)
+                slog = self.step_log
+                if slog is not None:
+                    mhz = self.gpu.current_clock_mhz()
+                    self.in_step = self.clock.now()
                 rec = eng.step()
                 if rec is None:
+                    self.in_step = None
                     continue
+                if slog is not None:
+                    if rec.progress:
+                        slog.append(self._log_entry(rec, mhz))
+                    self.in_step = None
                 self.steps += 1
                 t_end = rec.t_start + rec.elapsed_s
                 for rid in rec.preempted:
@@ -149,6 +220,12 @@ class HardwarePool:
         for g in self.gpus:
             g.lock_clock(self._clock_mhz)
         self._e0 = np.array([g.energy_mj() for g in self.gpus], dtype=np.float64)
+        self._t_e0 = clock.now()  # when the counters' origin was read (clock time)
+        cs = profile.latencies.clock_change_s  # the locks' times as they take effect (the profile's latency)
+        self.clock_log: list[list[tuple[float, int]]] = [[(self._t_e0, int(g.current_clock_mhz()))] for g in self.gpus]
+        for log_ in self.clock_log:
+            log_.append((self._t_e0 + cs, self._clock_mhz))
+        self._origin = self._t_e0
         self.unrouted: list[Req] = []
         self.done_slots: list[int] | None = None
         self._cursor = 0
@@ -168,6 +245,8 @@ class HardwarePool:
         self.preemptions = np.zeros(n, dtype=np.int32)  # from the engines' step records (preempted ids)
         self._arr = table.arrival_s.tolist()
         self._origin = self.clock.now()
+        for w in self.workers:
+            w.origin = self._origin
 
     @property
     def arrived(self) -> int:
@@ -235,8 +314,13 @@ class HardwarePool:
                 self._route(r)
 
     def set_clock(self, t: float, mhz: int, gpus: list[int] | None = None) -> None:
+        cs = self.profiles[0].latencies.clock_change_s
         for g in (self.gpus if gpus is None else [self.gpus[i] for i in gpus]):
             g.lock_clock(int(mhz))
+            now = self.clock.now()
+            log_ = self.clock_log[g.index]
+            log_[:] = [c for c in log_ if c[0] <= now]  # a newer lock replaces a pending one
+            log_.append((now + cs, int(mhz)))
         self._clock_mhz = int(mhz)
 
     def active_count(self, model: int = 0) -> int:
@@ -250,6 +334,63 @@ class HardwarePool:
 
     def energy_j(self, t: float | None = None) -> float:
         return float(math.fsum(self.gpu_energy_j(t)))
+
+    # ------------------------------------------------------------------------------------------ attribution
+    def enable_step_log(self) -> None:
+        """Make every worker record its steps (see the module docstring); call before the pool runs a step."""
+        prof = self.profiles[0]
+        levels = prof.clock_mhz
+
+        def level(mhz: int) -> int:  # the profile's level nearest to a clock the GPU reports
+            return min(levels, key=lambda lv: (abs(lv - mhz), -lv))
+
+        def law(mhz: int, P: int, n: int, L: int, A: int) -> float:
+            return coeffs_for(prof, prof.clock_index(mhz)).step_energy(P, n, L, A)
+
+        for w in self.workers:
+            w._law, w._level, w.origin = law, level, self._origin
+            if w.step_log is None:
+                w.step_log = collections.deque()
+
+    def disable_step_log(self) -> None:
+        for w in self.workers:
+            w.step_log = None
+
+    @property
+    def counters_start(self) -> float:
+        """Trace time at which the energy counters' origin was read (just before the trace's time 0)."""
+        return self._t_e0 - self._origin
+
+    def read_counters(self) -> tuple[float, np.ndarray]:
+        """(trace time now, each GPU's counter since the pool started, J), read together."""
+        e = self.gpu_energy_j()
+        return self.clock.now() - self._origin, e
+
+    def take_steps(self, t: float, timeout_s: float = 60.0) -> list[StepLogEntry]:
+        """The logged steps not taken yet, after waiting until no worker runs a step that started before trace time
+        ``t`` (at most ``timeout_s`` seconds of real time per worker; a step still running then is taken later)."""
+        out: list[StepLogEntry] = []
+        for w in self.workers:
+            slog = w.step_log
+            if slog is None:
+                continue
+            give_up = _time.monotonic() + timeout_s
+            while (s := w.in_step) is not None and s - self._origin < t and w.error is None:
+                if _time.monotonic() > give_up:
+                    log.warning("GPU %d: a step in flight at %.3f s did not end within %.0f s", w.index, t, timeout_s)
+                    break
+                _time.sleep(1e-4)
+            for _ in range(len(slog)):
+                out.append(slog.popleft())
+        return out
+
+    def floor_events(self, g: int) -> tuple[list[tuple[float, str]], list[tuple[float, int]]]:
+        """GPU ``g``'s lifecycle states and effective clocks (MHz) from the pool's start, with their trace times."""
+        w = self.workers[g]
+        with w._cv:
+            states = list(w.state_log)
+        o = self._origin
+        return [(t - o, s) for t, s in states], [(t - o, m) for t, m in self.clock_log[g]]
 
     def live_requests(self) -> list[Req]:
         out = [r for w in self.workers for r in list(w.live.values())]

@@ -73,7 +73,9 @@ are computed by `commitenv.metrics` from the engine's records, never from reward
 
 Attribution (``CommitServeEnv(..., attribution=True)``; off by default: it makes a run about 40 % slower, mostly
 because the engine must then report every step, and adds a nested ``info`` entry): StepSplit's closed-form
-Shapley shares of the metered energy, per request and per tenant (`commitenv.attribution.PoolAttributor`).
+Shapley shares of the metered energy, per request and per tenant (`commitenv.attribution.PoolAttributor`; on a
+hardware backend `commitenv.attribution.hardware.HardwareAttributor`, which splits each GPU's counter energy above
+the profile's idle floor among the logged steps' members by their law terms: docs/real-gpu.md).
 Every step's ``info["attribution"]`` then holds
 
 * ``"interval"``: ``start_s``, ``end_s``, ``energy_j`` (metered), ``busy_j`` (the energy of the steps run in the
@@ -103,6 +105,7 @@ import numpy as np
 from gymnasium import spaces
 
 from commitenv.attribution.cost_split import hour_cost_shares
+from commitenv.attribution.hardware import HardwareAttributor
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import slo_outcome
 from commitenv.envs.meters import ControllerMeter
@@ -163,8 +166,6 @@ class CommitServeEnv(gym.Env):
         if backend is not None and not callable(backend):
             raise ValueError(f"backend: expected None (the simulator) or a pool factory such as "
                              f"commitenv.backends.pool.fake_backend(), got {backend!r}")
-        if backend is not None and self.attribution:
-            raise ValueError("attribution needs the simulator's step log; a hardware backend has none")
         self.backend = backend  # None: the simulator; else (profile, replicas, options, clock MHz) -> a pool
         self.attributor: PoolAttributor | None = None
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -286,7 +287,9 @@ class CommitServeEnv(gym.Env):
         # deadlines the observation may use: the visible ones (a list: read per live request each step)
         self._visible = pool.visible_deadline.tolist() if pool.visible_deadline is not pool.deadline else None
         self.actions: list[tuple] = []  # ("active" | "clock", t_apply, value): what the controller changed, when
-        self.attributor = PoolAttributor(pool) if self.attribution else None
+        self.attributor = None
+        if self.attribution:  # a hardware pool: its workers' step log and GPU counters (commitenv.attribution.hardware)
+            self.attributor = PoolAttributor(pool) if self.backend is None else HardwareAttributor(pool)
         self._attr_hour: list[PeriodSplit] = []
         self._tenant_seen = np.zeros(len(table.tenant_names), dtype=bool)
         self.k = 0

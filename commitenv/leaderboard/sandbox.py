@@ -306,11 +306,14 @@ class DoNothing(Controller):
 
 def episode_scenario(ep: Episode):
     """The episode's scenario, its commitments scaled by ``ep.commitment_scale`` (fractions capped at 2; an
-    energy-only scenario has no commitment to scale)."""
+    energy-only scenario has no commitment to scale, so it takes only the scale 1)."""
     from commitenv.scenarios.loader import load_scenario
 
     sc = load_scenario(ep.scenario)
-    if ep.commitment_scale == 1.0 or sc.commitment.energy_only:
+    if sc.commitment.energy_only and ep.commitment_scale != 1.0:
+        raise ValueError(f"episode {ep.scenario}: commitment_scale {ep.commitment_scale}: an energy-only scenario "
+                         "has no commitment to scale (expected 1.0)")
+    if ep.commitment_scale == 1.0:
         return sc
     c = sc.commitment
     if c.fractions is not None:

@@ -205,7 +205,25 @@ def check_scenario(sc: Scenario, base_dir: Path | None = None) -> Scenario:
         from commitenv.scenarios.build import scenario_profiles
 
         scenario_profiles(sc)  # the engine overrides must fit the profiles: refused at load, naming the field
+    if sc.pool.shared:
+        _check_placement_memory(sc)
     return sc
+
+
+def _check_placement_memory(sc: Scenario) -> None:
+    """Every placed instance must hold one request at its context limit in the memory its share reserves
+    (`commitenv.sim.memory`): refused at load, naming the placement entry."""
+    from commitenv.scenarios.build import scenario_profiles
+    from commitenv.sim.memory import PlacementMemoryError, kv_blocks
+
+    profs = scenario_profiles(sc)  # engine overrides applied: a shorter context limit needs less memory
+    index = {m.name: i for i, m in enumerate(sc.pool.models)}
+    for g, insts in enumerate(sc.pool.placement):
+        for j, inst in enumerate(insts):
+            try:
+                kv_blocks(profs[index[inst.model]], float(inst.share), f"pool.placement[{g}][{j}]")
+            except PlacementMemoryError as e:
+                raise ScenarioError(f"{sc.source}: {e}") from None
 
 
 def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:

@@ -30,12 +30,14 @@ class GPU:
 
     def floor_power(self) -> float:
         """Idle power implied by the hosted instances' states (the most awake one sets it; an instance loading its
-        weights draws at least its profile's ``load_w``; a GPU hosting nothing draws standby power)."""
+        weights draws at least its profile's ``load_w``, one still waiting for memory nothing; a GPU hosting nothing
+        draws standby power)."""
         from commitenv.sim.replica import ACTIVE, DRAINING, LOADING, MOVING, WAKING
 
         prof = self.profile if self.profile is not None else self.replicas[0].profile
         lvl = prof.clocks[self.clock_idx]
-        states = {WAKING if r.state == LOADING and r.load_ready else r.state for r in self.replicas}
+        here = [r for r in self.replicas if not (r.state == LOADING and r.load_wait)]  # (a waiting load draws nothing)
+        states = {WAKING if r.state == LOADING and r.load_ready else r.state for r in here}
         if ACTIVE in states or WAKING in states:  # (a loaded instance waiting for SMs idles like a waking one)
             w = lvl.active_idle_w
         elif DRAINING in states or MOVING in states:
@@ -43,7 +45,7 @@ class GPU:
         else:
             w = prof.standby_w
         if LOADING in states:
-            w = max([w] + [r.profile.latencies.load_w for r in self.replicas if r.state == LOADING and not r.load_ready])
+            w = max([w] + [r.profile.latencies.load_w for r in here if r.state == LOADING and not r.load_ready])
         return w * self.power_factor
 
     def update_floor(self, t: float) -> None:

@@ -735,29 +735,43 @@ class Pool:
         rep.unf = len(rep.running) + len(rep.waiting)
 
     def _detach(self, rep: Replica, t: float) -> None:
-        """Take ``rep`` (idle) off its GPU and cold-start it on its destination (``rep.dest``); instances loaded on
-        the GPU it left and waiting for SMs may then start."""
+        """Take ``rep`` (idle) off its GPU and cold-start it on its destination (``rep.dest``); instances waiting
+        for the memory it held on the GPU it left begin their loads, and loaded ones waiting for SMs may start."""
         src, dest = rep.gpu, rep.dest
         rep.dest = None
         src.replicas.remove(rep)
         self._begin_load(rep, dest, t)
         self._floor_changed(src, t)
         for r in list(src.replicas):
+            if r.state == LOADING and r.load_wait:
+                self._start_load(r, t)
+        for r in list(src.replicas):
             if r.state == LOADING and r.load_ready:
                 self._loaded(r, t)
 
     def _begin_load(self, rep: Replica, dest: GPU, t: float) -> None:
+        """Put ``rep`` on ``dest`` with a fresh KV cache; its cold start begins once the memory it reserves is free
+        there (a departing instance keeps its memory until it leaves)."""
         rep.gpu = dest
         dest.replicas.append(rep)
         rep.invalidate_coeffs()
         rep.free_blocks = rep.cap_blocks  # a fresh KV cache (an empty prefix cache)
         if rep.pcache is not None:
             rep.pcache = PrefixCache(rep.pcache.block_tokens, rep.bs, rep.cap_blocks)
-        rep.state, rep.load_ready = LOADING, False
+        rep.state, rep.load_ready, rep.load_wait = LOADING, False, True
         rep.version += 1
+        self._start_load(rep, t)
+
+    def _start_load(self, rep: Replica, t: float) -> None:
+        """Begin ``rep``'s cold start (the profile's ``latencies.load_s`` at ``load_w``) if its memory share fits
+        beside what the instances on its GPU hold (those still waiting for memory hold none)."""
+        held = sum(r.mem_share for r in rep.gpu.replicas if r is not rep and not (r.state == LOADING and r.load_wait))
+        if held + rep.mem_share > 1.0 + 1e-9:
+            return
+        rep.load_wait = False
         rep.load_t = t + rep.profile.latencies.load_s
         self.cold_starts += 1
-        self._floor_changed(dest, t)
+        self._floor_changed(rep.gpu, t)
         self._push(rep.load_t, EV_LOAD, rep.index, rep.version)
 
     def _loaded(self, rep: Replica, t: float) -> None:
@@ -860,7 +874,7 @@ class Pool:
             if nr.state == WAKING:
                 nr.wake_t = rep.wake_t
                 c._push(nr.wake_t, EV_WAKE, nr.index, nr.version)
-            elif nr.state == LOADING and not nr.load_ready:
+            elif nr.state == LOADING and not nr.load_ready and not nr.load_wait:
                 c._push(nr.load_t, EV_LOAD, nr.index, nr.version)
         c.transit = {}
         for slot, (land, r) in self.transit.items():

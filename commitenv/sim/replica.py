@@ -76,6 +76,7 @@ class Replica:
         self.after_load = ACTIVE  # MOVING / LOADING: the state it takes once loaded (ACTIVE or STANDBY)
         self.load_t = 0.0  # LOADING: when the cold start ends
         self.load_ready = False  # LOADING: loaded, waiting for SMs the GPU's departing instances still use
+        self.load_wait = False  # LOADING: not begun, waiting for memory the GPU's departing instances still hold
         self.version = 0  # bumps whenever the pending heap entry of this replica becomes stale
         # segment in flight
         self.seg = SEG_NONE
@@ -550,7 +551,7 @@ class Replica:
         other.state = self.state
         other.share = self.share
         other.migrate, other.after_load = self.migrate, self.after_load
-        other.load_t, other.load_ready = self.load_t, self.load_ready
+        other.load_t, other.load_ready, other.load_wait = self.load_t, self.load_ready, self.load_wait
         other.seg = self.seg
         other.t0, other.t1 = self.t0, self.t1
         other.batch = [(reqmap[r.slot], k) for r, k in self.batch]

@@ -162,8 +162,10 @@ class ClockLaws:
 
     @staticmethod
     def of(profile: Any, share: float = 1.0) -> "ClockLaws":
-        """The laws of ``profile`` for an instance holding ``share`` of its GPU's SMs."""
+        """The laws of ``profile`` for an instance holding ``share`` of its GPU's SMs, placed at that share (its KV
+        cache is what that memory share leaves, `commitenv.sim.memory`; the profile's capacity at share 1)."""
         from commitenv.sim.coeffs import coeffs_for
+        from commitenv.sim.memory import kv_blocks
 
         cs = [coeffs_for(profile, i, share) for i in range(len(profile.clocks))]
 
@@ -178,7 +180,7 @@ class ClockLaws:
             standby_w=float(profile.standby_w),
             budget=int(sch.token_budget),
             max_seqs=int(sch.max_seqs),
-            kv_tokens=int(sch.kv_capacity_tokens),
+            kv_tokens=kv_blocks(profile, share, f"{profile.name} at share {share}") * sch.block_size,
             activation_s=float(profile.latencies.activation_s),
             top=profile.reference_clock_index,
         )

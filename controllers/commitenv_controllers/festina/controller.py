@@ -66,6 +66,8 @@ class Festina(Controller):
         self.keep_alive_s = float(keep_alive_s)
         self.beta, self.pad, self.tie = float(beta), float(pad), float(tie)
         self.scale_shares = bool(scale_shares)
+        if not 0.0 <= delta < 1.0:
+            raise ValueError(f"delta: expected a safety margin in [0, 1) of the GPU's SMs, got {delta}")
         self.consolidate, self.delta = bool(consolidate), float(delta)
 
     def reset(self, ctx, seed: int | None = None) -> None:
