@@ -252,3 +252,21 @@ def test_fixed_config_spreads_its_count_over_the_models(tmp_path):
     env, _ = run_episode("fixed_config", str(shared_scenario(tmp_path)), 0)
     assert env.shared_cfg.active == (2, 2)
     assert [env.pool.active_count(m) for m in range(2)] == [2, 2]
+
+
+def test_the_shared_flat_action_maps_counts_and_clocks_by_hand(tmp_path):
+    from commitenv.envs import CommitServeEnv, SharedFlatActionWrapper
+
+    env = SharedFlatActionWrapper(CommitServeEnv(str(shared_scenario(tmp_path))))
+    assert env.action_space.nvec.tolist() == [3, 2, 2, 2, 2]  # 3 small, 2 big instances; 2 clock levels x 3 GPUs
+    act = env.action(np.array([1, 0, 1, 0, 1]))
+    assert act["active"].tolist() == [2, 1] and act["clock"] == 1 and act["clocks"].tolist() == [1, 0, 1]
+    assert env.reverse_action(act).tolist() == [1, 0, 1, 0, 1]
+    with pytest.raises(ValueError, match="element 1 is 2, expected 0..1"):
+        env.action(np.array([0, 2, 0, 0, 0]))
+    env.reset(seed=0)
+    for _ in range(3):  # every draw is a valid action, and it is the configuration the env runs next
+        a = env.action_space.sample()
+        env.step(a)
+        cfg = env.unwrapped.shared_cfg
+        assert cfg.active == tuple(int(x) + 1 for x in a[:2]) and cfg.clocks == tuple(int(x) for x in a[2:])

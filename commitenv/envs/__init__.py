@@ -1,6 +1,6 @@
 """Gymnasium environments and wrappers."""
 
 from commitenv.envs.commit_serve import OBS_FEATURES, CommitServeEnv
-from commitenv.envs.wrappers import FlatActionWrapper
+from commitenv.envs.wrappers import FlatActionWrapper, SharedFlatActionWrapper
 
-__all__ = ["OBS_FEATURES", "CommitServeEnv", "FlatActionWrapper"]
+__all__ = ["OBS_FEATURES", "CommitServeEnv", "FlatActionWrapper", "SharedFlatActionWrapper"]

@@ -16,6 +16,11 @@ wrapper                    space                               mapping (``codec.
 The mapping lives in one place, an `ActionCodec` per wrapper (``wrapper.codec``), with its inverse
 ``codec.encode(active, clock)``: training (the wrapper) and a trained policy run as a controller
 (`commitenv_controllers.sb3_policy`) use the same object, so they cannot disagree.
+
+A shared pool's ``Dict`` action also holds SM shares and placement, whose per-GPU sums (SMs, memory) a uniformly
+drawn action almost never respects, so the env refuses most random actions. `SharedFlatActionWrapper` exposes the
+part every draw of which is valid, ``MultiDiscrete([n_1, ..., n_M, levels x G])``: each model's active count
+(a_m + 1) and each GPU's clock level; shares and placement stay as configured.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 from gymnasium import spaces
 
 __all__ = ["ACTION_WRAPPERS", "ActionCodec", "BoxActionWrapper", "BoxCodec", "DiscreteActionWrapper", "DiscreteCodec",
-           "FlatActionWrapper", "FlatCodec", "codec_for"]
+           "FlatActionWrapper", "FlatCodec", "SharedFlatActionWrapper", "codec_for"]
 
 
 def _shown(v: Any) -> str:
@@ -252,3 +257,40 @@ class DiscreteActionWrapper(_CodecWrapper):
 ACTION_WRAPPERS: dict[str, type[_CodecWrapper]] = {
     "flat": FlatActionWrapper, "box": BoxActionWrapper, "discrete": DiscreteActionWrapper,
 }
+
+
+class SharedFlatActionWrapper(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
+    """A shared pool's action as ``MultiDiscrete([n_1, ..., n_M] + [levels] * G)``: model m's active count is
+    a_m + 1, GPU g's clock level a_{M+g}; SM shares and placement are left as configured, so every draw of the
+    space is a valid action (the module docstring says why the full ``Dict`` is not)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)  # (so that gym.make can rebuild it from the env's spec)
+        gym.ActionWrapper.__init__(self, env)
+        act = env.action_space
+        if not isinstance(act, spaces.Dict) or not {"active", "clocks"} <= set(act.spaces):
+            raise TypeError(f"{type(self).__name__} expects a shared pool's Dict action (active per model, clocks "
+                            f"per GPU), got {act}")
+        self.n_models = len(act["active"].nvec)
+        self.n_gpus = len(act["clocks"].nvec)
+        self.action_space = spaces.MultiDiscrete(list(act["active"].nvec) + list(act["clocks"].nvec))
+
+    def action(self, action: Any) -> dict[str, Any]:
+        """The env's ``Dict`` action of a flat one (integers in range, as ``MultiDiscrete`` holds them)."""
+        a = np.asarray(action)
+        if a.shape != self.action_space.shape or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{type(self).__name__}: expected {self.action_space.shape[0]} integers, got {action!r}")
+        bad = np.flatnonzero((a < 0) | (a >= self.action_space.nvec))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"{type(self).__name__}: element {i} is {int(a[i])}, expected 0..{self.action_space.nvec[i] - 1}")
+        active = [int(x) + 1 for x in a[: self.n_models]]
+        clocks = [int(x) for x in a[self.n_models:]]
+        return {"active": np.asarray(active, dtype=np.int64), "clock": clocks[0],
+                "clocks": np.asarray(clocks, dtype=np.int64)}
+
+    def reverse_action(self, action: dict[str, Any]) -> np.ndarray:
+        """The flat action of an env action (its per-GPU clocks, or its one clock on every GPU)."""
+        clocks = action.get("clocks", [action["clock"]] * self.n_gpus)
+        return np.asarray([int(x) - 1 for x in action["active"]] + [int(x) for x in clocks], dtype=np.int64)
+
