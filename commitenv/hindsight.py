@@ -104,15 +104,18 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
 
 _POOL_ATTRS = frozenset({
     "_arr", "_capture_arrivals", "_cursor", "_deadline", "_hashes", "_hoff", "_model", "_n", "_n_results", "_out",
-    "_pending", "_prompt", "_seq", "_slot_base", "captured_finish", "captured_left", "completed", "deadline",
-    "done_slots", "events", "finish_t", "first_t", "gpus", "heap", "layout", "live", "log", "lref", "n_models",
-    "noise", "now", "on_step", "opt", "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected",
-    "replica_of", "replicas", "routable", "table", "truth", "unrouted", "visible_deadline"})
+    "_pending", "_prompt", "_seq", "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed",
+    "deadline", "dispatch", "dispatch_calls", "dispatch_s", "done_slots", "events", "finish_t", "first_t", "gpus",
+    "heap", "layout", "live", "local_calls", "local_s", "log", "lref", "migrated", "migration_bytes", "migration_j",
+    "model_of", "moves", "n_models", "noise", "now", "on_step", "opt", "out_tokens", "overhead_s", "pred_out",
+    "preemptions", "profiles", "rejected", "replica_of", "replicas", "routable", "table", "tenant_model", "transit",
+    "truth", "unrouted", "visible_deadline"})
 _GPU_ATTRS = frozenset({"clock_idx", "e_dyn", "e_floor", "floor_w", "index", "pending_clock", "pending_t",
-                        "power_factor", "replicas", "t_floor", "version"})
+                        "power_factor", "profile", "replicas", "t_floor", "version"})
 _REPLICA_ATTRS = frozenset({
-    "D", "E0", "F", "T0", "_coeffs", "batch", "bs", "budget", "cap_blocks", "fe", "free_blocks", "ft", "gpu", "index",
-    "max_seqs", "model", "pcache", "pending_start", "profile", "run_k", "run_reqs", "running", "seg", "seg_energy",
+    "D", "E0", "F", "T0", "_coeffs", "after_load", "batch", "bs", "budget", "cap_blocks", "dest", "fe", "free_blocks",
+    "ft", "gpu", "index", "load_ready", "load_t", "load_wait", "local", "max_seqs", "mem_share", "migrate", "model",
+    "pcache", "pending_start", "profile", "reserve_full", "run_k", "run_reqs", "running", "seg", "seg_energy",
     "seg_floor_acc", "seg_floor_t", "seg_floor_w", "seg_log", "share", "state", "t0", "t1", "unf", "version",
     "waiting", "wake_t"})
 _REQ_SLOTS = ("slot", "arrival", "prompt", "out", "computed", "generated", "blocks", "replica", "started", "deadline",
@@ -120,12 +123,13 @@ _REQ_SLOTS = ("slot", "arrival", "prompt", "out", "computed", "generated", "bloc
 
 
 def _fast_forkable(pool: Pool) -> bool:
-    """Whether `_fast_fork` knows every attribute of this engine (else the generic deep copy is used)."""
-    if set(vars(pool)) - _POOL_ATTRS or Req.__slots__ != _REQ_SLOTS:
+    """Whether `_fast_fork` knows every attribute of this engine (else the generic deep copy is used). Policies
+    installed in the engine (a dispatch or local policy) may hold state: those pools take the deep copy."""
+    if set(vars(pool)) - _POOL_ATTRS or Req.__slots__ != _REQ_SLOTS or pool.dispatch is not None:
         return False
     if any(set(vars(g)) - _GPU_ATTRS for g in pool.gpus):
         return False
-    return all(not (set(vars(r)) - _REPLICA_ATTRS) and r.pcache is None for r in pool.replicas)
+    return all(not (set(vars(r)) - _REPLICA_ATTRS) and r.pcache is None and r.local is None for r in pool.replicas)
 
 
 def _fast_fork(pool: Pool) -> Pool:
@@ -155,6 +159,7 @@ def _fast_fork(pool: Pool) -> Pool:
         nr.waiting = deque(cr(r) for r in rep.waiting)
         nr.batch = [(cr(r), k) for r, k in rep.batch]
         nr.run_reqs = [cr(r) for r in rep.run_reqs]
+        nr.dest = None if rep.dest is None else gmap[id(rep.dest)]
         rmap[id(rep)] = nr
     for g in pool.gpus:
         gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
@@ -168,6 +173,8 @@ def _fast_fork(pool: Pool) -> Pool:
         if getattr(pool, name, None) is not None:
             setattr(c, name, getattr(pool, name).copy())
     c.captured_finish = dict(pool.captured_finish)
+    c.transit = {slot: (land, cr(r)) for slot, (land, r) in pool.transit.items()}
+    c.tenant_model = dict(pool.tenant_model)
     if isinstance(pool.noise, NoiseSource):
         c.noise = _copy_noise(pool.noise)
     return c

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from conftest import toy_profile
+from conftest import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
 
 
 def test_log_carries_decode_flags_clock_and_share_and_hook_sees_the_same():
-    prof = toy_profile()
+    prof = toy_profile(scheduler=COLOCATE)
     pool = Pool(prof, PoolLayout(((Instance(0, 0.5),),)), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True),
                 clock_mhz=500)
     seen = []

@@ -128,6 +128,7 @@ def test_forks_meter_what_the_environment_meters(tiny, realism, generic, monkeyp
                                                                                             "name: toy-oracle-ideal"))
     env, access = _access(path, seed=5)
     assert isinstance(env.pool.noise, TruthSource if realism == "paper" else NoiseSource)
+    assert hindsight._fast_forkable(env.pool) is not generic  # the written-out copy knows every engine attribute
     run = access.fork()
     blob = access.dumps(run)  # what parallel planning ships between processes
     rng = np.random.default_rng(0)
@@ -152,6 +153,7 @@ def test_fork_is_exact_on_the_benchmark_pool():
     """Ten intervals of the 32-GPU H200 benchmark hour: the fork's energy equals the environment's."""
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)
+    assert hindsight._fast_forkable(env.pool)
     run = ControllerContext.from_env(env, hindsight=True).hindsight.fork()
     for k in range(10):
         a, c = (32, 1710) if k % 3 == 0 else (19 + k, 1380)
