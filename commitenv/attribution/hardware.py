@@ -94,17 +94,8 @@ class HardwareAttributor(PoolAttributor):
             raise ValueError("HardwareAttributor: attach before the pool runs a step (its steps were not logged)")
         if len(pool.profiles) != 1:
             raise ValueError("HardwareAttributor: a hardware pool serves one model")
-        n = len(pool.table)
-        self.pool = pool
+        self._init_bills(pool, tenant, n_tenants)
         self.profile = pool.profiles[0]
-        ten = np.asarray(pool.table.tenant if tenant is None else tenant, dtype=np.int64)
-        if len(ten) != n:
-            raise ValueError(f"HardwareAttributor: {len(ten)} tenant indices for {n} requests")
-        self.tenant = ten
-        nt = max(len(pool.table.tenant_names), int(ten.max()) + 1 if n else 1)
-        self.n_tenants = nt if n_tenants is None else int(n_tenants)
-        self.own_j = np.zeros(n)
-        self.shared_j = np.zeros(n)
         self.n_gpus = len(pool.gpus)
         self._rep_gpu = np.arange(self.n_gpus, dtype=np.int64)  # one instance per GPU: replica = GPU
         self._rep_model = np.zeros(self.n_gpus, dtype=np.int64)

@@ -78,16 +78,7 @@ class PoolAttributor:
             raise ValueError("PoolAttributor: pool.on_step is already in use")
         if any(r.seg != SEG_NONE for r in pool.replicas):
             raise ValueError("PoolAttributor: attach before the pool runs a step (a running segment is not logged)")
-        n = len(pool.table)
-        self.pool = pool
-        ten = np.asarray(pool.table.tenant if tenant is None else tenant, dtype=np.int64)
-        if len(ten) != n:
-            raise ValueError(f"PoolAttributor: {len(ten)} tenant indices for {n} requests")
-        self.tenant = ten
-        nt = max(len(pool.table.tenant_names), int(ten.max()) + 1 if n else 1)
-        self.n_tenants = nt if n_tenants is None else int(n_tenants)
-        self.own_j = np.zeros(n)
-        self.shared_j = np.zeros(n)
+        self._init_bills(pool, tenant, n_tenants)
         self._rep_gpu = np.array([r.gpu.index for r in pool.replicas], dtype=np.int64)
         self._rep_model = np.array([r.model for r in pool.replicas], dtype=np.int64)
         self.n_gpus = len(pool.gpus)
@@ -102,6 +93,19 @@ class PoolAttributor:
         self.entries = 0
         pool.on_step = self._on_step
 
+
+    def _init_bills(self, pool, tenant, n_tenants: int | None) -> None:
+        """The request rows of ``pool``'s table, their tenants (``tenant``, default the table's) and empty bills."""
+        n = len(pool.table)
+        self.pool = pool
+        ten = np.asarray(pool.table.tenant if tenant is None else tenant, dtype=np.int64)
+        if len(ten) != n:
+            raise ValueError(f"{type(self).__name__}: {len(ten)} tenant indices for {n} requests")
+        self.tenant = ten
+        nt = max(len(pool.table.tenant_names), int(ten.max()) + 1 if n else 1)
+        self.n_tenants = nt if n_tenants is None else int(n_tenants)
+        self.own_j = np.zeros(n)
+        self.shared_j = np.zeros(n)
     def _new_buffers(self) -> None:
         """The hook only keeps each booked segment (a `StepLogEntry`); a close prices them all at once."""
         self._buf: list = []

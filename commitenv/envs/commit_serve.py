@@ -399,10 +399,8 @@ class CommitServeEnv(gym.Env):
             if tot > 1.0 + 1e-9:
                 raise ValueError(f"action['shares'/'placement']: the instances on GPU {g} would get {tot:.3f} > 1 of "
                                  f"its SMs")
-            mem = sum(r.mem_share for r, gg in zip(self.pool.replicas, gpus) if gg == g)
-            if mem > 1.0 + 1e-9:  # checked here too, so that a refused move leaves no other change of this action
-                raise ValueError(f"action['placement']: the instances on GPU {g} would reserve {mem:.3f} > 1 of its "
-                                 "memory (an instance keeps the memory share it was placed with, commitenv.sim.memory)")
+        if "placement" in action:  # checked before anything applies, so that a refused move changes nothing else
+            self.pool.check_memory(dict(enumerate(gpus)), set(gpus))
         return SharedConfig(tuple(active), tuple(clocks), tuple(shares), tuple(gpus), migrate)
 
     def step(self, action: Any):

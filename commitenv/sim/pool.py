@@ -210,8 +210,7 @@ class Pool:
                 self.replicas.append(rep)
             self.gpus.append(gpu)
         for g in self.gpus:
-            for rep in g.replicas:
-                rep.mem_share = rep.share
+            for rep in g.replicas:  # (its memory share is its placement share, `commitenv.sim.memory`)
                 rep.cap_blocks = rep.free_blocks = memory.kv_blocks(rep.profile, rep.share, f"layout.gpus[{g.index}]")
         self.n_models = len(self.profiles)
         self.now = 0.0
@@ -650,14 +649,15 @@ class Pool:
             held = sum(r.share for r in self.replicas if target[r.index] == g)
             if held > 1.0 + 1e-9:
                 raise ValueError(f"move: the instances on GPU {g} would hold {held:.3f} > 1 of its SMs")
-        self._check_memory(target, moves)
+        self.check_memory(target, moves.values())
         for replica, gpu in moves.items():
             self._move(self.replicas[replica], self.gpus[gpu], migrate, t)
 
-    def _check_memory(self, target: dict[int, int], moved: Iterable[int]) -> None:
-        """Raise when the memory shares of the instances a GPU would host under ``target`` ({replica: GPU}) sum to
-        more than 1: an instance keeps the memory it reserved when first placed (`commitenv.sim.memory`)."""
-        for g in set(target[r] for r in moved):
+    def check_memory(self, target: dict[int, int], gpus: Iterable[int]) -> None:
+        """Raise when the memory shares of the instances GPU g (each of ``gpus``) would host under ``target``
+        ({replica: GPU}) sum to more than 1: an instance keeps the memory it reserved when first placed
+        (`commitenv.sim.memory`). Changes nothing."""
+        for g in set(gpus):
             held = sum(r.mem_share for r in self.replicas if target[r.index] == g)
             if held > 1.0 + 1e-9:
                 raise memory.PlacementMemoryError(
