@@ -193,6 +193,26 @@ def test_h20_calibration_anchors() -> None:
     assert 150.0 <= marginal <= 260.0
 
 
+@pytest.mark.parametrize("gpu", ["h20", "h200"])
+def test_pool_idle_floor_fits_under_the_papers_quietest_hour(gpu: str) -> None:
+    """Every one of the paper's 32 GPUs is active under vLLM all hour, so its hourly reference energy is at least the
+    pool's active-idle floor: the profile's floor must fit under the quietest hour with room for that hour's work
+    (docs/realism.md, "Idle floor": this is why a 122 W H200 floor cannot hold)."""
+    import csv
+
+    from commitenv.scenarios import load_scenario
+
+    day_csv = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "paper" / "epact_day_hourly.csv"
+    if not day_csv.is_file():
+        pytest.skip("../shared/data/paper/epact_day_hourly.csv not present")
+    with day_csv.open() as f:
+        quietest_j = min(float(row[f"{gpu}_reference_vllm_mj"]) for row in csv.DictReader(f)) * 1e6
+    sc = load_scenario(f"epact-{gpu}-day")
+    prof = load_profile(sc.pool.profile)
+    floor_j = sc.pool.gpus * 3600.0 * prof.clocks[prof.reference_clock_index].active_idle_w
+    assert floor_j < 0.9 * quietest_j  # at least 10 % of the quietest hour is serving work
+
+
 def test_h100_reproduces_stepsplit() -> None:
     prof = load_profile("h100-qwen2.5-7b")
     top = prof.reference_clock_index

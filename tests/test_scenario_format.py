@@ -91,6 +91,8 @@ def test_engine_context_limit_must_fit_the_kv_capacity_and_prefix_settings_pass_
     _raises(write_scenario(tmp_path, "too-long", engine={"context_limit": 65}, **common),
             "engine.context_limit", "65", "kv_capacity_tokens")
     _raises(write_scenario(tmp_path, "tiny", engine={"context_limit": 1}, **common), "engine.context_limit")
+    with pytest.raises(ScenarioError, match="engine.context_limit"):  # by load_scenario itself, before any build
+        load_scenario(write_scenario(tmp_path, "too-long-load", engine={"context_limit": 65}, **common))
     _raises(write_scenario(tmp_path, "odd-block", engine={"prefix_block_tokens": 6}, **common),
             "engine.prefix_block_tokens", "block_size")
     _raises(write_scenario(tmp_path, "typo", engine={"context_limt": 20}, **common),
@@ -186,6 +188,15 @@ def test_synthetic_rates_and_a_lengths_file(tmp_path):
     assert reference_inputs(sc)["workload"]["synthetic"]["lengths"].keys() == {"sha256"}
     _raises(_synthetic(tmp_path, "syn-nofile", syn={"lengths": "missing_lengths.json"}),
             "workload.synthetic.lengths", "not found")
+
+
+def test_a_missing_or_broken_lengths_file_is_refused_when_the_scenario_loads(tmp_path):
+    """Caught by `load_scenario` itself, before any env or workload is built."""
+    with pytest.raises(ScenarioError, match="workload.synthetic.lengths.*not found"):
+        load_scenario(_synthetic(tmp_path, "syn-nofile-load", syn={"lengths": "missing_lengths.json"}))
+    (tmp_path / "broken_lengths.json").write_text("{not json")
+    with pytest.raises(ScenarioError, match="workload.synthetic.lengths"):
+        load_scenario(_synthetic(tmp_path, "syn-broken-load", syn={"lengths": "broken_lengths.json"}))
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,10 @@ def check_scenario(sc: Scenario, base_dir: Path | None = None) -> Scenario:
         wl = wl.model_copy(update={"trace": str(tpath)})
     if pool is not sc.pool or wl is not sc.workload:
         sc = sc.model_copy(update={"pool": pool, "workload": wl})
+    if wl.synthetic is not None and wl.synthetic.lengths_is_path:
+        from commitenv.scenarios.build import synthetic_lengths
+
+        synthetic_lengths(sc)  # the length table must exist and parse: refused at load, naming the field
     if any(v is not None for v in sc.engine.model_dump().values()):
         from commitenv.scenarios.build import scenario_profiles
 
