@@ -11,6 +11,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Iterable
 
 import numpy as np
@@ -32,6 +33,7 @@ from commitenv.workload.table import RequestTable
 EV_SEG, EV_WAKE, EV_CLOCK, EV_LOAD, EV_LAND = 0, 1, 2, 3, 4  # LOAD: a cold start ends; LAND: a migrated request arrives
 REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
 INF = math.inf
+_UNFINISHED = attrgetter("unf")  # the router's load measure: running + waiting requests
 
 
 @dataclass(frozen=True)
@@ -320,6 +322,8 @@ class Pool:
             if not rep.has_work():
                 self._detach(rep, t)
                 return
+        if rep.state == ACTIVE and not rep.running and not rep.waiting and rep.local is None:
+            return  # nothing to schedule (the common end of a request on a lightly loaded replica)
         record = self.log is not None or self.on_step is not None
         if rep.local is not None:
             started = rep.start(t, self.noise, False, record, self._local_order(rep, t))
@@ -449,11 +453,7 @@ class Pool:
         if self.dispatch is not None:
             best = self._dispatched(r, t, cands)
         else:
-            best = cands[0]
-            bu = best.unf
-            for rep in cands:
-                if rep.unf < bu:
-                    best, bu = rep, rep.unf
+            best = min(cands, key=_UNFINISHED)  # least loaded; ties go to the first in index order
         r.replica = best.index
         best.waiting.append(r)
         best.unf += 1

@@ -88,8 +88,9 @@ class TruthSource:
         self.speed = _lognormal_mean_one(srng, spec.speed_sigma, n_gpus)
         self.power = _lognormal_mean_one(srng, spec.power_sigma, n_gpus)
         self._rngs = [np.random.default_rng(s) for s in gpu_ss]
-        self._ft: list[np.ndarray] = [np.empty(0) for _ in range(n_gpus)]
-        self._fe: list[np.ndarray] = [np.empty(0) for _ in range(n_gpus)]
+        self._ft: list[list[float]] = [[] for _ in range(n_gpus)]  # Python floats: read once per segment
+        self._fe: list[list[float]] = [[] for _ in range(n_gpus)]
+        self._cell = float(spec.cell_s)
         self._x = np.zeros(n_gpus)  # latent drift state at the end of the generated cells (stationary start)
         if spec.drift_time_sigma > 0 or spec.drift_energy_sigma > 0:
             self._x = np.random.default_rng(drift_ss).standard_normal(n_gpus)
@@ -115,22 +116,31 @@ class TruthSource:
             fe = np.exp(sp.energy_sigma * z[:, 1] - 0.5 * sp.energy_sigma ** 2 + de * x - 0.5 * de * de)
             if sp.straggler_prob > 0:
                 ft = np.where(u < sp.straggler_prob, ft * sp.straggler_factor, ft)
-            self._ft[g] = np.concatenate([self._ft[g], ft * self.speed[g]])
-            self._fe[g] = np.concatenate([self._fe[g], fe * self.speed[g] * self.power[g]])
+            self._ft[g].extend((ft * self.speed[g]).tolist())
+            self._fe[g].extend((fe * self.speed[g] * self.power[g]).tolist())
 
     def draw(self, stream: int, t: float) -> tuple[float, float, float]:
         """(time factor, energy factor, end of the cell) for a segment of GPU ``stream`` starting at ``t``.
 
         A slower GPU also runs each step longer at the same power, so its energy factor carries the speed
         factor too (energy = power x time)."""
-        k = int(t // self.spec.cell_s)
-        if k >= len(self._ft[stream]):
+        cell = self._cell
+        k = int(t // cell)
+        ft = self._ft[stream]
+        if k >= len(ft):
             self._extend(stream, k)
-        return float(self._ft[stream][k]), float(self._fe[stream][k]), (k + 1) * self.spec.cell_s
+        return ft[k], self._fe[stream][k], (k + 1) * cell
 
     def draw_for(self, rep, t: float) -> tuple[float, float, float]:
-        """Factors of a segment of replica ``rep`` (its GPU's cell factors) starting at ``t``."""
-        return self.draw(rep.gpu.index, t)
+        """Factors of a segment of replica ``rep`` (its GPU's cell factors) starting at ``t``: `draw` inlined, as
+        the engine calls it once per segment."""
+        g = rep.gpu.index
+        cell = self._cell
+        k = int(t // cell)
+        ft = self._ft[g]
+        if k >= len(ft):
+            self._extend(g, k)
+        return ft[k], self._fe[g][k], (k + 1) * cell
 
     def request_overheads(self, n: int) -> np.ndarray:
         """Per-request overhead (s) outside the engine, log-normal with the spec's mean and CV."""
