@@ -93,7 +93,6 @@ class Replica:
         self.seg_floor_t = 0.0
         self.seg_floor_acc = 0.0  # floor energy charged over [t0, seg_floor_t)
         self.seg_log: tuple | None = None
-        self.terms = (0, 0, 0, 0)  # step-law terms (P, A, n, L) of the batch `schedule` formed last
         self._coeffs: StepCoeffs | None = None
         self.pending_start = False  # queued to start a step once every event at the current time is in
         self.pcache: PrefixCache | None = None  # prefix block cache (only when the workload has hash blocks)
@@ -218,8 +217,7 @@ class Replica:
         on a KV shortage the newest running request is preempted. Waiting requests are admitted in order
         only when nothing was preempted this step (vLLM V1), while budget, sequence cap and KV blocks allow.
         Whatever stops admission here (budget, sequence cap, KV shortage, draining) persists while the batch
-        only decodes, which is what makes a closed-form decode run exact. Leaves the batch's step-law terms
-        (`batch_terms`, summed while the batch forms) in ``self.terms``.
+        only decodes, which is what makes a closed-form decode run exact.
         """
         budget = self.budget
         bs = self.bs
@@ -227,7 +225,6 @@ class Replica:
         batch: list[tuple[Req, int]] = []
         running = self.running
         preempted = False
-        P = A = n = L = 0
         for r in running:  # (a preemption pops from the end: the iteration then stops there)
             if budget <= 0:
                 break
@@ -253,16 +250,9 @@ class Replica:
             r.blocks += need
             if r.pfx_next < len(r.hashes):
                 self._register(r, r.computed + k)
-            if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:  # `batch_terms`, inline
-                n += 1
-                L += r.computed + 1
-            else:
-                P += k
-                A += k * r.computed + k * (k + 1) // 2
             batch.append((r, k))
             budget -= k
         if preempted:
-            self.terms = (P, A, n, L)
             return batch, True
         waiting = self.waiting
         draining = self.state != ACTIVE
@@ -275,15 +265,8 @@ class Replica:
                 break
             waiting.popleft()
             k = self._admit(r, *fit)
-            if k == 1 and r.generated >= 1 and r.computed + 1 == r.prompt + r.generated:
-                n += 1
-                L += r.computed + 1
-            else:
-                P += k
-                A += k * r.computed + k * (k + 1) // 2
             batch.append((r, k))
             budget -= k
-        self.terms = (P, A, n, L)
         return batch, False
 
 
@@ -354,10 +337,7 @@ class Replica:
             return False
         c = self.coeffs
         flags: list[bool] | None = [] if record else None
-        if order is None and not record:
-            P, A, n, L = self.terms  # summed by `schedule` as it formed the batch
-        else:
-            P, A, n, L = batch_terms(batch, flags)
+        P, A, n, L = batch_terms(batch, flags)
         all_decode = P == 0
         ft, fe, t_next = noise.draw_for(self, t) if noise is not None else (1.0, 1.0, math.inf)
         self.ft, self.fe = ft, fe

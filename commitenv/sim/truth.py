@@ -132,15 +132,8 @@ class TruthSource:
         return ft[k], self._fe[stream][k], (k + 1) * cell
 
     def draw_for(self, rep, t: float) -> tuple[float, float, float]:
-        """Factors of a segment of replica ``rep`` (its GPU's cell factors) starting at ``t``: `draw` inlined, as
-        the engine calls it once per segment."""
-        g = rep.gpu.index
-        cell = self._cell
-        k = int(t // cell)
-        ft = self._ft[g]
-        if k >= len(ft):
-            self._extend(g, k)
-        return ft[k], self._fe[g][k], (k + 1) * cell
+        """Factors of a segment of replica ``rep`` (its GPU's cell factors) starting at ``t``."""
+        return self.draw(rep.gpu.index, t)
 
     def request_overheads(self, n: int) -> np.ndarray:
         """Per-request overhead (s) outside the engine, log-normal with the spec's mean and CV."""
