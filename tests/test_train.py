@@ -220,6 +220,39 @@ def test_controller_acts_exactly_as_the_sb3_policy(run_dir):
         venv.close()
 
 
+def test_the_shipped_baseline_is_its_recorded_run_and_acts_as_sb3():
+    """`sb3:ppo-h200-hour` ships its hyperparameter file, its record says it was trained with exactly those settings
+    on its scenario, and the controller takes SB3's deterministic action on the first steps of a report seed."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from commitenv.control import ControllerContext
+    from commitenv.envs import CommitServeEnv, FlatActionWrapper
+    from commitenv.registry import resolve
+
+    base = ROOT / "controllers" / "commitenv_controllers" / "data" / "ppo-h200-hour"
+    rec = json.loads((base / "train.json").read_text())
+    assert (rec["scenario"], rec["algo"], rec["status"]) == (SCENARIO, "ppo", "finished")
+    assert rec["steps_done"] >= rec["steps"]
+    assert rec["hyperparameters"] == load_config(base / "ppo.yaml", "ppo").model_dump()
+    model = PPO.load(str(base / "best_model.zip"), device="cpu")
+    venv = VecNormalize.load(str(base / "best_vecnormalize.pkl"),
+                             DummyVecEnv([lambda: FlatActionWrapper(CommitServeEnv(SCENARIO))]))
+    venv.training, venv.norm_reward = False, False
+    ctrl = resolve("sb3:ppo-h200-hour").make()
+    venv.seed(100000)
+    obs = venv.reset()
+    ctrl.reset(ControllerContext.from_env(venv.envs[0]), 0)
+    info: dict = {}
+    for step in range(5):
+        ref, _ = model.predict(obs, deterministic=True)
+        assert ctrl.act(venv.get_original_obs()[0], info) == venv.envs[0].codec.decode(ref[0]), f"step {step}"
+        obs, _, _, infos = venv.step(ref)
+        info = infos[0]
+    venv.close()
+
+
 def test_sb3_spec_resolves_and_round_trips_through_its_origin(run_dir, monkeypatch):
     from commitenv.evaluation import evaluate
     from commitenv.registry import check_kwargs, origin_of, resolve, spec_from_origin
