@@ -39,6 +39,7 @@ from commitenv.scenarios.make_epact_files import render_all
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions, Pool
 from commitenv.workload import AZURE_CODE_DAY_HOURLY_COUNTS, builtin_workload, time_window
+from conftest import slow_requested
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 DAY_CSV = SHARED / "data" / "paper" / "epact_day_hourly.csv"
@@ -391,8 +392,29 @@ def test_trace_scenario_relative_path_and_content_key(tmp_path):
     assert reference_key(sc) != k
 
 
+def test_reference_of_the_first_two_hours_is_the_historical_day_and_near_the_paper(monkeypatch):
+    """The quick variant of the full-day test below: the day scenario cut to its first two hours."""
+    sc = load_scenario("epact-h20-day")
+    sc = sc.model_copy(update={"horizon_hours": 2, "commitment": sc.commitment.model_copy(
+        update={"fractions": sc.commitment.fractions[:2]})})
+    got = commitments_mj(sc)
+    hist = time_window(builtin_workload("azure-code-day", 1), 0.0, 7200.0)
+    res = fixed_mod.run_fixed(load_profile(sc.pool.profile), hist, n_gpus=32,
+                              options=EngineOptions(alpha=3.0, seed=0, noise=NoiseSpec(0.03, 0.02)), hours=2)
+    np.testing.assert_allclose(got, np.asarray(sc.commitment.fractions) * res.hourly_energy_j / 1e6, rtol=1e-12)
+    if DAY_CSV.is_file():  # the paper's hourly H20 commitments (Table 4), hours 0-1
+        with DAY_CSV.open() as f:
+            paper = [float(r["h20_target_mj"]) for r in csv.DictReader(f)][:2]
+        np.testing.assert_allclose(got, paper, rtol=0.05)
+    _forbid_run_fixed(monkeypatch)
+    np.testing.assert_array_equal(commitments_mj(sc), got)  # from the cache, without a new run
+
+
 @pytest.mark.slow
-def test_day_reference_is_the_historical_day_and_near_the_paper(monkeypatch):
+def test_day_reference_is_the_historical_day_and_near_the_paper(monkeypatch, request):
+    if not slow_requested(request.config):
+        pytest.skip("slow (two full-day runs, ~2 min; the two-hour variant above runs always): "
+                    "run with -m slow or COMMITENV_RUN_SLOW=1")
     sc = load_scenario("epact-h20-day")
     got = commitments_mj(sc)
     hist = builtin_workload("azure-code-day", 1)
