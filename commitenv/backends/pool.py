@@ -338,11 +338,13 @@ class HardwarePool:
     # ------------------------------------------------------------------------------------------ attribution
     def enable_step_log(self) -> None:
         """Make every worker record its steps (see the module docstring); call before the pool runs a step."""
+        from commitenv.attribution.hardware import nearest_level
+
         prof = self.profiles[0]
         levels = prof.clock_mhz
 
         def level(mhz: int) -> int:  # the profile's level nearest to a clock the GPU reports
-            return min(levels, key=lambda lv: (abs(lv - mhz), -lv))
+            return levels[nearest_level(levels, mhz)]
 
         def law(mhz: int, P: int, n: int, L: int, A: int) -> float:
             return coeffs_for(prof, prof.clock_index(mhz)).step_energy(P, n, L, A)
