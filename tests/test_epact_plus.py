@@ -16,8 +16,8 @@ from commitenv_controllers import make, resolve
 from commitenv_controllers.dynamollm import ClockLaws
 from commitenv_controllers.epact import EPACT, EPACTPlus
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
-from commitenv_controllers.epact.plus import (EnergyModel, LoadTrend, capped_targets, fit_trend, forecast_allocation,
-                                             interval_counts)
+from commitenv_controllers.epact.plus import (EnergyCalibration, EnergyModel, LoadTrend, capacity_caps, capped_targets,
+                                             fit_trend, forecast_allocation, interval_counts)
 from commitenv_controllers.registry import check_kwargs
 from test_env import toy_three_hour, write_scenario, write_trace
 
@@ -173,6 +173,17 @@ def test_energy_model_floor_and_monotone():
     assert np.all(np.diff(m.energy(lam)) > 0)
 
 
+def test_capacity_caps_never_count_on_a_load_rise():
+    m = EnergyModel(interval_s=60.0, n_replicas=32, idle_w=100.0, standby_w=75.0, busy_s=2.0, dyn_j=80.0, util=0.85)
+    floor = 60 * 32 * 100.0
+    # rising: level 100, slope 20 -> forecasts 110, 130, 150; every cap at the level's 100 requests
+    rising = capacity_caps(m, LoadTrend(100.0, 20.0, 10), 3, 1.1)
+    assert rising == pytest.approx([1.1 * (floor + 100 * 80.0)] * 3)
+    # falling: level 100, slope -20 -> 90, 70, 50 requests, the caps follow the forecast down
+    falling = capacity_caps(m, LoadTrend(100.0, -20.0, 10), 3, 1.0)
+    assert falling == pytest.approx([floor + 90 * 80.0, floor + 70 * 80.0, floor + 50 * 80.0])
+
+
 def test_energy_model_from_profile(tmp_path):
     from commitenv.profiles.loader import load_profile
 
@@ -202,7 +213,8 @@ def test_registered_with_typed_arguments():
 
 
 @pytest.mark.parametrize("kw", [{"forecast": "magic"}, {"trend_window_s": 0.0}, {"shrink": -1.0}, {"min_bins": 2},
-                                {"util": 0.0}, {"util": 1.5}, {"tilt": 1.0}, {"tilt": -1.0}])
+                                {"util": 0.0}, {"util": 1.5}, {"tilt": 1.0}, {"tilt": -1.0},
+                                {"calibration_weight": 0.0}, {"calibration_weight": 1.5}])
 def test_bad_options_rejected(kw):
     with pytest.raises(ValueError):
         EPACTPlus(workers=0, **kw)
@@ -217,7 +229,7 @@ def test_flat_forecast_reproduces_epact_bit_for_bit(tmp_path):
     sc = toy_three_hour(tmp_path)  # three hours, six 600-s intervals each
     ep = EPACT(workers=0)
     base, base_actions = _run(ep, sc)
-    plus = EPACTPlus(workers=0, forecast="flat")
+    plus = EPACTPlus(workers=0, forecast="flat", calibrate=False)
     res, actions = _run(plus, sc)
     assert actions == base_actions
     assert [d["target_j"] for d in plus.decisions] == [d["target_j"] for d in ep.decisions]
@@ -275,3 +287,64 @@ def test_tilt_holds_budget_for_the_hour_end():
         assert flat.nominal_allocation(1.0, {"interval": 2, "t": 1800.0, "active": 1, "hour_energy_j": 0.4}) == equal_allocation(1.0, 4)
     finally:
         plus.close()
+
+
+def test_calibration_learns_per_clock_by_hand():
+    """Step 5 by hand: weights 1/2, 1/3, then ``weight``; a clock seen for the first time starts from the pooled
+    ratio; a clock never applied takes the pooled ratio; clipped to [0.75, 1.33]."""
+    cal = EnergyCalibration(0.2)
+    assert cal.scale(1710) == 1.0
+    cal.update(1710, 1.2)
+    assert cal.scale(1710) == pytest.approx(1.1) and cal.pooled == pytest.approx(1.1)
+    assert cal.scale(1035) == pytest.approx(1.1)  # not applied yet: the pooled ratio
+    cal.update(1035, 1.0)  # starts from the pooled 1.1 with weight 1/2; the pooled ratio takes weight 1/3
+    assert cal.scale(1035) == pytest.approx(1.05)
+    assert cal.pooled == pytest.approx(1.1 * 2 / 3 + 1.0 / 3)
+    cal.update(1710, 1.2)  # second observation at 1710: weight 1/3
+    assert cal.scale(1710) == pytest.approx(1.1 * 2 / 3 + 1.2 / 3)
+    for _ in range(3):
+        cal.update(1710, 1.2)
+    before = cal.scale(1710)
+    cal.update(1710, 1.0)  # five observations in: the weight is 0.2
+    assert cal.scale(1710) == pytest.approx(0.8 * before + 0.2 * 1.0)
+    cal.update(1035, 9.0)
+    assert cal.scale(1035) == 1.33  # a transient, not a bias: clipped
+    hi = EnergyCalibration(1.0)
+    hi.update(1710, 0.1)
+    assert hi.scale(1710) == 0.75
+
+
+def test_calibration_uses_the_raw_prediction_of_the_applied_candidate():
+    """The ratio is metered over the applied candidate's *raw* what-if energy (its prediction divided by the scale
+    it was made with), and nothing is learned with ``calibrate`` off or before a candidate was applied."""
+    plus = EPACTPlus(workers=0, forecast="flat")
+    plus.decisions, plus._predicted_j = [], None
+    plus.calibration = EnergyCalibration(0.2)
+    plus.calibrate_energy({"interval_energy_j": 120.0})
+    assert plus.calibration.n == 0
+    plus.calibration.by_clock[1380] = (1.1, 7)
+    plus.decisions = [{"chosen": (4, 1380), "energy_scale": 1.1}]
+    plus._predicted_j = 110.0  # raw 100
+    plus.calibrate_energy({"interval_energy_j": 125.0})
+    assert plus.energy_scale(1380) == pytest.approx(0.8 * 1.1 + 0.2 * 1.25)
+    off = EPACTPlus(workers=0, calibrate=False)
+    off.decisions, off._predicted_j = [{"chosen": (4, 1380), "energy_scale": 1.0}], 100.0
+    off.calibration = EnergyCalibration(0.2)
+    off.calibrate_energy({"interval_energy_j": 150.0})
+    assert off.calibration.n == 0 and off.energy_scale(1380) == 1.0
+
+
+@pytest.mark.parametrize("bias", [0.0, 0.2])
+def test_calibration_learns_the_truths_energy_bias(tmp_path, bias):
+    """With the hardware drawing (1 + bias) x what the predictor's energy model says (realism energy_model.bias,
+    nothing else), the learned scale ends near 1 + bias, and every candidate's energy is predicted with it."""
+    sc = toy_three_hour(tmp_path, realism={"level": "ideal", "energy_model": {"bias": bias}},
+                        noise={"time_sigma": 0.0, "energy_sigma": 0.0})
+    plus = EPACTPlus(workers=0, forecast="flat")
+    _run(plus, sc)
+    assert plus.calibration.n >= 15  # 18 decisions, the first with nothing applied before it
+    assert plus.calibration.pooled == pytest.approx(1.0 + bias, abs=0.01)
+    for clock, (ratio, n) in plus.calibration.by_clock.items():
+        if n >= 5:  # the bias is one factor on every clock's energy
+            assert ratio == pytest.approx(1.0 + bias, abs=0.01), clock
+    assert plus.decisions[-1]["energy_scale"] == pytest.approx(1.0 + bias, abs=0.01)

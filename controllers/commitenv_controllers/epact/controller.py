@@ -122,6 +122,15 @@ class EPACT(Controller):
         A hook for planners that re-plan b_k at every decision (e.g. `plus.EPACTPlus`); ePACT's is fixed."""
         return self._nominal(commitment)
 
+    def calibrate_energy(self, info: dict[str, Any]) -> None:
+        """Learn from the last interval's metered energy (``info``) before this decision's predictions (called
+        before `_band_rel` consumes the last applied prediction). A hook for planners that calibrate the
+        predictor on the meter (e.g. `plus.EPACTPlus`); ePACT uses its predictions as they are."""
+
+    def energy_scale(self, clock_mhz: int) -> float:
+        """The factor applied to a what-if energy prediction of a candidate at ``clock_mhz`` (ePACT: one)."""
+        return 1.0
+
     def _band_rel(self, info: dict[str, Any]) -> float:
         """The relative energy error that defines this decision's energy band (see the class docstring)."""
         if self._predicted_j is not None and "interval_energy_j" in info and abs(self._predicted_j) > 0:
@@ -138,6 +147,7 @@ class EPACT(Controller):
         commitment = float(info["commitment_j"])
         nominal = self.nominal_allocation(commitment, info)
         target = interval_target(commitment, float(info["hour_energy_j"]), nominal, k, static=self.static_target)
+        self.calibrate_energy(info)
         band_rel = self._band_rel(info)
         # the band trades a little deviation for service, which the next intervals' targets pay back; the
         # hour's last interval has none after it, so it is chosen by eq. 3 alone
@@ -159,10 +169,11 @@ class EPACT(Controller):
                 n_cap = snap.n_requests + preds[0].forecast_n
             for r, (a, c), w in zip(batch, configs, preds):
                 if track:
-                    results[r] = Evaluation(a, c, w.energy_j, w.misses + w.forecast_misses,
+                    results[r] = Evaluation(a, c, self.energy_scale(c) * w.energy_j, w.misses + w.forecast_misses,
                                             min(w.worst_margin_s, w.forecast_margin_s), w.complete)
                 else:
-                    results[r] = Evaluation(a, c, w.energy_j, w.misses, w.worst_margin_s, w.complete)
+                    results[r] = Evaluation(a, c, self.energy_scale(c) * w.energy_j, w.misses, w.worst_margin_s,
+                                            w.complete)
 
         def key(r: Rank) -> tuple:  # the band's reference (lowest admitted J) moves as results come in
             best_j = (best_admitted_cost(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus, n_cap,
@@ -193,6 +204,7 @@ class EPACT(Controller):
             "t": float(info["t"]), "target_j": target, "evaluated": len(search.order), "captured": n_cap,
             "chosen": None if chosen is None else chosen.config, "fallback": search.fallback, "plan_s": wall,
             "band_rel": band_rel, "band_j": band,
+            "energy_scale": None if chosen is None else self.energy_scale(chosen.clock_mhz),
         })
         return action
 

@@ -3,7 +3,8 @@
 ePACT's planner (sec. 4.2) scales a nominal allocation b_k, T_k = b_k (E* - M_k) / (E* - B_k), and the paper
 uses the equal split b_k = E*/K. Here b_k follows the energy the remaining intervals of the hour are forecast to
 need, so that T_k follows the load instead of the equal split. The local decision maker (search, SLO gate,
-target matching, energy band) is ePACT's, unchanged.
+target matching, energy band) is ePACT's; what it is given differs in one way: the what-if energies are
+calibrated on the meter (step 5).
 
 At every decision (interval k of the hour, time t):
 
@@ -21,11 +22,20 @@ At every decision (interval k of the hour, time t):
 3. **Allocation** (`forecast_allocation`): the k elapsed intervals keep E*/K each, the remaining nominal mass
    E* (K - k) / K is split in proportion to the forecast energies (times the optional ``tilt`` ramp), so
    T_k = (E* - M_k) f_k / sum_{j >= k} f_j. A flat forecast gives `planner.equal_allocation` exactly, and then
-   the controller's actions are ePACT's bit for bit (``forecast="flat"`` forces that).
+   (with ``calibrate=False``) the controller's actions are ePACT's bit for bit (``forecast="flat"`` forces that).
 4. **Capacity cap** (``capacity_cap``, with ``forecast="load"``): budget planned for a later interval beyond
    what the pool can draw there (all replicas at the top clock: dt N P_idle + lambda e_dyn, scaled by the
    median metered / modelled ratio of the last hour's intervals that ran so) cannot be spent; `capped_targets`
    caps those intervals and gives the excess to the others (water filling, the current interval uncapped).
+   The caps take lambda no higher than the current level: a load rise the trend reads into a burst must not
+   promise later capacity, since energy left unspent now cannot be spent back once the pool is full.
+5. **Energy calibration** (``calibrate``, `EnergyCalibration`): every what-if energy prediction is multiplied by
+   the ratio of metered interval energy to the raw prediction of the candidates applied before, learned per
+   clock level (a clock not applied yet takes the pooled ratio), exponentially weighted and clipped as MPC's.
+   Why: the what-if copy runs the nominal profile, which the hardware does not (at realism ``paper`` the truth
+   draws above the energy model, the meter adds its GPU bias, and the ratio differs by clock), so ePACT
+   overshoots every interval's target and the feedback piles the overuse into the hour's last intervals.
+   Causal (the meter of ended intervals); it carries over hours. Figures: docs/baselines.md.
 
 Not used: the hourly commitments as a shape prior across hours. On bench-h200-day the commitments are
 gamma_h x E_hist_h with fractions gamma_h that jump between hours (e.g. 1.00 -> 0.85 from hour 4 to 5), so
@@ -55,7 +65,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -65,6 +75,35 @@ from commitenv_controllers.dynamollm import ClockLaws, arrivals_work
 from commitenv_controllers.epact.controller import EPACT
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation
 from commitenv_controllers.registry import register
+
+
+CAL_MIN, CAL_MAX = 0.75, 1.33  # the calibration's bounds (as MPC's): a ratio beyond them is a transient, not a bias
+
+
+@dataclass
+class EnergyCalibration:
+    """Metered / what-if predicted interval energy of applied candidates (module docstring, step 5): a pooled
+    ratio and one per clock level, each exponentially weighted (weight 1/2, 1/3, ... down to ``weight``) and
+    clipped to [CAL_MIN, CAL_MAX]; a clock not applied yet takes the pooled ratio."""
+
+    weight: float
+    pooled: float = 1.0
+    n: int = 0
+    by_clock: dict[int, tuple[float, int]] = field(default_factory=dict)  # clock -> (ratio, observations)
+
+    def scale(self, clock_mhz: int) -> float:
+        s = self.by_clock.get(int(clock_mhz))
+        return self.pooled if s is None else s[0]
+
+    def _step(self, value: float, n: int, ratio: float) -> float:
+        w = max(self.weight, 1.0 / (n + 2))
+        return min(max((1.0 - w) * value + w * ratio, CAL_MIN), CAL_MAX)
+
+    def update(self, clock_mhz: int, ratio: float) -> None:
+        value, m = self.by_clock.get(int(clock_mhz), (self.pooled, 0))
+        self.by_clock[int(clock_mhz)] = (self._step(value, m, ratio), m + 1)
+        self.pooled = self._step(self.pooled, self.n, ratio)
+        self.n += 1
 
 
 # ============================================================================================= allocation
@@ -204,6 +243,12 @@ class EnergyModel:
         return self.interval_s * self.n_replicas * self.idle_w + lam * self.dyn_j
 
 
+def capacity_caps(model: EnergyModel, trend: LoadTrend, n: int, ratio: float) -> np.ndarray:
+    """The most energy the pool can draw in each of the next ``n`` intervals (step 4): every replica at the top
+    clock, scaled by the metered / modelled ``ratio``, with a load no higher than the current level."""
+    return ratio * model.max_energy(np.minimum(trend.forecast(n), max(trend.level, 0.0)))
+
+
 # ============================================================================================= controller
 @register("epact_plus")
 class EPACTPlus(EPACT):
@@ -214,7 +259,8 @@ class EPACTPlus(EPACT):
     forecast; ``"flat"``: the equal split, i.e. ePACT), ``trend_window_s`` (arrivals fitted, s), ``shrink``
     (slope shrinkage by its standard error), ``min_bins`` (whole intervals needed to fit a slope), ``util``
     (busy share of a replica the energy model counts as needed), ``tilt`` (ramp that holds budget back for the
-    hour's end, 0 = off), ``capacity_cap`` (cap later intervals' planned energy at the pool's maximum)."""
+    hour's end, 0 = off), ``capacity_cap`` (cap later intervals' planned energy at the pool's maximum),
+    ``calibrate`` and ``calibration_weight`` (the what-if energy calibration on the meter, step 5)."""
 
     def __init__(
         self,
@@ -232,6 +278,8 @@ class EPACTPlus(EPACT):
         util: float = 0.85,
         tilt: float = 0.0,
         capacity_cap: bool = True,
+        calibrate: bool = True,
+        calibration_weight: float = 0.2,
     ) -> None:
         super().__init__(workers=workers, planning_delay=planning_delay, warm_starts=warm_starts,
                          replay_window_s=replay_window_s, max_tail_s=max_tail_s, slo_scope=slo_scope,
@@ -248,6 +296,8 @@ class EPACTPlus(EPACT):
             raise ValueError(f"util: expected a share in (0, 1], got {util!r}")
         if not (-1 < tilt < 1):
             raise ValueError(f"tilt: expected -1 < tilt < 1, got {tilt!r}")
+        if not 0 < calibration_weight <= 1:
+            raise ValueError(f"calibration_weight: expected a weight in (0, 1], got {calibration_weight!r}")
         self.forecast_mode = forecast
         self.trend_window_s = float(trend_window_s)
         self.shrink = float(shrink)
@@ -255,6 +305,8 @@ class EPACTPlus(EPACT):
         self.util = float(util)
         self.tilt = float(tilt)
         self.capacity_cap = bool(capacity_cap)
+        self.calibrate = bool(calibrate)
+        self.calibration_weight = float(calibration_weight)
 
     def reset(self, ctx: ControllerContext, seed: int | None = None) -> None:
         super().reset(ctx, seed)
@@ -267,6 +319,21 @@ class EPACTPlus(EPACT):
         self.forecasts: list[dict[str, Any]] = []
         self.max_ratios: deque[float] = deque(maxlen=ctx.intervals_per_hour)  # metered / modelled, all at top
         self._caps: np.ndarray | None = None
+        self.calibration = EnergyCalibration(self.calibration_weight)  # step 5
+
+    def calibrate_energy(self, info: dict[str, Any]) -> None:
+        """Step 5: learn the ratio of the last interval's metered energy to the raw what-if prediction of the
+        candidate applied there (``calibrate`` off: nothing)."""
+        last = self.decisions[-1] if self.decisions else None
+        predicted = self._predicted_j  # the applied candidate's prediction, calibrated when it was made
+        metered = info.get("interval_energy_j")
+        if (not self.calibrate or last is None or last["chosen"] is None or predicted is None or predicted <= 0
+                or metered is None or float(metered) <= 0):
+            return
+        self.calibration.update(int(last["chosen"][1]), float(metered) * last["energy_scale"] / predicted)
+
+    def energy_scale(self, clock_mhz: int) -> float:
+        return self.calibration.scale(clock_mhz) if self.calibrate else 1.0
 
     def interval_forecast(self, info: dict[str, Any]) -> np.ndarray:
         """Forecast energy (J) of intervals k..K-1 of the current hour (flat: ones)."""
@@ -304,7 +371,7 @@ class EPACTPlus(EPACT):
             lam_last = float(np.count_nonzero(ages < dt))
             self.max_ratios.append(float(e_last) / float(model.max_energy(np.array([lam_last]))[0]))
         ratio = float(np.median(self.max_ratios)) if self.max_ratios else 1.0
-        self._caps = ratio * model.max_energy(lam)
+        self._caps = capacity_caps(model, trend, n, ratio)
         self.forecasts.append({"t": now, "level": trend.level, "slope": trend.slope, "raw_slope": trend.raw_slope,
                                "se": trend.se, "first_j": float(energy[0]), "last_j": float(energy[-1]),
                                "cap_first_j": float(self._caps[0]), "max_ratio": ratio})
