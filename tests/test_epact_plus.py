@@ -16,8 +16,10 @@ from commitenv_controllers import make, resolve
 from commitenv_controllers.dynamollm import ClockLaws
 from commitenv_controllers.epact import EPACT, EPACTPlus
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
-from commitenv_controllers.epact.plus import (EnergyCalibration, EnergyModel, LoadTrend, capacity_caps, capped_targets,
-                                             fit_trend, forecast_allocation, interval_counts)
+from commitenv_controllers.epact.plus import (EnergyCalibration, EnergyModel, LoadTrend, cap_scale, capacity_caps,
+                                             capped_targets, fit_trend, forecast_allocation, hour_end_cost,
+                                             interval_counts)
+from commitenv_controllers.epact.selection import Evaluation, select
 from commitenv_controllers.registry import check_kwargs
 from test_env import toy_three_hour, write_scenario, write_trace
 
@@ -184,6 +186,55 @@ def test_capacity_caps_never_count_on_a_load_rise():
     assert falling == pytest.approx([floor + 90 * 80.0, floor + 70 * 80.0, floor + 50 * 80.0])
 
 
+def test_energy_model_minimum_by_hand():
+    m = EnergyModel(interval_s=60.0, n_replicas=32, idle_w=100.0, standby_w=75.0, busy_s=2.0, dyn_j=80.0, util=0.85,
+                    min_idle_w=60.0)
+    # one replica idling at the lowest clock, 31 on standby, plus the work of 50 requests
+    assert m.min_energy(np.array([0.0, 50.0])) == pytest.approx([60 * (60.0 + 31 * 75.0), 60 * (60.0 + 31 * 75.0)
+                                                                  + 50 * 80.0])
+    assert np.all(m.min_energy(np.array([200.0])) <= m.energy(np.array([200.0])))
+
+
+# ========================================================================================== hour-end cost
+def test_hour_end_cost_by_hand():
+    # E* = 100, 40 spent, target 10 now; the later intervals can draw between 20 and 45; weights 2 / 1, W = 4
+    J = hour_end_cost(100.0, 40.0, 10.0, 45.0, 20.0, 2.0, 1.0, 4.0)
+    # on target: eq. 3 is 0, but 100 - 40 - 10 - 45 = 5 can never be spent: 4 x 1 x 5
+    assert J(10.0) == pytest.approx(20.0)
+    # 5 over the target: eq. 3 charges 2 x 5, the later intervals absorb it (40 + 15 + 20 < 100)
+    assert J(15.0) == pytest.approx(10.0)
+    # 5 under: eq. 3 5, unspendable 10: 5 + 4 x 10
+    assert J(5.0) == pytest.approx(45.0)
+    # 40 over: eq. 3 80; 40 + 50 + 20 - 100 = 10 over even at the floor: 4 x 2 x 10
+    assert J(50.0) == pytest.approx(160.0)
+    # inside the recoverable range the hour-end term is zero and eq. 3 alone remains
+    J2 = hour_end_cost(100.0, 40.0, 10.0, 80.0, 5.0, 2.0, 1.0, 4.0)
+    assert [J2(e) for e in (4.0, 10.0, 30.0)] == pytest.approx([6.0, 0.0, 40.0])
+
+
+def test_hour_end_cost_in_the_last_interval_keeps_eq3s_ranking():
+    # nothing after it: T = E* - M, and the term is W x eq. 3
+    J = hour_end_cost(100.0, 70.0, 30.0, 0.0, 0.0, 2.0, 1.0, 3.0)
+    for e, eq3 in ((20.0, 10.0), (30.0, 0.0), (36.0, 12.0)):
+        assert J(e) == pytest.approx(4.0 * eq3)
+
+
+def test_selection_ranks_by_the_given_cost():
+    # eq. 3 prefers 28 replicas (5 under, J 5) to 32 (4 over, J 8); with nothing spendable later the hour-end
+    # term makes the underuse cost 5 + 4 x 5 = 25 and the full pool wins
+    full, part = Evaluation(32, 1710, 104.0, 0, 10.0), Evaluation(28, 1710, 95.0, 0, 10.0)
+    assert select([full, part], 100.0, 2.0, 1.0, 100, 0.01).active == 28
+    J = hour_end_cost(1000.0, 500.0, 100.0, 400.0, 50.0, 2.0, 1.0, 4.0)
+    assert select([full, part], 100.0, 2.0, 1.0, 100, 0.01, cost=J).active == 32
+
+
+def test_cap_scale_is_a_ratio_of_sums_clipped():
+    assert cap_scale([]) == 1.0
+    # metered 300 + 270 + 330 = 900 against caps 320 + 320 + 360 = 1000 (the mean of the ratios would be 0.910)
+    assert cap_scale([(300.0, 320.0), (270.0, 320.0), (330.0, 360.0)]) == pytest.approx(0.9)
+    assert cap_scale([(100.0, 200.0)]) == 0.75 and cap_scale([(300.0, 200.0)]) == 1.33
+
+
 def test_energy_model_from_profile(tmp_path):
     from commitenv.profiles.loader import load_profile
 
@@ -214,7 +265,8 @@ def test_registered_with_typed_arguments():
 
 @pytest.mark.parametrize("kw", [{"forecast": "magic"}, {"trend_window_s": 0.0}, {"shrink": -1.0}, {"min_bins": 2},
                                 {"util": 0.0}, {"util": 1.5}, {"tilt": 1.0}, {"tilt": -1.0},
-                                {"calibration_weight": 0.0}, {"calibration_weight": 1.5}])
+                                {"calibration_weight": 0.0}, {"calibration_weight": 1.5}, {"hour_end_weight": -1.0},
+                                {"hour_end_weight": math.inf}, {"cap_margin": -0.1}, {"cap_margin": 1.0}])
 def test_bad_options_rejected(kw):
     with pytest.raises(ValueError):
         EPACTPlus(workers=0, **kw)

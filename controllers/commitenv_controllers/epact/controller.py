@@ -18,6 +18,7 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -131,6 +132,13 @@ class EPACT(Controller):
         """The factor applied to a what-if energy prediction of a candidate at ``clock_mhz`` (ePACT: one)."""
         return 1.0
 
+    def interval_cost(self, commitment: float, hour_energy: float, target: float,
+                      k: int) -> Callable[[float], float] | None:
+        """The cost of a predicted interval energy that candidates are ranked by at interval ``k`` (with the hour's
+        ``commitment``, energy ``hour_energy`` metered so far and the interval ``target``). A hook for planners
+        that price what the rest of the hour cannot recover (e.g. `plus.EPACTPlus`); None: eq. 3 (ePACT)."""
+        return None
+
     def _band_rel(self, info: dict[str, Any]) -> float:
         """The relative energy error that defines this decision's energy band (see the class docstring)."""
         if self._predicted_j is not None and "interval_energy_j" in info and abs(self._predicted_j) > 0:
@@ -153,6 +161,7 @@ class EPACT(Controller):
         # hour's last interval has none after it, so it is chosen by eq. 3 alone
         last = k == ctx.intervals_per_hour - 1
         band = 0.0 if last else band_rel * abs(target) * min(ctx.lambda_plus, ctx.lambda_minus)
+        cost = self.interval_cost(commitment, float(info["hour_energy_j"]), target, k)
         snap = ctx.probe.snapshot()
         replay = ctx.probe.recent_arrivals(self.replay_window_s or ctx.interval_s)
         track = self.slo_scope == "captured+forecast"
@@ -177,13 +186,13 @@ class EPACT(Controller):
 
         def key(r: Rank) -> tuple:  # the band's reference (lowest admitted J) moves as results come in
             best_j = (best_admitted_cost(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus, n_cap,
-                                         ctx.epsilon) if band > 0 else None)
+                                         ctx.epsilon, cost) if band > 0 else None)
             return rank_key(results[r], target, ctx.lambda_plus, ctx.lambda_minus, n_cap, ctx.epsilon,
-                            best_j=best_j, band=band)
+                            best_j=best_j, band=band, cost=cost)
 
         search = adaptive_search(self.catalog, evaluate, key, lambda r: results[r].valid, current, list(self.warm))
         chosen = select(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus, n_cap, ctx.epsilon,
-                        band=band)
+                        band=band, cost=cost)
         wall = time.perf_counter() - t_start
         self.plan_times.append(wall)
         self.evaluated_counts.append(len(search.order))

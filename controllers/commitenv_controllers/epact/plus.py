@@ -29,6 +29,9 @@ At every decision (interval k of the hour, time t):
    caps those intervals and gives the excess to the others (water filling, the current interval uncapped).
    The caps take lambda no higher than the current level: a load rise the trend reads into a burst must not
    promise later capacity, since energy left unspent now cannot be spent back once the pool is full.
+   With ``calibrate``, the caps are also scaled by `cap_scale`: the sum of metered over the sum of predicted cap
+   energy of the intervals (last hour) that ran the full pool at the top clock, so that the level and the
+   model's bias average out as they do over the later intervals the caps bound.
 5. **Energy calibration** (``calibrate``, `EnergyCalibration`): every what-if energy prediction is multiplied by
    the ratio of metered interval energy to the raw prediction of the candidates applied before, learned per
    clock level (a clock not applied yet takes the pooled ratio), exponentially weighted and clipped as MPC's.
@@ -36,6 +39,16 @@ At every decision (interval k of the hour, time t):
    draws above the energy model, the meter adds its GPU bias, and the ratio differs by clock), so ePACT
    overshoots every interval's target and the feedback piles the overuse into the hour's last intervals.
    Causal (the meter of ended intervals); it carries over hours. Figures: docs/baselines.md.
+6. **Hour-end cost** (``hour_end_weight`` W, ``cap_margin`` m; `hour_end_cost`): candidates are ranked by
+   eq. 3 plus W times the hour's settlement if the later intervals draw as close to the rest of the commitment
+   as they can, i.e. between the pool's least draw and (1 - m) times the capped draw. Why: eq. 3 prices a
+   deviation now as if it were settled now, but only the hour is settled: overuse now is recoverable while the
+   later intervals can draw less than their targets, underuse now only while they can draw more. Where the
+   commitment is about what the full pool draws, eq. 3's 2 : 1 weights pick a smaller configuration whenever
+   a burst makes the full pool look expensive, and the energy left unspent is lost at the hour's end. The
+   margin m keeps the caps' errors (bursts, the level) on the safe side: planning too little later capacity
+   only moves consumption earlier, which the later intervals recover. Inactive (zero) wherever the later
+   intervals can absorb the deviation; in the hour's last interval it is W x eq. 3 (same ranking).
 
 Not used: the hourly commitments as a shape prior across hours. On bench-h200-day the commitments are
 gamma_h x E_hist_h with fractions gamma_h that jump between hours (e.g. 1.00 -> 0.85 from hour 4 to 5), so
@@ -64,7 +77,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -74,6 +87,7 @@ from commitenv_controllers.base import ControllerContext
 from commitenv_controllers.dynamollm import ClockLaws, arrivals_work
 from commitenv_controllers.epact.controller import EPACT
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation
+from commitenv_controllers.epact.selection import deviation_cost
 from commitenv_controllers.registry import register
 
 
@@ -217,6 +231,7 @@ class EnergyModel:
     busy_s: float  # replica-seconds per request at the top clock
     dyn_j: float  # step energy per request above the active-idle floor
     util: float
+    min_idle_w: float = 0.0  # active-idle power at the lowest clock (the pool's smallest configuration)
 
     @staticmethod
     def of(laws: ClockLaws, recent: Any, interval_s: float, n_replicas: int, batch: float,
@@ -229,7 +244,8 @@ class EnergyModel:
         n = len(recent)
         idle = float(laws.idle_w[top])
         return EnergyModel(interval_s, n_replicas, idle, laws.standby_w, float(busy[top]) / n,
-                           max(float(energy[top]) - idle * float(busy[top]), 0.0) / n, util)
+                           max(float(energy[top]) - idle * float(busy[top]), 0.0) / n, util,
+                           float(np.min(laws.idle_w)))
 
     def energy(self, lam: np.ndarray) -> np.ndarray:
         lam = np.asarray(lam, dtype=np.float64)
@@ -242,11 +258,39 @@ class EnergyModel:
         lam = np.asarray(lam, dtype=np.float64)
         return self.interval_s * self.n_replicas * self.idle_w + lam * self.dyn_j
 
+    def min_energy(self, lam: np.ndarray) -> np.ndarray:
+        """Energy with one replica active at the lowest clock and the others on standby, plus the work of the
+        load (the least the pool draws for it, whatever the SLO)."""
+        lam = np.asarray(lam, dtype=np.float64)
+        return self.interval_s * (self.min_idle_w + (self.n_replicas - 1) * self.standby_w) + lam * self.dyn_j
+
+
+def cap_scale(pairs: Sequence[tuple[float, float]]) -> float:
+    """Sum of metered over sum of uncalibrated capped energy of the intervals that ran the full pool at the top
+    clock (ratio of sums: bursts average out, as they do over the later intervals the caps bound), clipped to
+    [CAL_MIN, CAL_MAX]; 1 without any."""
+    if not pairs:
+        return 1.0
+    return min(max(sum(m for m, _ in pairs) / sum(c for _, c in pairs), CAL_MIN), CAL_MAX)
+
 
 def capacity_caps(model: EnergyModel, trend: LoadTrend, n: int, ratio: float) -> np.ndarray:
     """The most energy the pool can draw in each of the next ``n`` intervals (step 4): every replica at the top
     clock, scaled by the metered / modelled ``ratio``, with a load no higher than the current level."""
     return ratio * model.max_energy(np.minimum(trend.forecast(n), max(trend.level, 0.0)))
+
+
+def hour_end_cost(commitment: float, hour_energy: float, target: float, cap_later: float, floor_later: float,
+                  lambda_plus: float, lambda_minus: float, weight: float) -> Callable[[float], float]:
+    """J(E) = eq. 3 (E against ``target``) + ``weight`` x the hour's settlement if the later intervals draw
+    as close to the rest of the commitment as they can, between ``floor_later`` and ``cap_later`` (step 6):
+    lambda_plus [M + E + floor_later - E*]+ + lambda_minus [E* - M - E - cap_later]+."""
+    def cost(energy: float) -> float:
+        over = hour_energy + energy + floor_later - commitment
+        under = commitment - hour_energy - energy - cap_later
+        return deviation_cost(energy, target, lambda_plus, lambda_minus) + weight * (
+            lambda_plus * max(over, 0.0) + lambda_minus * max(under, 0.0))
+    return cost
 
 
 # ============================================================================================= controller
@@ -260,7 +304,8 @@ class EPACTPlus(EPACT):
     (slope shrinkage by its standard error), ``min_bins`` (whole intervals needed to fit a slope), ``util``
     (busy share of a replica the energy model counts as needed), ``tilt`` (ramp that holds budget back for the
     hour's end, 0 = off), ``capacity_cap`` (cap later intervals' planned energy at the pool's maximum),
-    ``calibrate`` and ``calibration_weight`` (the what-if energy calibration on the meter, step 5)."""
+    ``calibrate`` and ``calibration_weight`` (the what-if energy calibration on the meter, step 5),
+    ``hour_end_weight`` and ``cap_margin`` (the hour-end cost, step 6; weight 0 = eq. 3)."""
 
     def __init__(
         self,
@@ -280,6 +325,8 @@ class EPACTPlus(EPACT):
         capacity_cap: bool = True,
         calibrate: bool = True,
         calibration_weight: float = 0.2,
+        hour_end_weight: float = 4.0,
+        cap_margin: float = 0.1,
     ) -> None:
         super().__init__(workers=workers, planning_delay=planning_delay, warm_starts=warm_starts,
                          replay_window_s=replay_window_s, max_tail_s=max_tail_s, slo_scope=slo_scope,
@@ -298,6 +345,8 @@ class EPACTPlus(EPACT):
             raise ValueError(f"tilt: expected -1 < tilt < 1, got {tilt!r}")
         if not 0 < calibration_weight <= 1:
             raise ValueError(f"calibration_weight: expected a weight in (0, 1], got {calibration_weight!r}")
+        if not (hour_end_weight >= 0 and math.isfinite(hour_end_weight)):
+            raise ValueError(f"hour_end_weight: expected a weight >= 0, got {hour_end_weight!r}")
         self.forecast_mode = forecast
         self.trend_window_s = float(trend_window_s)
         self.shrink = float(shrink)
@@ -307,6 +356,10 @@ class EPACTPlus(EPACT):
         self.capacity_cap = bool(capacity_cap)
         self.calibrate = bool(calibrate)
         self.calibration_weight = float(calibration_weight)
+        self.hour_end_weight = float(hour_end_weight)
+        if not 0 <= cap_margin < 1:
+            raise ValueError(f"cap_margin: expected a share in [0, 1), got {cap_margin!r}")
+        self.cap_margin = float(cap_margin)
 
     def reset(self, ctx: ControllerContext, seed: int | None = None) -> None:
         super().reset(ctx, seed)
@@ -319,7 +372,10 @@ class EPACTPlus(EPACT):
         self.forecasts: list[dict[str, Any]] = []
         self.max_ratios: deque[float] = deque(maxlen=ctx.intervals_per_hour)  # metered / modelled, all at top
         self._caps: np.ndarray | None = None
+        self._floors: np.ndarray | None = None
         self.calibration = EnergyCalibration(self.calibration_weight)  # step 5
+        self.cap_meter: deque[tuple[float, float]] = deque(maxlen=ctx.intervals_per_hour)  # (metered, raw cap)
+        self._cap_now: float | None = None  # the cap of the interval now starting
 
     def calibrate_energy(self, info: dict[str, Any]) -> None:
         """Step 5: learn the ratio of the last interval's metered energy to the raw what-if prediction of the
@@ -335,6 +391,16 @@ class EPACTPlus(EPACT):
     def energy_scale(self, clock_mhz: int) -> float:
         return self.calibration.scale(clock_mhz) if self.calibrate else 1.0
 
+    def interval_cost(self, commitment: float, hour_energy: float, target: float,
+                      k: int) -> Callable[[float], float] | None:
+        """Step 6: eq. 3 plus ``hour_end_weight`` times the hour's settlement of what the later intervals cannot
+        recover (None, i.e. eq. 3, without a forecast or with the weight 0)."""
+        if self.hour_end_weight == 0 or self._caps is None or self._floors is None:
+            return None
+        return hour_end_cost(commitment, hour_energy, target, (1.0 - self.cap_margin) * float(np.sum(self._caps[1:])),
+                             float(np.sum(self._floors[1:])), self.ctx.lambda_plus, self.ctx.lambda_minus,
+                             self.hour_end_weight)
+
     def interval_forecast(self, info: dict[str, Any]) -> np.ndarray:
         """Forecast energy (J) of intervals k..K-1 of the current hour (flat: ones)."""
         ctx = self.ctx
@@ -342,7 +408,8 @@ class EPACTPlus(EPACT):
         k = int(info["interval"])
         n = K - k
         flat = np.ones(n)
-        self._caps = None
+        cap_before = self._cap_now  # the uncalibrated cap of the interval that just ended
+        self._caps = self._floors = self._cap_now = None
         if self.forecast_mode == "flat":
             return flat
         dt = ctx.interval_s
@@ -371,7 +438,15 @@ class EPACTPlus(EPACT):
             lam_last = float(np.count_nonzero(ages < dt))
             self.max_ratios.append(float(e_last) / float(model.max_energy(np.array([lam_last]))[0]))
         ratio = float(np.median(self.max_ratios)) if self.max_ratios else 1.0
-        self._caps = capacity_caps(model, trend, n, ratio)
+        if (self.calibrate and cap_before is not None and e_last is not None and float(e_last) > 0
+                and int(info["active"]) == ctx.n_replicas and int(info["clock_mhz"]) == laws.mhz[laws.top]):
+            self.cap_meter.append((float(e_last), cap_before))
+        raw_caps = capacity_caps(model, trend, n, ratio)
+        self._cap_now = float(raw_caps[0])  # uncalibrated, as the calibration learns it
+        scale = cap_scale(self.cap_meter)
+        ratio *= scale
+        self._caps = scale * raw_caps
+        self._floors = ratio * model.min_energy(lam)
         self.forecasts.append({"t": now, "level": trend.level, "slope": trend.slope, "raw_slope": trend.raw_slope,
                                "se": trend.se, "first_j": float(energy[0]), "last_j": float(energy[-1]),
                                "cap_first_j": float(self._caps[0]), "max_ratio": ratio})

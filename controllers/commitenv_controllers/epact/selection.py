@@ -11,6 +11,7 @@ then lower J, then larger margin); admitted candidates beyond the band keep eq. 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -41,16 +42,24 @@ def admitted(ev: Evaluation, n_captured: int, epsilon: float) -> bool:
     return ev.valid and ev.misses <= math.floor(epsilon * n_captured + 1e-9)
 
 
+def candidate_cost(ev: Evaluation, target: float, lambda_plus: float, lambda_minus: float,
+                   cost: Callable[[float], float] | None = None) -> float:
+    """The cost a candidate is ranked by: eq. 3 against ``target``, or ``cost(predicted energy)`` when a planner
+    prices the interval's energy itself (e.g. `plus.EPACTPlus`'s hour-end term)."""
+    return cost(ev.energy_j) if cost is not None else deviation_cost(ev.energy_j, target, lambda_plus, lambda_minus)
+
+
 def rank_key(ev: Evaluation, target: float, lambda_plus: float, lambda_minus: float, n_captured: int,
-             epsilon: float, *, best_j: float | None = None, band: float = 0.0) -> tuple:
+             epsilon: float, *, best_j: float | None = None, band: float = 0.0,
+             cost: Callable[[float], float] | None = None) -> tuple:
     """Smaller is better. Admitted candidates first, by deviation cost J, then fewer misses and larger
     worst-request margin; then candidates with valid predictions by fewest misses, largest margin, lowest
     J (the service-first fallback); invalid predictions last. Final ties: fewer replicas, lower clock.
 
     With ``band > 0`` and ``best_j`` (the lowest J among the admitted candidates of the same decision, see
     `best_admitted_cost`), admitted candidates with J <= best_j + band rank equal on cost and are ordered by
-    fewer misses, then J, then margin; the others follow by J as before."""
-    j = deviation_cost(ev.energy_j, target, lambda_plus, lambda_minus)
+    fewer misses, then J, then margin; the others follow by J as before. ``cost``: see `candidate_cost`."""
+    j = candidate_cost(ev, target, lambda_plus, lambda_minus, cost)
     m = -ev.margin_s if math.isfinite(ev.margin_s) else -math.inf
     if admitted(ev, n_captured, epsilon):
         if band > 0 and best_j is not None:
@@ -65,19 +74,20 @@ def rank_key(ev: Evaluation, target: float, lambda_plus: float, lambda_minus: fl
 
 
 def best_admitted_cost(evals: list[Evaluation], target: float, lambda_plus: float, lambda_minus: float,
-                       n_captured: int, epsilon: float) -> float | None:
-    """The lowest deviation cost J among admitted candidates (None when none is admitted)."""
-    js = [deviation_cost(e.energy_j, target, lambda_plus, lambda_minus) for e in evals if admitted(e, n_captured, epsilon)]
+                       n_captured: int, epsilon: float, cost: Callable[[float], float] | None = None) -> float | None:
+    """The lowest cost J (`candidate_cost`) among admitted candidates (None when none is admitted)."""
+    js = [candidate_cost(e, target, lambda_plus, lambda_minus, cost) for e in evals if admitted(e, n_captured, epsilon)]
     return min(js) if js else None
 
 
 def select(evals: list[Evaluation], target: float, lambda_plus: float, lambda_minus: float, n_captured: int,
-           epsilon: float, band: float = 0.0) -> Evaluation | None:
+           epsilon: float, band: float = 0.0, cost: Callable[[float], float] | None = None) -> Evaluation | None:
     """The candidate ePACT applies, or None when no prediction is valid (keep the current configuration).
-    ``band``: the energy band in cost units (0: eq. 3 as printed)."""
+    ``band``: the energy band in cost units (0: eq. 3 as printed); ``cost``: see `candidate_cost`."""
     valid = [e for e in evals if e.valid]
     if not valid:
         return None
-    best_j = best_admitted_cost(valid, target, lambda_plus, lambda_minus, n_captured, epsilon) if band > 0 else None
+    best_j = (best_admitted_cost(valid, target, lambda_plus, lambda_minus, n_captured, epsilon, cost)
+              if band > 0 else None)
     return min(valid, key=lambda e: rank_key(e, target, lambda_plus, lambda_minus, n_captured, epsilon,
-                                             best_j=best_j, band=band))
+                                             best_j=best_j, band=band, cost=cost))
