@@ -178,9 +178,10 @@ def test_energy_model_floor_and_monotone():
 def test_capacity_caps_never_count_on_a_load_rise():
     m = EnergyModel(interval_s=60.0, n_replicas=32, idle_w=100.0, standby_w=75.0, busy_s=2.0, dyn_j=80.0, util=0.85)
     floor = 60 * 32 * 100.0
-    # rising: level 100, slope 20 -> forecasts 110, 130, 150; every cap at the level's 100 requests
-    rising = capacity_caps(m, LoadTrend(100.0, 20.0, 10), 3, 1.1)
-    assert rising == pytest.approx([1.1 * (floor + 100 * 80.0)] * 3)
+    # rising: level 100, slope 4 over 10 bins -> forecasts 102, 106, 110; the window's mean is 100 - 4 x 5 = 80
+    # requests, and every cap is at those 80
+    rising = capacity_caps(m, LoadTrend(100.0, 4.0, 10), 3, 1.1)
+    assert rising == pytest.approx([1.1 * (floor + 80 * 80.0)] * 3)
     # falling: level 100, slope -20 -> 90, 70, 50 requests, the caps follow the forecast down
     falling = capacity_caps(m, LoadTrend(100.0, -20.0, 10), 3, 1.0)
     assert falling == pytest.approx([floor + 90 * 80.0, floor + 70 * 80.0, floor + 50 * 80.0])
@@ -189,10 +190,9 @@ def test_capacity_caps_never_count_on_a_load_rise():
 def test_energy_model_minimum_by_hand():
     m = EnergyModel(interval_s=60.0, n_replicas=32, idle_w=100.0, standby_w=75.0, busy_s=2.0, dyn_j=80.0, util=0.85,
                     min_idle_w=60.0)
-    # one replica idling at the lowest clock, 31 on standby, plus the work of 50 requests
-    assert m.min_energy(np.array([0.0, 50.0])) == pytest.approx([60 * (60.0 + 31 * 75.0), 60 * (60.0 + 31 * 75.0)
-                                                                  + 50 * 80.0])
-    assert np.all(m.min_energy(np.array([200.0])) <= m.energy(np.array([200.0])))
+    # one replica idling at the lowest clock, 31 on standby, no work
+    assert m.min_energy(2) == pytest.approx([60 * (60.0 + 31 * 75.0)] * 2)
+    assert m.min_energy(1)[0] < m.energy(np.array([0.0]))[0]
 
 
 # ========================================================================================== hour-end cost

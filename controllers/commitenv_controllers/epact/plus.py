@@ -27,8 +27,9 @@ At every decision (interval k of the hour, time t):
    what the pool can draw there (all replicas at the top clock: dt N P_idle + lambda e_dyn, scaled by the
    median metered / modelled ratio of the last hour's intervals that ran so) cannot be spent; `capped_targets`
    caps those intervals and gives the excess to the others (water filling, the current interval uncapped).
-   The caps take lambda no higher than the current level: a load rise the trend reads into a burst must not
-   promise later capacity, since energy left unspent now cannot be spent back once the pool is full.
+   The caps take lambda no higher than the current level nor the mean of the fitted window: a load rise (or a
+   burst the trend reads as one) must not promise later capacity, since energy left unspent now cannot be spent
+   back once the pool is full (bench-h200-day, seed 100001, hour 0: the load rose for 30 min and fell back).
    With ``calibrate``, the caps are also scaled by `cap_scale`: the sum of metered over the sum of predicted cap
    energy of the intervals (last hour) that ran the full pool at the top clock, so that the level and the
    model's bias average out as they do over the later intervals the caps bound.
@@ -184,6 +185,11 @@ class LoadTrend:
     raw_slope: float = 0.0
     se: float = 0.0
 
+    @property
+    def mean(self) -> float:
+        """Requests per interval averaged over the fitted window (the line's value at the window's centre)."""
+        return self.level - self.slope * self.bins / 2.0
+
     def forecast(self, n: int) -> np.ndarray:
         """Requests in each of the next ``n`` intervals (centres at 1/2, 3/2, ... intervals from now), >= 0."""
         return np.maximum(self.level + self.slope * (np.arange(n) + 0.5), 0.0)
@@ -258,11 +264,11 @@ class EnergyModel:
         lam = np.asarray(lam, dtype=np.float64)
         return self.interval_s * self.n_replicas * self.idle_w + lam * self.dyn_j
 
-    def min_energy(self, lam: np.ndarray) -> np.ndarray:
-        """Energy with one replica active at the lowest clock and the others on standby, plus the work of the
-        load (the least the pool draws for it, whatever the SLO)."""
-        lam = np.asarray(lam, dtype=np.float64)
-        return self.interval_s * (self.min_idle_w + (self.n_replicas - 1) * self.standby_w) + lam * self.dyn_j
+    def min_energy(self, n: int) -> np.ndarray:
+        """A lower bound of the pool's energy in each of ``n`` intervals: one replica active and idle at the lowest
+        clock, the others on standby. The load's work is left out: its energy per request falls with the clock
+        (the top clock's ``dyn_j`` would overstate it), and a bound too high would call recoverable overuse lost."""
+        return np.full(n, self.interval_s * (self.min_idle_w + (self.n_replicas - 1) * self.standby_w))
 
 
 def cap_scale(pairs: Sequence[tuple[float, float]]) -> float:
@@ -276,8 +282,9 @@ def cap_scale(pairs: Sequence[tuple[float, float]]) -> float:
 
 def capacity_caps(model: EnergyModel, trend: LoadTrend, n: int, ratio: float) -> np.ndarray:
     """The most energy the pool can draw in each of the next ``n`` intervals (step 4): every replica at the top
-    clock, scaled by the metered / modelled ``ratio``, with a load no higher than the current level."""
-    return ratio * model.max_energy(np.minimum(trend.forecast(n), max(trend.level, 0.0)))
+    clock, scaled by the metered / modelled ``ratio``, with a load no higher than the current level nor the
+    window's mean (a rise seen so far is not counted on: loads that rise within an hour also fall back)."""
+    return ratio * model.max_energy(np.minimum(trend.forecast(n), max(min(trend.level, trend.mean), 0.0)))
 
 
 def hour_end_cost(commitment: float, hour_energy: float, target: float, cap_later: float, floor_later: float,
@@ -326,7 +333,7 @@ class EPACTPlus(EPACT):
         calibrate: bool = True,
         calibration_weight: float = 0.2,
         hour_end_weight: float = 4.0,
-        cap_margin: float = 0.1,
+        cap_margin: float = 0.2,
     ) -> None:
         super().__init__(workers=workers, planning_delay=planning_delay, warm_starts=warm_starts,
                          replay_window_s=replay_window_s, max_tail_s=max_tail_s, slo_scope=slo_scope,
@@ -446,7 +453,7 @@ class EPACTPlus(EPACT):
         scale = cap_scale(self.cap_meter)
         ratio *= scale
         self._caps = scale * raw_caps
-        self._floors = ratio * model.min_energy(lam)
+        self._floors = np.minimum(ratio * model.min_energy(n), self._caps)
         self.forecasts.append({"t": now, "level": trend.level, "slope": trend.slope, "raw_slope": trend.raw_slope,
                                "se": trend.se, "first_j": float(energy[0]), "last_j": float(energy[-1]),
                                "cap_first_j": float(self._caps[0]), "max_ratio": ratio})
