@@ -219,6 +219,28 @@ def test_hour_end_cost_in_the_last_interval_keeps_eq3s_ranking():
         assert J(e) == pytest.approx(4.0 * eq3)
 
 
+def test_interval_cost_floors_later_intervals_at_what_the_slo_gate_admitted():
+    from types import SimpleNamespace
+
+    c = EPACTPlus(workers=0, hour_end_weight=4.0, cap_margin=0.2)
+    c.ctx = SimpleNamespace(lambda_plus=2.0, lambda_minus=1.0)
+    c._caps, c._floors = np.array([500.0, 100.0, 100.0]), np.array([10.0, 10.0, 10.0])
+    # E* = 400, 150 spent, target 100; the later two intervals: caps 0.8 x 100 each, floors 10 each
+    c.least_admitted_j = None
+    J = c.interval_cost(400.0, 150.0, 100.0, 57)
+    assert [J(e) for e in (80.0, 100.0, 120.0)] == pytest.approx([20.0 + 4 * 10.0, 0.0, 40.0])
+    # the gate admitted nothing below 70 at the last decision: the later intervals cannot go below 70 each, so
+    # 150 + 120 + 140 - 400 = 10 of the overuse at 120 stays: 40 + 4 x 2 x 10
+    c.least_admitted_j = 70.0
+    J = c.interval_cost(400.0, 150.0, 100.0, 57)
+    assert [J(e) for e in (80.0, 100.0, 120.0)] == pytest.approx([60.0, 0.0, 120.0])
+    # a floor above the margined cap is held at the cap
+    c.least_admitted_j = 95.0
+    J = c.interval_cost(400.0, 150.0, 100.0, 57)
+    assert J(100.0) == pytest.approx(4 * 2 * (150 + 100 + 160 - 400))
+    assert EPACTPlus(workers=0, hour_end_weight=0.0).interval_cost(400.0, 150.0, 100.0, 57) is None
+
+
 def test_selection_ranks_by_the_given_cost():
     # eq. 3 prefers 28 replicas (5 under, J 5) to 32 (4 over, J 8); with nothing spendable later the hour-end
     # term makes the underuse cost 5 + 4 x 5 = 25 and the full pool wins

@@ -26,7 +26,7 @@ import numpy as np
 from commitenv_controllers.base import Controller, ControllerContext
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
 from commitenv_controllers.epact.search import Catalog, Rank, adaptive_search
-from commitenv_controllers.epact.selection import Evaluation, best_admitted_cost, rank_key, select
+from commitenv_controllers.epact.selection import Evaluation, admitted, best_admitted_cost, rank_key, select
 from commitenv_controllers.epact.workers import WhatIfWorkers
 from commitenv_controllers.registry import register
 
@@ -111,6 +111,7 @@ class EPACT(Controller):
         self.decisions: list[dict[str, Any]] = []
         self.energy_errors: deque[float] = deque(maxlen=K)  # |metered - predicted| / |predicted|, applied candidates
         self._predicted_j: float | None = None  # predicted interval energy of the last applied candidate
+        self.least_admitted_j: float | None = None  # least predicted energy of the last decision's admitted candidates
 
     def _nominal(self, commitment: float) -> list[float]:
         K = self.ctx.intervals_per_hour
@@ -193,6 +194,8 @@ class EPACT(Controller):
         search = adaptive_search(self.catalog, evaluate, key, lambda r: results[r].valid, current, list(self.warm))
         chosen = select(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus, n_cap, ctx.epsilon,
                         band=band, cost=cost)
+        least = [e.energy_j for e in results.values() if admitted(e, n_cap, ctx.epsilon)]
+        self.least_admitted_j = min(least) if least else None  # the least energy the SLO gate admitted
         wall = time.perf_counter() - t_start
         self.plan_times.append(wall)
         self.evaluated_counts.append(len(search.order))

@@ -42,7 +42,11 @@ At every decision (interval k of the hour, time t):
    Causal (the meter of ended intervals); it carries over hours. Figures: docs/baselines.md.
 6. **Hour-end cost** (``hour_end_weight`` W, ``cap_margin`` m; `hour_end_cost`): candidates are ranked by
    eq. 3 plus W times the hour's settlement if the later intervals draw as close to the rest of the commitment
-   as they can, i.e. between the pool's least draw and (1 - m) times the capped draw. Why: eq. 3 prices a
+   as they can, i.e. between a floor and (1 - m) times the capped draw. The floor of a later interval is the
+   least energy the SLO gate admitted at the last decision (the pool's least draw, `EnergyModel.min_energy`,
+   if that is lower; never above the margined cap): overuse is recoverable only down to what the deadlines
+   allow (on the H20 pool, where the gate admits little below the full pool, a floor without the SLO
+   called overuse recoverable that was not, and the day's cost rose). Why: eq. 3 prices a
    deviation now as if it were settled now, but only the hour is settled: overuse now is recoverable while the
    later intervals can draw less than their targets, underuse now only while they can draw more. Where the
    commitment is about what the full pool draws, eq. 3's 2 : 1 weights pick a smaller configuration whenever
@@ -333,7 +337,7 @@ class EPACTPlus(EPACT):
         calibrate: bool = True,
         calibration_weight: float = 0.2,
         hour_end_weight: float = 4.0,
-        cap_margin: float = 0.2,
+        cap_margin: float = 0.1,
     ) -> None:
         super().__init__(workers=workers, planning_delay=planning_delay, warm_starts=warm_starts,
                          replay_window_s=replay_window_s, max_tail_s=max_tail_s, slo_scope=slo_scope,
@@ -404,9 +408,12 @@ class EPACTPlus(EPACT):
         recover (None, i.e. eq. 3, without a forecast or with the weight 0)."""
         if self.hour_end_weight == 0 or self._caps is None or self._floors is None:
             return None
-        return hour_end_cost(commitment, hour_energy, target, (1.0 - self.cap_margin) * float(np.sum(self._caps[1:])),
-                             float(np.sum(self._floors[1:])), self.ctx.lambda_plus, self.ctx.lambda_minus,
-                             self.hour_end_weight)
+        caps = (1.0 - self.cap_margin) * self._caps[1:]
+        floors = self._floors[1:]
+        if self.least_admitted_j is not None:  # the SLO gate's floor at the last decision, as far as the caps allow
+            floors = np.maximum(floors, np.minimum(self.least_admitted_j, caps))
+        return hour_end_cost(commitment, hour_energy, target, float(np.sum(caps)), float(np.sum(floors)),
+                             self.ctx.lambda_plus, self.ctx.lambda_minus, self.hour_end_weight)
 
     def interval_forecast(self, info: dict[str, Any]) -> np.ndarray:
         """Forecast energy (J) of intervals k..K-1 of the current hour (flat: ones)."""
