@@ -386,7 +386,7 @@ class EPACTPlus(EPACT):
         self._floors: np.ndarray | None = None
         self.calibration = EnergyCalibration(self.calibration_weight)  # step 5
         self.cap_meter: deque[tuple[float, float]] = deque(maxlen=ctx.intervals_per_hour)  # (metered, raw cap)
-        self._cap_now: float | None = None  # the cap of the interval now starting
+        self._cap_now: float | None = None  # the uncalibrated cap of the interval now starting
 
     def calibrate_energy(self, info: dict[str, Any]) -> None:
         """Step 5: learn the ratio of the last interval's metered energy to the raw what-if prediction of the
@@ -447,13 +447,13 @@ class EPACTPlus(EPACT):
         # replicas at the top clock (the profile knows neither the meter's nor the truth's deviations)
         laws = self.laws
         e_last = info.get("interval_energy_j")
-        if (e_last is not None and float(e_last) > 0 and int(info["active"]) == ctx.n_replicas
-                and int(info["clock_mhz"]) == laws.mhz[laws.top]):
+        full_top = (e_last is not None and float(e_last) > 0 and int(info["active"]) == ctx.n_replicas
+                    and int(info["clock_mhz"]) == laws.mhz[laws.top])
+        if full_top:
             lam_last = float(np.count_nonzero(ages < dt))
             self.max_ratios.append(float(e_last) / float(model.max_energy(np.array([lam_last]))[0]))
         ratio = float(np.median(self.max_ratios)) if self.max_ratios else 1.0
-        if (self.calibrate and cap_before is not None and e_last is not None and float(e_last) > 0
-                and int(info["active"]) == ctx.n_replicas and int(info["clock_mhz"]) == laws.mhz[laws.top]):
+        if full_top and self.calibrate and cap_before is not None:
             self.cap_meter.append((float(e_last), cap_before))
         raw_caps = capacity_caps(model, trend, n, ratio)
         self._cap_now = float(raw_caps[0])  # uncalibrated, as the calibration learns it
