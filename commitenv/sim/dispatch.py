@@ -15,7 +15,6 @@ Without a policy the engine routes to the replica with the fewest unfinished req
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
 from typing import NamedTuple
 
 

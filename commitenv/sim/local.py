@@ -19,7 +19,6 @@ can never stall the engine. With a policy, every step is formed one at a time (n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
 from typing import NamedTuple
 
 

@@ -17,10 +17,10 @@ from typing import Iterable
 import numpy as np
 
 from commitenv.profiles.schema import Profile
-from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy, make_dispatch
-from commitenv.sim.local import LocalPolicy, LocalView, TaskView
-from commitenv.sim.gpu import GPU
 from commitenv.sim import memory
+from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy, make_dispatch
+from commitenv.sim.gpu import GPU
+from commitenv.sim.local import LocalPolicy, LocalView, TaskView
 from commitenv.sim.lref import reference_latency
 from commitenv.sim.migration import MIGRATE_MODES, MigrationSpec
 from commitenv.sim.noise import NoiseSource, NoiseSpec

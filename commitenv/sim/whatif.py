@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commitenv.sim.pool import REPLAY_SLOT_BASE
+from commitenv.sim.pool import REPLAY_SLOT_BASE, Pool
 from commitenv.sim.view import Snapshot
 from commitenv.workload.table import RequestTable
 

@@ -27,12 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 
 from .lengths import builtin_lengths
 from .synthetic import synthesize, synthesize_window
 from .table import RequestTable, WorkloadError
-from .transforms import time_window
 
 CONTEXT_LIMIT = 16_384  # vLLM context limit in the ePACT setup
 AZURE_CODE_DAY_TOTAL = 969_781

@@ -95,7 +95,6 @@ from commitenv_controllers.epact.planner import check_allocation, equal_allocati
 from commitenv_controllers.epact.selection import deviation_cost
 from commitenv_controllers.registry import register
 
-
 CAL_MIN, CAL_MAX = 0.75, 1.33  # the calibration's bounds (as MPC's): a ratio beyond them is a transient, not a bias
 
 
