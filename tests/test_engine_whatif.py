@@ -183,6 +183,14 @@ def test_oracle_whatif_with_replayed_future_arrivals_matches_truth():
     assert wt.energy_j == w.energy_j and wt.misses == w.misses
     for i in range(len(later)):
         assert wt.finish[REPLAY_SLOT_BASE + i] == pytest.approx(pool.finish_t[15 + i], abs=1e-9)
+    # the slacks: the snapshot's requests (in its order), then the replayed ones, each its ground-truth twin's
+    # deadline - finish; those below zero are the misses
+    live = snap.requests.slot.tolist()
+    truth = [pool.deadline[s] - pool.finish_t[s] for s in live] + [pool.deadline[15 + i] - pool.finish_t[15 + i]
+                                                                   for i in range(len(later))]
+    assert wt.slack_s == pytest.approx(truth, abs=1e-9)
+    assert np.count_nonzero(np.asarray(wt.slack_s) < 0) == wt.misses + wt.forecast_misses
+    assert len(w.slack_s) == len(live)  # without tracking, only the snapshot's requests
 
 
 def test_oracle_whatif_reproduces_truth_with_queued_requests_on_several_replicas():

@@ -7,6 +7,7 @@ docstring), never copied from the implementation's output."""
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from commitenv_controllers.epact import EPACT, EPACTPlus
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
 from commitenv_controllers.epact.plus import (EnergyCalibration, EnergyModel, LoadTrend, cap_scale, capacity_caps,
                                              capped_targets, fit_trend, forecast_allocation, hour_end_cost,
-                                             interval_counts)
+                                             interval_counts, slack_margin)
 from commitenv_controllers.epact.selection import Evaluation, select
 from commitenv_controllers.registry import check_kwargs
 from test_env import toy_three_hour, write_scenario, write_trace
@@ -239,6 +240,42 @@ def test_interval_cost_floors_later_intervals_at_what_the_slo_gate_admitted():
     J = c.interval_cost(400.0, 150.0, 100.0, 57)
     assert J(100.0) == pytest.approx(4 * 2 * (150 + 100 + 160 - 400))
     assert EPACTPlus(workers=0, hour_end_weight=0.0).interval_cost(400.0, 150.0, 100.0, 57) is None
+
+
+def test_slack_margin_is_the_slack_quantile_at_the_observed_miss_rate():
+    assert slack_margin([]) == 0.0
+    assert slack_margin([(0, 100, np.array([0.5, 1.0]))]) == 0.0  # no misses observed
+    assert slack_margin([(3, 0, np.array([0.5]))]) == 0.0  # no arrivals
+    # 2 + 2 late of 100 + 100 arrivals = 2 %; 100 pooled slacks 0.01 .. 1.00 s: the 2 smallest (0.01, 0.02) must
+    # count, so the margin is just above 0.02
+    slacks = np.arange(1, 101) / 100.0
+    m = slack_margin([(2, 100, slacks[:50]), (2, 100, slacks[50:])])
+    assert 0.02 < m < 0.020001 and np.count_nonzero(slacks < m) == 2
+    # predicted misses (negative slacks) already cover the rate: no margin (never below 0)
+    assert slack_margin([(1, 100, np.array([-1.0, -0.5, 0.3, 0.7]))]) == 0.0
+
+
+def test_predicted_misses_count_slacks_below_the_calibrated_margin():
+    from types import SimpleNamespace
+
+    from commitenv.sim.whatif import WhatIf
+
+    w = WhatIf(0.0, {}, 1, -0.1, True, 3, 0, 0.05, (-0.1, 0.02, 0.04, 0.3, 0.05, 0.5))
+    c = EPACTPlus(workers=0, miss_margin=True)
+    c._slacks, c.gate_margin_s = {}, 0.0
+    assert c.predicted_misses((8, 1380), w, True) == 1  # no margin yet: the predicted misses
+    c.gate_margin_s = 0.045
+    assert c.predicted_misses((8, 1380), w, True) == 3
+    assert set(c._slacks) == {(8, 1380)}
+    off = EPACTPlus(workers=0)
+    assert off.predicted_misses((8, 1380), w, True) == 1 and off.predicted_misses((8, 1380), w, False) == 1
+    # the next decision records the applied candidate's slacks against the misses observed after it
+    c.decisions = [{"chosen": (8, 1380)}]
+    c.ctx = SimpleNamespace(interval_s=60.0, probe=SimpleNamespace(recent_arrivals=lambda window: [None] * 200))
+    c.slack_meter = deque(maxlen=60)
+    c._calibrate_gate({"new_misses": 2})  # 1 % of 6 slacks: the smallest one counts
+    assert len(c.slack_meter) == 1 and c.slack_meter[0][:2] == (2, 200) and c._slacks == {}
+    assert c.gate_margin_s == 0.0  # the smallest slack is negative: already a predicted miss
 
 
 def test_selection_ranks_by_the_given_cost():

@@ -29,6 +29,7 @@ class WhatIf:
     forecast_n: int = 0  # replayed arrivals followed (track_arrivals)
     forecast_misses: int = 0  # of those, predicted to miss their deadline
     forecast_margin_s: float = math.inf  # min deadline - predicted finish over them
+    slack_s: tuple[float, ...] = ()  # deadline - predicted finish of every captured, then followed replayed, request
 
 
 def observed_arrivals(pool: Pool, window_s: float, shift_s: float | None = None) -> RequestTable:
@@ -93,6 +94,16 @@ def simulate(
         pool.run_until(t + horizon_s + max_tail_s, stop_when_captured_done=True)
     slots = snap.requests.slot.tolist()
     fin = {slot: pool.captured_finish.get(slot, math.inf) for slot in slots}
+    slack: list[float] = []
+    misses = 0
+    margin = math.inf
+    for slot, dl in zip(slots, snap.requests.deadline_s.tolist()):
+        m = dl - fin[slot]
+        slack.append(m)
+        if m < 0:
+            misses += 1
+        if m < margin:
+            margin = m
     f_n = f_miss = 0
     f_margin = math.inf
     if track_arrivals:
@@ -101,15 +112,8 @@ def simulate(
             if pool.rejected[i]:
                 continue
             m = pool._deadline[i] - f
+            slack.append(m)
             f_n += 1
             f_miss += m < 0
             f_margin = min(f_margin, m)
-    misses = 0
-    margin = math.inf
-    for slot, dl in zip(slots, snap.requests.deadline_s.tolist()):
-        m = dl - fin[slot]
-        if m < 0:
-            misses += 1
-        if m < margin:
-            margin = m
-    return WhatIf(energy, fin, misses, margin, pool.captured_left == 0, f_n, int(f_miss), f_margin)
+    return WhatIf(energy, fin, misses, margin, pool.captured_left == 0, f_n, int(f_miss), f_margin, tuple(slack))

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from commitenv.sim.whatif import WhatIf
 from commitenv_controllers.base import Controller, ControllerContext
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
 from commitenv_controllers.epact.search import Catalog, Rank, adaptive_search
@@ -140,6 +141,12 @@ class EPACT(Controller):
         that price what the rest of the hour cannot recover (e.g. `plus.EPACTPlus`); None: eq. 3 (ePACT)."""
         return None
 
+    def predicted_misses(self, config: tuple[int, int], w: WhatIf, track: bool) -> int:
+        """The misses the SLO gate counts for candidate ``config`` (catalog count, clock) from its what-if ``w``
+        (ePACT: those predicted, with ``track`` the forecast arrivals' too). A hook for planners that calibrate the
+        gate on the misses observed (e.g. `plus.EPACTPlus`)."""
+        return w.misses + w.forecast_misses if track else w.misses
+
     def _band_rel(self, info: dict[str, Any]) -> float:
         """The relative energy error that defines this decision's energy band (see the class docstring)."""
         if self._predicted_j is not None and "interval_energy_j" in info and abs(self._predicted_j) > 0:
@@ -178,12 +185,9 @@ class EPACT(Controller):
             if track:
                 n_cap = snap.n_requests + preds[0].forecast_n
             for r, (a, c), w in zip(batch, configs, preds):
-                if track:
-                    results[r] = Evaluation(a, c, self.energy_scale(c) * w.energy_j, w.misses + w.forecast_misses,
-                                            min(w.worst_margin_s, w.forecast_margin_s), w.complete)
-                else:
-                    results[r] = Evaluation(a, c, self.energy_scale(c) * w.energy_j, w.misses, w.worst_margin_s,
-                                            w.complete)
+                margin = min(w.worst_margin_s, w.forecast_margin_s) if track else w.worst_margin_s
+                results[r] = Evaluation(a, c, self.energy_scale(c) * w.energy_j, self.predicted_misses((a, c), w, track),
+                                        margin, w.complete)
 
         def key(r: Rank) -> tuple:  # the band's reference (lowest admitted J) moves as results come in
             best_j = (best_admitted_cost(list(results.values()), target, ctx.lambda_plus, ctx.lambda_minus, n_cap,
