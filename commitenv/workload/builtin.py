@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-
 from .lengths import builtin_lengths
 from .synthetic import synthesize, synthesize_window
 from .table import RequestTable, WorkloadError
