@@ -449,13 +449,12 @@ class EPACTPlus(EPACT):
         self.gate_margin_s = slack_margin(self.slack_meter)
 
     def predicted_misses(self, config: tuple[int, int], w: WhatIf, track: bool) -> int:
-        """Step 7: predicted slacks below the calibrated margin (ePACT's count with ``miss_margin`` off)."""
+        """Step 7: predicted slacks below the calibrated margin (>= 0; at 0 these are exactly the predicted misses);
+        ePACT's count with ``miss_margin`` off."""
         if not self.miss_margin:
             return super().predicted_misses(config, w, track)
         slacks = np.asarray(w.slack_s, dtype=np.float64)
         self._slacks[(int(config[0]), int(config[1]))] = slacks
-        if self.gate_margin_s <= 0:
-            return super().predicted_misses(config, w, track)
         return int(np.count_nonzero(slacks < self.gate_margin_s))
 
     def energy_scale(self, clock_mhz: int) -> float:
