@@ -220,9 +220,20 @@ def test_controller_acts_exactly_as_the_sb3_policy(run_dir):
         venv.close()
 
 
-def test_the_shipped_baseline_is_its_recorded_run_and_acts_as_sb3():
-    """`sb3:ppo-h200-hour` ships its hyperparameter file, its record says it was trained with exactly those settings
-    on its scenario, and the controller takes SB3's deterministic action on the first steps of a report seed."""
+SHIPPED_POLICIES = {"ppo-h200-hour": SCENARIO, "ppo-h20-hour": "bench-h20-hour-fixed-a30"}
+
+
+def test_every_shipped_baseline_is_listed():
+    from commitenv_controllers.sb3_policy import shipped
+
+    assert shipped() == sorted(SHIPPED_POLICIES)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_POLICIES))
+def test_the_shipped_baseline_is_its_recorded_run_and_acts_as_sb3(name):
+    """A shipped policy (`sb3:ppo-h200-hour`, `sb3:ppo-h20-hour`) ships its hyperparameter file, its record says it
+    was trained with exactly those settings on its scenario, and the controller takes SB3's deterministic action on
+    the first steps of a report seed."""
     pytest.importorskip("stable_baselines3")
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -231,16 +242,17 @@ def test_the_shipped_baseline_is_its_recorded_run_and_acts_as_sb3():
     from commitenv.envs import CommitServeEnv, FlatActionWrapper
     from commitenv.registry import resolve
 
-    base = ROOT / "controllers" / "commitenv_controllers" / "data" / "ppo-h200-hour"
+    scenario = SHIPPED_POLICIES[name]
+    base = ROOT / "controllers" / "commitenv_controllers" / "data" / name
     rec = json.loads((base / "train.json").read_text())
-    assert (rec["scenario"], rec["algo"], rec["status"]) == (SCENARIO, "ppo", "finished")
+    assert (rec["scenario"], rec["algo"], rec["status"]) == (scenario, "ppo", "finished")
     assert rec["steps_done"] >= rec["steps"]
     assert rec["hyperparameters"] == load_config(base / "ppo.yaml", "ppo").model_dump()
     model = PPO.load(str(base / "best_model.zip"), device="cpu")
     venv = VecNormalize.load(str(base / "best_vecnormalize.pkl"),
-                             DummyVecEnv([lambda: FlatActionWrapper(CommitServeEnv(SCENARIO))]))
+                             DummyVecEnv([lambda: FlatActionWrapper(CommitServeEnv(scenario))]))
     venv.training, venv.norm_reward = False, False
-    ctrl = resolve("sb3:ppo-h200-hour").make()
+    ctrl = resolve(f"sb3:{name}").make()
     venv.seed(100000)
     obs = venv.reset()
     ctrl.reset(ControllerContext.from_env(venv.envs[0]), 0)
