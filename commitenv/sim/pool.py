@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Iterable
@@ -34,6 +35,7 @@ EV_SEG, EV_WAKE, EV_CLOCK, EV_LOAD, EV_LAND = 0, 1, 2, 3, 4  # LOAD: a cold star
 REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
 INF = math.inf
 _UNFINISHED = attrgetter("unf")  # the router's load measure: running + waiting requests
+_SLOT = attrgetter("slot")
 
 
 @dataclass(frozen=True)
@@ -518,15 +520,50 @@ class Pool:
                 rep.unf = len(rep.running) + len(rep.waiting)
         moved.extend(r for r in self.unrouted if r.model == model)
         self.unrouted = [r for r in self.unrouted if r.model != model]
-        moved.sort(key=lambda r: r.slot)
-        for r in moved:
-            self._route(r, t)
+        moved.sort(key=_SLOT)
+        if self.dispatch is None and self.routable[model]:
+            self._route_least_loaded(moved, self.routable[model], t)
+        else:
+            for r in moved:
+                self._route(r, t)
         for rep in self.replicas:
             if rep.model == model and rep.seg == SEG_NONE and not rep.has_work():
                 if rep.state == DRAINING:
                     self._to_standby(rep, t)
                 elif rep.state == MOVING:
                     self._detach(rep, t)
+
+    def _route_least_loaded(self, reqs: list[Req], cands: list[Replica], t: float) -> None:
+        """Route ``reqs`` in order exactly as `_route` would one by one with the default router (least unfinished,
+        ties to the first candidate), in O(Q + R log R) rather than O(Q R): the loads rise level by level, each
+        level's replicas taking one request each in candidate order (water filling). Each receiving replica is poked
+        once, in the order it first receives work, which is all a repeated poke at the same time amounts to."""
+        if not reqs:
+            return
+        loads = [rep.unf for rep in cands]
+        order = sorted(range(len(cands)), key=lambda p: (loads[p], p))
+        dest: list[int] = []
+        group: list[int] = []
+        need, j, level = len(reqs), 0, loads[order[0]]
+        while len(dest) < need:
+            while j < len(order) and loads[order[j]] == level:  # replicas whose load the level has reached
+                group.append(order[j])
+                j += 1
+            group.sort()
+            if j == len(order):  # every replica is at the level: plain rounds from here
+                left = need - len(dest)
+                dest.extend(group * (left // len(group)) + group[: left % len(group)])
+                break
+            dest.extend(group[: need - len(dest)])
+            level += 1
+        for r, p in zip(reqs, dest):
+            rep = cands[p]
+            r.replica = rep.index
+            rep.waiting.append(r)
+        for p, n in Counter(dest).items():
+            cands[p].unf += n
+        for p in dict.fromkeys(dest):
+            self._poke(cands[p], t)
 
     def replicas_of(self, model: int) -> list[Replica]:
         return [r for r in self.replicas if r.model == model]
