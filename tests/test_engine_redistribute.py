@@ -66,3 +66,16 @@ def test_scale_down_with_a_long_queue_re_routes_like_one_by_one():
     want = _one_by_one(loads_before, len(queued))
     assert [q.replica for q in queued] == [kept[p].index for p in want]
     assert all(not r.waiting or all(q.started for q in r.waiting) for r in pool.replicas[2:])
+
+
+@pytest.mark.parametrize(("loads", "n"), [([0, 3, 0, 200], 150), ([0, 3, 0, 200], 1000), ([7, 7, 7], 10), ([5], 3)])
+def test_batched_routing_with_an_outlier_replica(loads, n):
+    """Levels below a far busier replica fill first; it joins the rounds once the others reach its load."""
+    pool = Pool(toy_profile(), PoolLayout.single(len(loads)))
+    cands = list(pool.replicas)
+    for rep, u in zip(cands, loads):
+        rep.unf = u
+    reqs = [Req(i, 0.0, 8, 4, 10.0, 0) for i in range(n)]
+    pool._poke = lambda rep, t: None
+    pool._route_least_loaded(reqs, cands, 0.0)
+    assert [r.replica for r in reqs] == [cands[p].index for p in _one_by_one(loads, n)]

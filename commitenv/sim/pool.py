@@ -7,6 +7,7 @@ The pool only ever holds requests that have arrived: the attached workload is re
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -535,7 +536,7 @@ class Pool:
 
     def _route_least_loaded(self, reqs: list[Req], cands: list[Replica], t: float) -> None:
         """Route ``reqs`` in order exactly as `_route` would one by one with the default router (least unfinished,
-        ties to the first candidate), in O(Q + R log R) rather than O(Q R): the loads rise level by level, each
+        ties to the first candidate), in O(Q + R^2) rather than O(Q R): the loads rise level by level, each
         level's replicas taking one request each in candidate order (water filling). Each receiving replica is poked
         once, in the order it first receives work, which is all a repeated poke at the same time amounts to."""
         if not reqs:
@@ -547,9 +548,8 @@ class Pool:
         need, j, level = len(reqs), 0, loads[order[0]]
         while len(dest) < need:
             while j < len(order) and loads[order[j]] == level:  # replicas whose load the level has reached
-                group.append(order[j])
+                bisect.insort(group, order[j])
                 j += 1
-            group.sort()
             if j == len(order):  # every replica is at the level: plain rounds from here
                 left = need - len(dest)
                 dest.extend(group * (left // len(group)) + group[: left % len(group)])
