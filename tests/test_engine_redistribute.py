@@ -9,6 +9,7 @@ import pytest
 
 from commitenv.sim import Pool, PoolLayout
 from commitenv.sim.request import Req
+from commitenv.workload.table import RequestTable
 from conftest import toy_profile
 
 
@@ -49,8 +50,6 @@ def test_batched_routing_matches_one_by_one_routing(trial):
 def test_scale_down_with_a_long_queue_re_routes_like_one_by_one():
     """End to end: a burst queued on four replicas, then two of them drained; every not-started request moves to
     the two left, balanced as one-by-one routing of the queue in arrival order would balance it."""
-    from commitenv.workload.table import RequestTable
-
     n = 200
     table = RequestTable(arrival_s=np.linspace(0.0, 0.5, n), prompt_tokens=np.full(n, 30),
                          output_tokens=np.full(n, 20), tenant=np.zeros(n, dtype=np.int32),
