@@ -11,7 +11,7 @@ import bisect
 import heapq
 import math
 import time
-from collections import Counter
+from itertools import compress
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Iterable
@@ -37,6 +37,7 @@ REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival i
 INF = math.inf
 _UNFINISHED = attrgetter("unf")  # the router's load measure: running + waiting requests
 _SLOT = attrgetter("slot")
+_STARTED = attrgetter("started")
 
 
 @dataclass(frozen=True)
@@ -513,12 +514,17 @@ class Pool:
         for rep in self.replicas:
             if rep.model != model or not rep.waiting:
                 continue
-            keep = [r for r in rep.waiting if r.started]
-            if len(keep) != len(rep.waiting):
-                moved.extend(r for r in rep.waiting if not r.started)
-                rep.waiting.clear()
-                rep.waiting.extend(keep)
-                rep.unf = len(rep.running) + len(rep.waiting)
+            waiting = rep.waiting  # (split with C-level map/compress: a starved pool's queue reaches 10^5)
+            started = list(map(_STARTED, waiting))
+            if not any(started):
+                moved.extend(waiting)
+                waiting.clear()
+            elif not all(started):
+                moved.extend(compress(waiting, [not s for s in started]))
+                keep = list(compress(waiting, started))
+                waiting.clear()
+                waiting.extend(keep)
+            rep.unf = len(rep.running) + len(waiting)
         moved.extend(r for r in self.unrouted if r.model == model)
         self.unrouted = [r for r in self.unrouted if r.model != model]
         moved.sort(key=_SLOT)
@@ -543,26 +549,29 @@ class Pool:
             return
         loads = [rep.unf for rep in cands]
         order = sorted(range(len(cands)), key=lambda p: (loads[p], p))
-        dest: list[int] = []
-        group: list[int] = []
-        need, j, level = len(reqs), 0, loads[order[0]]
-        while len(dest) < need:
-            while j < len(order) and loads[order[j]] == level:  # replicas whose load the level has reached
+        need, pos, j, level = len(reqs), 0, 0, loads[order[0]]
+        group: list[int] = []  # candidates the level has reached, in candidate order
+        first: list[int] = []  # candidates in the order they first receive a request
+        while pos < need:
+            while j < len(order) and loads[order[j]] == level:
                 bisect.insort(group, order[j])
                 j += 1
-            if j == len(order):  # every replica is at the level: plain rounds from here
-                left = need - len(dest)
-                dest.extend(group * (left // len(group)) + group[: left % len(group)])
-                break
-            dest.extend(group[: need - len(dest)])
-            level += 1
-        for r, p in zip(reqs, dest):
-            rep = cands[p]
-            r.replica = rep.index
-            rep.waiting.append(r)
-        for p, n in Counter(dest).items():
-            cands[p].unf += n
-        for p in dict.fromkeys(dest):
+            g = len(group)
+            levels = loads[order[j]] - level if j < len(order) else -(-(need - pos) // g)
+            end = min(pos + levels * g, need)  # until the next candidate joins: rounds over the same group
+            for q, p in enumerate(group):
+                chunk = reqs[pos + q : end : g]
+                if not chunk:
+                    break
+                rep = cands[p]
+                if rep.unf == loads[p]:
+                    first.append(p)
+                for r in chunk:
+                    r.replica = rep.index
+                rep.waiting.extend(chunk)
+                rep.unf += len(chunk)
+            pos, level = end, level + levels
+        for p in first:
             self._poke(cands[p], t)
 
     def replicas_of(self, model: int) -> list[Replica]:
