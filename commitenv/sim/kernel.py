@@ -1,0 +1,528 @@
+"""Compiled event loop of a pool serving one model with the vLLM scheduler (spike, engine-kernel branch).
+
+Requests, replica queues, the segment in flight and the event heap live in numpy arrays; `advance` runs every
+arrival and segment end up to a time in one numba call. Semantics follow `commitenv.sim.pool.Pool.run_until` and
+`commitenv.sim.replica.Replica` line for line for the subset covered here: one instance per GPU at a fixed clock,
+every replica active, the least-unfinished router, no prefix cache, no local policy, closed-form decode runs,
+truth factors per cell read from precomputed tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
+INF = math.inf
+
+# int64 scalars of the state (``si``)
+I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS = range(7)
+# float64 scalars (``sf``)
+F_NOW = 0
+# per-replica float64 columns (``rf``)
+R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
+# per-replica int64 columns (``ri``)
+R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN = range(10)
+# per-request int64 columns (``qi``)
+Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
+# per-request float64 columns (``qf``)
+Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
+# coefficients (``co``): tau0..tau4, a, c1, c2, b, kappa
+C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
+
+
+@njit(cache=True)
+def _less(ht, hk, hs, a, b):
+    if ht[a] != ht[b]:
+        return ht[a] < ht[b]
+    if hk[a] != hk[b]:
+        return hk[a] < hk[b]
+    return hs[a] < hs[b]
+
+
+@njit(cache=True)
+def _swap(ht, hk, hs, hi, hv, a, b):
+    ht[a], ht[b] = ht[b], ht[a]
+    hk[a], hk[b] = hk[b], hk[a]
+    hs[a], hs[b] = hs[b], hs[a]
+    hi[a], hi[b] = hi[b], hi[a]
+    hv[a], hv[b] = hv[b], hv[a]
+
+
+@njit(cache=True)
+def _push(si, ht, hk, hs, hi, hv, t, kind, idx, ver):
+    si[I_SEQ] += 1
+    j = si[I_HEAP]
+    if j >= ht.shape[0]:
+        raise RuntimeError("kernel: event heap full")
+    si[I_HEAP] = j + 1
+    ht[j], hk[j], hs[j], hi[j], hv[j] = t, kind, si[I_SEQ], idx, ver
+    while j > 0:
+        p = (j - 1) >> 1
+        if _less(ht, hk, hs, j, p):
+            _swap(ht, hk, hs, hi, hv, j, p)
+            j = p
+        else:
+            break
+
+
+@njit(cache=True)
+def _pop(si, ht, hk, hs, hi, hv):
+    n = si[I_HEAP] - 1
+    si[I_HEAP] = n
+    _swap(ht, hk, hs, hi, hv, 0, n)
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= n:
+            break
+        if c + 1 < n and _less(ht, hk, hs, c + 1, c):
+            c += 1
+        if _less(ht, hk, hs, c, j):
+            _swap(ht, hk, hs, hi, hv, c, j)
+            j = c
+        else:
+            break
+    return n  # the popped entry sits at index n
+
+
+@njit(cache=True)
+def _cdiv(a, b):
+    return -((-a) // b)
+
+
+@njit(cache=True)
+def _run_steps_done_by(rf, ri, x_t, rep):
+    x = (x_t - rf[rep, R_T0]) / rf[rep, R_FT]
+    if x <= 0:
+        return 0
+    T0, D, k = rf[rep, R_BT0], rf[rep, R_D], ri[rep, R_K]
+    if D <= 0:
+        m = int(math.floor(x / T0 + 1e-12))
+    else:
+        b = T0 - D / 2
+        m = int(math.floor((-b + math.sqrt(b * b + 2 * D * x)) / D + 1e-9))
+    m = max(0, min(m, k))
+    while m < k and (m + 1) * T0 + D * (m + 1) * m / 2 <= x:
+        m += 1
+    while m > 0 and m * T0 + D * m * (m - 1) / 2 > x:
+        m -= 1
+    return m
+
+
+@njit(cache=True)
+def _run_time(rf, rep, m):
+    return rf[rep, R_FT] * (m * rf[rep, R_BT0] + rf[rep, R_D] * m * (m - 1) / 2)
+
+
+@njit(cache=True)
+def _run_energy(rf, rep, m):
+    return rf[rep, R_FE] * (m * rf[rep, R_E0] + rf[rep, R_F] * m * (m - 1) / 2)
+
+
+@njit(cache=True)
+def _cut(rf, ri, rep, t):
+    if ri[rep, R_SEG] != SEG_RUN or t >= rf[rep, R_T1]:
+        return False
+    m = _run_steps_done_by(rf, ri, t, rep)
+    if rf[rep, R_T0] + _run_time(rf, rep, m) < t or m == 0:
+        m += 1
+    if m >= ri[rep, R_K]:
+        return False
+    ri[rep, R_K] = m
+    rf[rep, R_T1] = rf[rep, R_T0] + _run_time(rf, rep, m)
+    rf[rep, R_ENERGY] = _run_energy(rf, rep, m)
+    return True
+
+
+@njit(cache=True)
+def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
+    """vLLM V1: running first (preempting the newest on a KV shortage), then waiting in order when nothing was
+    preempted. Fills bq/bk; returns (batch length, preempted)."""
+    nb = 0
+    preempted = False
+    i = 0
+    cap = wq.shape[1]
+    while i < ri[rep, R_RUN_N]:
+        if budget <= 0:
+            break
+        r = run[rep, i]
+        k = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        if k > budget:
+            k = budget
+        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+        scheduled = True
+        while need > ri[rep, R_FREE]:
+            ri[rep, R_RUN_N] -= 1
+            victim = run[rep, ri[rep, R_RUN_N]]
+            ri[rep, R_FREE] += qi[victim, Q_BLOCKS]
+            qi[victim, Q_BLOCKS] = 0
+            qi[victim, Q_COMPUTED] = 0
+            qi[victim, Q_PREEMPT] += 1
+            h = (ri[rep, R_WHEAD] - 1) % cap
+            ri[rep, R_WHEAD] = h
+            wq[rep, h] = victim
+            ri[rep, R_WLEN] += 1
+            preempted = True
+            if victim == r:
+                scheduled = False
+                break
+        if not scheduled:
+            break
+        ri[rep, R_FREE] -= need
+        qi[r, Q_BLOCKS] += need
+        bq[rep, nb] = r
+        bk[rep, nb] = k
+        nb += 1
+        budget -= k
+        i += 1
+    if preempted:
+        return nb, True
+    while ri[rep, R_WLEN] > 0 and budget > 0 and ri[rep, R_RUN_N] < max_seqs:
+        r = wq[rep, ri[rep, R_WHEAD]]
+        left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        k = left if left < budget else budget
+        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+        if need > ri[rep, R_FREE]:
+            break
+        if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
+            break
+        ri[rep, R_WHEAD] = (ri[rep, R_WHEAD] + 1) % cap
+        ri[rep, R_WLEN] -= 1
+        run[rep, ri[rep, R_RUN_N]] = r
+        ri[rep, R_RUN_N] += 1
+        qi[r, Q_STARTED] = 1
+        ri[rep, R_FREE] -= need
+        qi[r, Q_BLOCKS] += need
+        bq[rep, nb] = r
+        bk[rep, nb] = k
+        nb += 1
+        budget -= k
+    return nb, False
+
+
+@njit(cache=True)
+def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
+    cap = ri[rep, R_FREE]
+    for j in range(nb):
+        cap += qi[bq[rep, j], Q_BLOCKS]
+
+    def fits(j):
+        s = 0
+        for x in range(nb):
+            s += _cdiv(qi[bq[rep, x], Q_COMPUTED] + j, bs)
+        return s <= cap
+
+    if fits(kmax):
+        return kmax
+    if not fits(2):
+        return 1
+    lo, hi = 2, kmax
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched):
+    """`Replica.start` without a local policy: schedule, then a closed-form decode run or a single step."""
+    budget, max_seqs, bs, reserve_full = sched[0], sched[1], sched[2], sched[3]
+    nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
+    ri[rep, R_BATCH_N] = nb
+    if nb == 0:
+        ri[rep, R_SEG] = SEG_NONE
+        return False
+    P = A = n = L = 0
+    for j in range(nb):
+        r = bq[rep, j]
+        k = bk[rep, j]
+        if k == 1 and qi[r, Q_GENERATED] >= 1 and qi[r, Q_COMPUTED] + 1 == qi[r, Q_PROMPT] + qi[r, Q_GENERATED]:
+            n += 1
+            L += qi[r, Q_COMPUTED] + 1
+        else:
+            P += k
+            A += k * qi[r, Q_COMPUTED] + k * (k + 1) // 2
+    c = int(t // cell)
+    if c >= ftab.shape[1]:
+        raise RuntimeError("kernel: truth factor table too short")
+    ft = ftab[rep, c]
+    fe = fetab[rep, c]
+    t_next = (c + 1) * cell
+    rf[rep, R_FT] = ft
+    rf[rep, R_FE] = fe
+    rf[rep, R_T0] = t
+    rf[rep, R_FLOOR_W] = floor_w[rep]
+    rf[rep, R_FLOOR_T] = t
+    rf[rep, R_FLOOR_ACC] = 0.0
+    if P == 0 and not preempted:
+        kmax = 1 << 62
+        for j in range(nb):
+            r = bq[rep, j]
+            x = qi[r, Q_OUT] - qi[r, Q_GENERATED]
+            if x < kmax:
+                kmax = x
+        if kmax >= 2:
+            kmax = _kv_steps(ri, qi, bq, rep, nb, kmax, bs)
+        if kmax >= 2:
+            ri[rep, R_SEG] = SEG_RUN
+            ri[rep, R_K] = kmax
+            T0 = co[rep, C_TAU0] + co[rep, C_TAU2] * n + co[rep, C_TAU3] * L
+            D = co[rep, C_TAU3] * n
+            E0 = co[rep, C_A] + co[rep, C_B] * n + co[rep, C_KAPPA] * L
+            F = co[rep, C_KAPPA] * n
+            rf[rep, R_BT0], rf[rep, R_D], rf[rep, R_E0], rf[rep, R_F] = T0, D, E0, F
+            rf[rep, R_T1] = t + ft * (kmax * T0 + D * kmax * (kmax - 1) / 2)
+            rf[rep, R_ENERGY] = fe * (kmax * E0 + F * kmax * (kmax - 1) / 2)
+            if rf[rep, R_T1] > t_next:
+                _cut(rf, ri, rep, t_next)
+            return True
+    dt = ft * (co[rep, C_TAU0] + co[rep, C_TAU1] * P + co[rep, C_TAU2] * n + co[rep, C_TAU3] * L
+               + co[rep, C_TAU4] * A)
+    ri[rep, R_SEG] = SEG_STEP
+    rf[rep, R_T1] = t + dt
+    rf[rep, R_ENERGY] = fe * (co[rep, C_A] + co[rep, C_C1] * P + co[rep, C_C2] * A + co[rep, C_B] * n
+                              + co[rep, C_KAPPA] * L)
+    return True
+
+
+@njit(cache=True)
+def _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, bs, done_out, si):
+    """Book the segment's energy above its floor, apply its progress, complete finished requests."""
+    e_dyn[rep] += rf[rep, R_ENERGY] - (rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T]))
+    seg = ri[rep, R_SEG]
+    ndone = 0
+    if seg == SEG_STEP:
+        for j in range(ri[rep, R_BATCH_N]):
+            r = bq[rep, j]
+            qi[r, Q_COMPUTED] += bk[rep, j]
+            if qi[r, Q_COMPUTED] >= qi[r, Q_PROMPT] + qi[r, Q_GENERATED]:
+                qi[r, Q_GENERATED] += 1
+                if qf[r, Q_FIRST] < 0:
+                    qf[r, Q_FIRST] = rf[rep, R_T1]
+                if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                    ndone += 1
+    elif seg == SEG_RUN:
+        k = ri[rep, R_K]
+        for j in range(ri[rep, R_BATCH_N]):
+            r = bq[rep, j]
+            qi[r, Q_COMPUTED] += k
+            qi[r, Q_GENERATED] += k
+            nbk = _cdiv(qi[r, Q_COMPUTED], bs)
+            ri[rep, R_FREE] -= nbk - qi[r, Q_BLOCKS]
+            qi[r, Q_BLOCKS] = nbk
+            if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                ndone += 1
+    ri[rep, R_BATCH_N] = 0
+    if ndone:
+        w = 0
+        for i in range(ri[rep, R_RUN_N]):
+            r = run[rep, i]
+            if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                ri[rep, R_FREE] += qi[r, Q_BLOCKS]
+                qi[r, Q_BLOCKS] = 0
+                si[I_LIVE] -= 1
+                si[I_DONE] += 1
+                qf[r, Q_FINISH] = t + qf[r, Q_OVERHEAD]
+                qf[r, Q_FIRST] = qf[r, Q_FIRST] + qf[r, Q_OVERHEAD]
+                qi[r, Q_REPLICA] = rep
+                done_out[si[I_DONE] - 1] = r
+            else:
+                run[rep, w] = r
+                w += 1
+        ri[rep, R_RUN_N] = w
+        ri[rep, R_UNF] -= ndone
+    ri[rep, R_SEG] = SEG_NONE
+
+
+@njit(cache=True)
+def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
+    if ri[rep, R_SEG] == SEG_NONE:
+        if ri[rep, R_PENDING] == 0:
+            ri[rep, R_PENDING] = 1
+            pend[si[I_PEND]] = rep
+            si[I_PEND] += 1
+    elif ri[rep, R_SEG] == SEG_RUN and _cut(rf, ri, rep, t):
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], 0, rep, ri[rep, R_VER])
+
+
+@njit(cache=True)
+def _start(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched, si, ht, hk, hs, hi, hv):
+    if ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+        return
+    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched):
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], 0, rep, ri[rep, R_VER])
+
+
+@njit(cache=True)
+def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, co, ftab, fetab,
+            cell, floor_w, sched, e_dyn, done_out):
+    """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset)."""
+    n = qi.shape[0]
+    R = ri.shape[0]
+    cap = wq.shape[1]
+    last = sf[F_NOW]
+    while True:
+        cur = si[I_CURSOR]
+        ta = qf[cur, Q_ARRIVAL] if cur < n else INF
+        th = ht[0] if si[I_HEAP] > 0 else INF
+        if si[I_PEND] > 0 and (th if th < ta else ta) > last:
+            npend = si[I_PEND]
+            si[I_PEND] = 0
+            for x in range(npend):
+                rep = pend[x]
+                ri[rep, R_PENDING] = 0
+                if ri[rep, R_SEG] == SEG_NONE:
+                    _start(last, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched, si,
+                           ht, hk, hs, hi, hv)
+            continue
+        if th == INF and ta == INF:
+            break
+        if th <= ta:
+            if th > t_end:
+                break
+            j = _pop(si, ht, hk, hs, hi, hv)
+            t, rep, ver = ht[j], hi[j], hv[j]
+            last = t
+            si[I_EVENTS] += 1
+            if ri[rep, R_VER] != ver:
+                continue
+            _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, sched[2], done_out, si)
+            cur = si[I_CURSOR]
+            if (cur < n and qf[cur, Q_ARRIVAL] == t) or (si[I_HEAP] > 0 and ht[0] == t) or si[I_PEND] > 0:
+                if ri[rep, R_PENDING] == 0:
+                    ri[rep, R_PENDING] = 1
+                    pend[si[I_PEND]] = rep
+                    si[I_PEND] += 1
+            else:
+                _start(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched, si,
+                       ht, hk, hs, hi, hv)
+        else:
+            if ta > t_end:
+                break
+            i = cur
+            si[I_CURSOR] = cur + 1
+            si[I_EVENTS] += 1
+            last = ta
+            if rejected[i]:
+                qf[i, Q_FINISH] = INF
+                continue
+            si[I_LIVE] += 1
+            best = 0
+            for x in range(1, R):
+                if ri[x, R_UNF] < ri[best, R_UNF]:
+                    best = x
+            qi[i, Q_REPLICA] = best
+            wq[best, (ri[best, R_WHEAD] + ri[best, R_WLEN]) % cap] = i
+            ri[best, R_WLEN] += 1
+            ri[best, R_UNF] += 1
+            _poke(ta, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+    sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
+
+
+@njit(cache=True)
+def meter(t, ri, rf, e_floor, t_floor, floor_w, e_dyn):
+    """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`, one instance per GPU)."""
+    R = ri.shape[0]
+    out = np.empty(R)
+    for g in range(R):
+        e = e_floor[g] + floor_w[g] * (t - t_floor[g]) + e_dyn[g]
+        seg = ri[g, R_SEG]
+        if seg != SEG_NONE:
+            t0, t1 = rf[g, R_T0], rf[g, R_T1]
+            end = t1 if t1 < t else t
+            if end > t0:
+                if t >= t1:
+                    eu = rf[g, R_ENERGY]
+                elif seg == SEG_STEP:
+                    eu = rf[g, R_ENERGY] * (t - t0) / (t1 - t0)
+                else:
+                    m = _run_steps_done_by(rf, ri, t, g)
+                    ts = t0 + _run_time(rf, g, m)
+                    step_t = rf[g, R_FT] * (rf[g, R_BT0] + rf[g, R_D] * m)
+                    step_e = rf[g, R_FE] * (rf[g, R_E0] + rf[g, R_F] * m)
+                    eu = _run_energy(rf, g, m) + step_e * (t - ts) / step_t
+                e += eu - (rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (end - rf[g, R_FLOOR_T]))
+        out[g] = e
+    return out
+
+
+class KernelState:
+    """The arrays `advance` works on, taken from a `Pool` that has attached its workload and run nothing yet (the
+    spike's entry point; the plan is for the pool to hold its state in these arrays itself)."""
+
+    def __init__(self, pool, horizon_s: float, heap_size: int = 1 << 20) -> None:
+        from commitenv.sim.coeffs import coeffs_for
+
+        if pool.truth is None or pool.dispatch is not None or pool._hashes is not None or pool.log is not None \
+                or pool.n_models != 1 or len(pool.replicas) != len(pool.gpus) or not pool.opt.closed_form \
+                or pool.heap or any(rep.local is not None or rep.share != 1.0 for rep in pool.replicas):
+            raise ValueError("kernel: pool outside the covered subset (truth factors, one model, one full-share "
+                             "instance per GPU, default router, no prefix cache, no local policy, no step log)")
+        R, n = len(pool.replicas), pool._n
+        sch = pool.profiles[0].scheduler
+        self.R = R
+        self.qi = np.zeros((n, 8), np.int64)
+        self.qf = np.zeros((n, 4))
+        self.qi[:, Q_PROMPT] = pool._prompt
+        self.qi[:, Q_OUT] = pool._out
+        self.qi[:, Q_REPLICA] = -1
+        self.qf[:, Q_ARRIVAL] = pool._arr
+        self.qf[:, Q_FIRST] = -1.0
+        self.qf[:, Q_FINISH] = np.nan
+        self.qf[:, Q_OVERHEAD] = pool.overhead_s if pool.overhead_s is not None else 0.0
+        self.rejected = np.asarray(pool.rejected, dtype=np.bool_)
+        self.ri = np.zeros((R, 10), np.int64)
+        self.rf = np.zeros((R, 12))
+        self.co = np.zeros((R, 10))
+        for x, rep in enumerate(pool.replicas):
+            self.ri[x, R_FREE] = rep.free_blocks
+            self.ri[x, R_UNF] = rep.unf
+            c = coeffs_for(rep.profile, rep.gpu.clock_idx, rep.share)
+            self.co[x] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
+        tr = pool.truth
+        cells = int(horizon_s // tr._cell) + 2
+        for g in range(R):
+            tr._extend(g, cells)
+        self.ftab = np.array([tr._ft[g][:cells] for g in range(R)])
+        self.fetab = np.array([tr._fe[g][:cells] for g in range(R)])
+        self.cell = float(tr._cell)
+        self.floor_w = np.array([g.floor_w for g in pool.gpus])
+        self.e_floor = np.array([g.e_floor for g in pool.gpus])
+        self.t_floor = np.array([g.t_floor for g in pool.gpus])
+        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
+        self.si = np.zeros(7, np.int64)
+        self.si[I_CURSOR] = pool._cursor
+        self.sf = np.array([pool.now])
+        self.wq = np.zeros((R, n + 1), np.int64)
+        self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.pend = np.zeros(R, np.int64)
+        self.ht = np.zeros(heap_size)
+        self.hk, self.hs, self.hi, self.hv = (np.zeros(heap_size, np.int64) for _ in range(4))
+        self.e_dyn = np.zeros(R)
+        self.done_out = np.zeros(n, np.int64)
+
+    def advance(self, t_end: float) -> None:
+        advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
+                self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.co, self.ftab,
+                self.fetab, self.cell, self.floor_w, self.sched, self.e_dyn, self.done_out)
+
+    def meter(self, t: float) -> np.ndarray:
+        return meter(t, self.ri, self.rf, self.e_floor, self.t_floor, self.floor_w, self.e_dyn)
+
+    @property
+    def events(self) -> int:
+        return int(self.si[I_EVENTS])
+
+    @property
+    def finish_t(self) -> np.ndarray:
+        return self.qf[:, Q_FINISH]
