@@ -55,6 +55,33 @@ def test_kernel_equals_the_pool(case):
     assert int(ks.qi[:, 6].sum()) == int(pool.preemptions.sum()) >= min_preempt
 
 
+@pytest.mark.parametrize("case", ["h200-hour", "h200-hour-3gpu-kv-pressure"])
+def test_kernel_equals_the_pool_under_clock_changes(case):
+    """A random clock every interval (some repeated, some changed back before they apply): the same events, the same
+    completions and meters as the pool's `set_clock` and clock events."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    pool = _pool(scenario, seed, gpus, clock, kv_extra)
+    ks = KernelState(pool, horizon_s=400 * 3600)
+    mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
+    rng = np.random.default_rng(seed)
+    changes = 0
+    for k in range(60):
+        t = 60.0 * k
+        for dt in (0.0, 0.01):  # a second request soon after the first, often before it applies
+            f = int(mhz[rng.integers(len(mhz))])
+            pool.set_clock(t + dt, f)
+            ks.set_clock(t + dt, f)
+            changes += 1
+        pool.run_until(t + 60.0)
+        ks.advance(t + 60.0)
+        assert np.array_equal(np.array([g.meter(t + 60.0) for g in pool.gpus]), ks.meter(t + 60.0)), f"meters at {t + 60}"
+        assert [g.clock_idx for g in pool.gpus] == ks.gi[:, 0].tolist()
+    pool.run_until(math.inf)
+    ks.advance(math.inf)
+    assert ks.events == pool.events
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
+
+
 def test_kernel_refuses_what_it_does_not_cover():
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)

@@ -29,7 +29,11 @@ R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
 # per-request float64 columns (``qf``)
 Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
-# coefficients (``co``): tau0..tau4, a, c1, c2, b, kappa
+# per-GPU int64 columns (``gi``) and float64 columns (``gf``)
+G_CLOCK, G_PENDING, G_VER = range(3)
+GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
+EV_SEG, EV_CLOCK = 0, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
+# coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
 C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
 
 
@@ -230,7 +234,7 @@ def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
 
 
 @njit(cache=True)
-def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched):
+def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
     """`Replica.start` without a local policy: schedule, then a closed-form decode run or a single step."""
     budget, max_seqs, bs, reserve_full = sched[0], sched[1], sched[2], sched[3]
     nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
@@ -257,7 +261,8 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, f
     rf[rep, R_FT] = ft
     rf[rep, R_FE] = fe
     rf[rep, R_T0] = t
-    rf[rep, R_FLOOR_W] = floor_w[rep]
+    rf[rep, R_FLOOR_W] = gf[rep, GF_FLOOR_W]
+    cl = gi[rep, G_CLOCK]
     rf[rep, R_FLOOR_T] = t
     rf[rep, R_FLOOR_ACC] = 0.0
     if P == 0 and not preempted:
@@ -272,22 +277,22 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, f
         if kmax >= 2:
             ri[rep, R_SEG] = SEG_RUN
             ri[rep, R_K] = kmax
-            T0 = co[rep, C_TAU0] + co[rep, C_TAU2] * n + co[rep, C_TAU3] * L
-            D = co[rep, C_TAU3] * n
-            E0 = co[rep, C_A] + co[rep, C_B] * n + co[rep, C_KAPPA] * L
-            F = co[rep, C_KAPPA] * n
+            T0 = coc[cl, C_TAU0] + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
+            D = coc[cl, C_TAU3] * n
+            E0 = coc[cl, C_A] + coc[cl, C_B] * n + coc[cl, C_KAPPA] * L
+            F = coc[cl, C_KAPPA] * n
             rf[rep, R_BT0], rf[rep, R_D], rf[rep, R_E0], rf[rep, R_F] = T0, D, E0, F
             rf[rep, R_T1] = t + ft * (kmax * T0 + D * kmax * (kmax - 1) / 2)
             rf[rep, R_ENERGY] = fe * (kmax * E0 + F * kmax * (kmax - 1) / 2)
             if rf[rep, R_T1] > t_next:
                 _cut(rf, ri, rep, t_next)
             return True
-    dt = ft * (co[rep, C_TAU0] + co[rep, C_TAU1] * P + co[rep, C_TAU2] * n + co[rep, C_TAU3] * L
-               + co[rep, C_TAU4] * A)
+    dt = ft * (coc[cl, C_TAU0] + coc[cl, C_TAU1] * P + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
+               + coc[cl, C_TAU4] * A)
     ri[rep, R_SEG] = SEG_STEP
     rf[rep, R_T1] = t + dt
-    rf[rep, R_ENERGY] = fe * (co[rep, C_A] + co[rep, C_C1] * P + co[rep, C_C2] * A + co[rep, C_B] * n
-                              + co[rep, C_KAPPA] * L)
+    rf[rep, R_ENERGY] = fe * (coc[cl, C_A] + coc[cl, C_C1] * P + coc[cl, C_C2] * A + coc[cl, C_B] * n
+                              + coc[cl, C_KAPPA] * L)
     return True
 
 
@@ -353,17 +358,31 @@ def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _start(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched, si, ht, hk, hs, hi, hv):
+def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, ht, hk, hs, hi, hv):
     if ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         return
-    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched):
+    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
         ri[rep, R_VER] += 1
         _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], 0, rep, ri[rep, R_VER])
 
 
 @njit(cache=True)
-def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, co, ftab, fetab,
-            cell, floor_w, sched, e_dyn, done_out):
+def _set_floor(t, g, power_w, ri, rf, gf):
+    """`GPU.set_floor` (one instance per GPU): close the floor meter at ``t``; a segment in flight is charged the
+    new floor from ``t`` on."""
+    gf[g, GF_E_FLOOR] += gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR])
+    gf[g, GF_T_FLOOR] = t
+    if power_w != gf[g, GF_FLOOR_W]:
+        if ri[g, R_SEG] != SEG_NONE and rf[g, R_T0] <= t < rf[g, R_T1]:
+            rf[g, R_FLOOR_ACC] += rf[g, R_FLOOR_W] * (t - rf[g, R_FLOOR_T])
+            rf[g, R_FLOOR_T] = t
+            rf[g, R_FLOOR_W] = power_w
+    gf[g, GF_FLOOR_W] = power_w
+
+
+@njit(cache=True)
+def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, coc, gi, gf,
+            floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset)."""
     n = qi.shape[0]
     R = ri.shape[0]
@@ -380,7 +399,7 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
                 rep = pend[x]
                 ri[rep, R_PENDING] = 0
                 if ri[rep, R_SEG] == SEG_NONE:
-                    _start(last, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched, si,
+                    _start(last, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si,
                            ht, hk, hs, hi, hv)
             continue
         if th == INF and ta == INF:
@@ -389,9 +408,20 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
             if th > t_end:
                 break
             j = _pop(si, ht, hk, hs, hi, hv)
-            t, rep, ver = ht[j], hi[j], hv[j]
+            t, kind, rep, ver = ht[j], hk[j], hi[j], hv[j]
             last = t
             si[I_EVENTS] += 1
+            if kind == EV_CLOCK:  # `Pool._apply_clock`: a step in flight keeps its law, a run is cut
+                g = rep
+                if gi[g, G_VER] != ver:
+                    continue
+                if ri[g, R_SEG] == SEG_RUN and _cut(rf, ri, g, t):
+                    ri[g, R_VER] += 1
+                    _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
+                gi[g, G_CLOCK] = gi[g, G_PENDING]
+                gi[g, G_PENDING] = -1
+                _set_floor(t, g, floor_tab[g, gi[g, G_CLOCK]], ri, rf, gf)
+                continue
             if ri[rep, R_VER] != ver:
                 continue
             _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, sched[2], done_out, si)
@@ -402,7 +432,7 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
                     pend[si[I_PEND]] = rep
                     si[I_PEND] += 1
             else:
-                _start(t, rep, ri, rf, qi, wq, run, bq, bk, co, ftab, fetab, cell, floor_w, sched, si,
+                _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si,
                        ht, hk, hs, hi, hv)
         else:
             if ta > t_end:
@@ -428,12 +458,12 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
 
 
 @njit(cache=True)
-def meter(t, ri, rf, e_floor, t_floor, floor_w, e_dyn):
+def meter(t, ri, rf, gf, e_dyn):
     """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`, one instance per GPU)."""
     R = ri.shape[0]
     out = np.empty(R)
     for g in range(R):
-        e = e_floor[g] + floor_w[g] * (t - t_floor[g]) + e_dyn[g]
+        e = gf[g, GF_E_FLOOR] + gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR]) + e_dyn[g]
         seg = ri[g, R_SEG]
         if seg != SEG_NONE:
             t0, t1 = rf[g, R_T0], rf[g, R_T1]
@@ -481,12 +511,24 @@ class KernelState:
         self.rejected = np.asarray(pool.rejected, dtype=np.bool_)
         self.ri = np.zeros((R, 10), np.int64)
         self.rf = np.zeros((R, 12))
-        self.co = np.zeros((R, 10))
+        prof = pool.profiles[0]
+        self.profile = prof
+        self.coc = np.zeros((len(prof.clocks), 10))
+        for ci in range(len(prof.clocks)):
+            c = coeffs_for(prof, ci, 1.0)
+            self.coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
         for x, rep in enumerate(pool.replicas):
             self.ri[x, R_FREE] = rep.free_blocks
             self.ri[x, R_UNF] = rep.unf
-            c = coeffs_for(rep.profile, rep.gpu.clock_idx, rep.share)
-            self.co[x] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
+        self.gi = np.zeros((R, 3), np.int64)
+        self.gf = np.zeros((R, 4))
+        # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
+        self.floor_tab = np.array([[lvl.active_idle_w * g.power_factor for lvl in prof.clocks] for g in pool.gpus])
+        for g, gpu in enumerate(pool.gpus):
+            if gpu.pending_clock is not None:
+                raise ValueError("kernel: pool outside the covered subset (a clock change pending)")
+            self.gi[g] = (gpu.clock_idx, -1, gpu.version)
+            self.gf[g] = (0.0, gpu.floor_w, gpu.t_floor, gpu.e_floor)
         tr = pool.truth
         cells = int(horizon_s // tr._cell) + 2
         for g in range(R):
@@ -494,9 +536,6 @@ class KernelState:
         self.ftab = np.array([tr._ft[g][:cells] for g in range(R)])
         self.fetab = np.array([tr._fe[g][:cells] for g in range(R)])
         self.cell = float(tr._cell)
-        self.floor_w = np.array([g.floor_w for g in pool.gpus])
-        self.e_floor = np.array([g.e_floor for g in pool.gpus])
-        self.t_floor = np.array([g.t_floor for g in pool.gpus])
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
         self.si = np.zeros(7, np.int64)
         self.si[I_CURSOR] = pool._cursor
@@ -513,11 +552,29 @@ class KernelState:
 
     def advance(self, t_end: float) -> None:
         advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
-                self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.co, self.ftab,
-                self.fetab, self.cell, self.floor_w, self.sched, self.e_dyn, self.done_out)
+                self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.coc, self.gi, self.gf,
+                self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.e_dyn, self.done_out)
+
+    def set_clock(self, t: float, mhz: int) -> None:
+        """`Pool.set_clock` on every GPU: clock ``mhz`` applies after the profile's clock-change latency."""
+        if t < self.sf[F_NOW] - 1e-9:
+            raise ValueError(f"set_clock at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        idx = self.profile.clock_index(mhz)
+        for g in range(self.R):
+            target = self.gi[g, G_PENDING] if self.gi[g, G_PENDING] >= 0 else self.gi[g, G_CLOCK]
+            if idx == target:
+                continue
+            self.gi[g, G_VER] += 1
+            if idx == self.gi[g, G_CLOCK]:
+                self.gi[g, G_PENDING] = -1
+                continue
+            self.gi[g, G_PENDING] = idx
+            self.gf[g, GF_PENDING_T] = t + self.profile.latencies.clock_change_s
+            _push(self.si, self.ht, self.hk, self.hs, self.hi, self.hv, self.gf[g, GF_PENDING_T], EV_CLOCK, g,
+                  self.gi[g, G_VER])
 
     def meter(self, t: float) -> np.ndarray:
-        return meter(t, self.ri, self.rf, self.e_floor, self.t_floor, self.floor_w, self.e_dyn)
+        return meter(t, self.ri, self.rf, self.gf, self.e_dyn)
 
     @property
     def events(self) -> int:
