@@ -82,6 +82,45 @@ def test_kernel_equals_the_pool_under_clock_changes(case):
     assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
 
 
+@pytest.mark.parametrize("case", ["h200-hour", "h20-hour-8gpu-lowest-clock", "h200-hour-3gpu-kv-pressure"])
+def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case):
+    """A random active count and clock every interval, sometimes twice (a wake cancelled before it ends, a drain
+    undone): the same events, states, completions and meters as the pool's `set_active` (draining, standby, wakes
+    after the activation latency, re-routing of queued requests) and `set_clock`."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    pool = _pool(scenario, seed, gpus, clock, kv_extra)
+    ks = KernelState(pool, horizon_s=400 * 3600)
+    R = len(pool.replicas)
+    mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 1)
+    states = set()
+    for k in range(60):
+        t = 60.0 * k
+        for dt in ((0.0, 1.5) if k % 3 == 0 else (0.0,)):
+            count = int(rng.integers(1, R + 1))
+            pool.set_active(t + dt, count)
+            ks.set_active(t + dt, count)
+            f = int(mhz[rng.integers(len(mhz))])
+            pool.set_clock(t + dt, f)
+            ks.set_clock(t + dt, f)
+            if dt == 0.0:
+                pool.run_until(t + 1.5)
+                ks.advance(t + 1.5)
+                assert [r.state for r in pool.replicas] == ks.ri[:, 10].tolist(), f"states at {t + 1.5}"
+                states.update(r.state for r in pool.replicas)
+        pool.run_until(t + 60.0)
+        ks.advance(t + 60.0)
+        assert [r.state for r in pool.replicas] == ks.ri[:, 10].tolist(), f"states at {t + 60}"
+        states.update(r.state for r in pool.replicas)
+        assert [r.unf for r in pool.replicas] == ks.ri[:, 0].tolist()
+        assert np.array_equal(np.array([g.meter(t + 60.0) for g in pool.gpus]), ks.meter(t + 60.0)), f"meters at {t + 60}"
+    pool.run_until(math.inf)
+    ks.advance(math.inf)
+    assert ks.events == pool.events
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
+    assert {0, 1, 2, 3} <= states  # active, draining, standby and waking were all visited
+
+
 def test_kernel_refuses_what_it_does_not_cover():
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)

@@ -24,7 +24,8 @@ F_NOW = 0
 # per-replica float64 columns (``rf``)
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
 # per-replica int64 columns (``ri``)
-R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN = range(10)
+R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE = range(11)
+ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
 # per-request float64 columns (``qf``)
@@ -32,7 +33,7 @@ Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 # per-GPU int64 columns (``gi``) and float64 columns (``gf``)
 G_CLOCK, G_PENDING, G_VER = range(3)
 GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
-EV_SEG, EV_CLOCK = 0, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
+EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
 # coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
 C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
 
@@ -184,8 +185,11 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
         i += 1
     if preempted:
         return nb, True
+    draining = ri[rep, R_STATE] != ACTIVE
     while ri[rep, R_WLEN] > 0 and budget > 0 and ri[rep, R_RUN_N] < max_seqs:
         r = wq[rep, ri[rep, R_WHEAD]]
+        if draining and qi[r, Q_STARTED] == 0:
+            break  # a draining replica admits no new work (queued ones were moved away)
         left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
         k = left if left < budget else budget
         need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
@@ -358,12 +362,131 @@ def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, ht, hk, hs, hi, hv):
-    if ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+def _floor_power(g, ri, gi, floor_tab):
+    """`GPU.floor_power` of a GPU hosting one instance: by its lifecycle state, at the GPU's clock."""
+    st = ri[g, R_STATE]
+    col = 0 if st == ACTIVE or st == WAKING else (1 if st == DRAINING else 2)
+    return floor_tab[g, gi[g, G_CLOCK], col]
+
+
+@njit(cache=True)
+def _floor_changed(t, g, ri, rf, gi, gf, floor_tab):
+    p = _floor_power(g, ri, gi, floor_tab)
+    if p != gf[g, GF_FLOOR_W]:
+        _set_floor(t, g, p, ri, rf, gf)
+
+
+@njit(cache=True)
+def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, ht, hk, hs,
+           hi, hv):
+    if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         return
     if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
         ri[rep, R_VER] += 1
-        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], 0, rep, ri[rep, R_VER])
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
+    elif ri[rep, R_STATE] == DRAINING and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+        ri[rep, R_STATE] = STANDBY
+        _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
+
+
+@njit(cache=True)
+def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
+    """Least unfinished requests among the active replicas, ties to the lowest index (`Pool._route`)."""
+    R = ri.shape[0]
+    cap = wq.shape[1]
+    best = -1
+    for x in range(R):
+        if ri[x, R_STATE] == ACTIVE and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
+            best = x
+    if best < 0:
+        raise RuntimeError("kernel: no active replica to route to")
+    qi[r, Q_REPLICA] = best
+    wq[best, (ri[best, R_WHEAD] + ri[best, R_WLEN]) % cap] = r
+    ri[best, R_WLEN] += 1
+    ri[best, R_UNF] += 1
+    _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+
+
+@njit(cache=True)
+def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab):
+    """`Pool._redistribute`: every queued request that has not started is routed again, in arrival order, to the
+    active replicas; draining replicas left without work go to standby."""
+    R = ri.shape[0]
+    cap = wq.shape[1]
+    total = 0
+    for x in range(R):
+        total += ri[x, R_WLEN]
+    moved = np.empty(total, np.int64)
+    nm = 0
+    for x in range(R):
+        n = ri[x, R_WLEN]
+        h = ri[x, R_WHEAD]
+        keep = 0
+        for j in range(n):
+            r = wq[x, (h + j) % cap]
+            if qi[r, Q_STARTED]:
+                wq[x, (h + keep) % cap] = r  # started ones keep their order at the front
+                keep += 1
+            else:
+                moved[nm] = r
+                nm += 1
+        ri[x, R_WLEN] = keep
+        ri[x, R_UNF] = ri[x, R_RUN_N] + keep
+    moved = np.sort(moved[:nm])  # slots are request indices: arrival order
+    for j in range(nm):
+        _route(t, moved[j], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+    for x in range(R):
+        if ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0 and ri[x, R_STATE] == DRAINING:
+            ri[x, R_STATE] = STANDBY
+            _floor_changed(t, x, ri, rf, gi, gf, floor_tab)
+
+
+@njit(cache=True)
+def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
+           hi, hv):
+    """Start the replicas that received work at ``t`` (`Pool._flush`)."""
+    npend = si[I_PEND]
+    si[I_PEND] = 0
+    for x in range(npend):
+        rep = pend[x]
+        ri[rep, R_PENDING] = 0
+        if ri[rep, R_SEG] == SEG_NONE:
+            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
+                   ht, hk, hs, hi, hv)
+
+
+@njit(cache=True)
+def set_active(t, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched,
+               si, pend, ht, hk, hs, hi, hv):
+    """`Pool.set_active` for one model: the first ``count`` replicas active (a standby one wakes after
+    ``latency_s``, a draining one resumes at once), the rest draining; re-routes the queues when the set changed."""
+    R = ri.shape[0]
+    changed = False
+    for i in range(R):
+        st = ri[i, R_STATE]
+        if i < count:
+            if st == DRAINING:
+                ri[i, R_STATE] = ACTIVE
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+            elif st == STANDBY:
+                ri[i, R_STATE] = WAKING
+                ri[i, R_VER] += 1
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+                _push(si, ht, hk, hs, hi, hv, t + latency_s, EV_WAKE, i, ri[i, R_VER])
+        else:
+            if st == ACTIVE:
+                ri[i, R_STATE] = DRAINING
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+            elif st == WAKING:
+                ri[i, R_VER] += 1
+                ri[i, R_STATE] = STANDBY
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+        changed |= ri[i, R_STATE] != st
+    if not changed:
+        return
+    _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
+    _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
+           hi, hv)
 
 
 @njit(cache=True)
@@ -385,22 +508,14 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
             floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset)."""
     n = qi.shape[0]
-    R = ri.shape[0]
-    cap = wq.shape[1]
     last = sf[F_NOW]
     while True:
         cur = si[I_CURSOR]
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
-            npend = si[I_PEND]
-            si[I_PEND] = 0
-            for x in range(npend):
-                rep = pend[x]
-                ri[rep, R_PENDING] = 0
-                if ri[rep, R_SEG] == SEG_NONE:
-                    _start(last, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si,
-                           ht, hk, hs, hi, hv)
+            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht,
+                   hk, hs, hi, hv)
             continue
         if th == INF and ta == INF:
             break
@@ -420,7 +535,14 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
                     _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
                 gi[g, G_CLOCK] = gi[g, G_PENDING]
                 gi[g, G_PENDING] = -1
-                _set_floor(t, g, floor_tab[g, gi[g, G_CLOCK]], ri, rf, gf)
+                _set_floor(t, g, _floor_power(g, ri, gi, floor_tab), ri, rf, gf)
+                continue
+            if kind == EV_WAKE:
+                if ri[rep, R_VER] != ver or ri[rep, R_STATE] != WAKING:
+                    continue
+                ri[rep, R_STATE] = ACTIVE
+                _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
+                _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
                 continue
             if ri[rep, R_VER] != ver:
                 continue
@@ -432,7 +554,7 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
                     pend[si[I_PEND]] = rep
                     si[I_PEND] += 1
             else:
-                _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si,
+                _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
                        ht, hk, hs, hi, hv)
         else:
             if ta > t_end:
@@ -445,15 +567,7 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
                 qf[i, Q_FINISH] = INF
                 continue
             si[I_LIVE] += 1
-            best = 0
-            for x in range(1, R):
-                if ri[x, R_UNF] < ri[best, R_UNF]:
-                    best = x
-            qi[i, Q_REPLICA] = best
-            wq[best, (ri[best, R_WHEAD] + ri[best, R_WLEN]) % cap] = i
-            ri[best, R_WLEN] += 1
-            ri[best, R_UNF] += 1
-            _poke(ta, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+            _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
     sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
 
 
@@ -509,7 +623,7 @@ class KernelState:
         self.qf[:, Q_FINISH] = np.nan
         self.qf[:, Q_OVERHEAD] = pool.overhead_s if pool.overhead_s is not None else 0.0
         self.rejected = np.asarray(pool.rejected, dtype=np.bool_)
-        self.ri = np.zeros((R, 10), np.int64)
+        self.ri = np.zeros((R, 11), np.int64)
         self.rf = np.zeros((R, 12))
         prof = pool.profiles[0]
         self.profile = prof
@@ -520,10 +634,15 @@ class KernelState:
         for x, rep in enumerate(pool.replicas):
             self.ri[x, R_FREE] = rep.free_blocks
             self.ri[x, R_UNF] = rep.unf
+            if rep.state not in (ACTIVE, DRAINING, STANDBY) or rep.has_work():
+                raise ValueError("kernel: pool outside the covered subset (a replica waking, moving or holding work)")
+            self.ri[x, R_STATE] = rep.state
+            self.ri[x, R_VER] = rep.version
         self.gi = np.zeros((R, 3), np.int64)
         self.gf = np.zeros((R, 4))
         # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
-        self.floor_tab = np.array([[lvl.active_idle_w * g.power_factor for lvl in prof.clocks] for g in pool.gpus])
+        self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
+                                     prof.standby_w * g.power_factor] for lvl in prof.clocks] for g in pool.gpus])
         for g, gpu in enumerate(pool.gpus):
             if gpu.pending_clock is not None:
                 raise ValueError("kernel: pool outside the covered subset (a clock change pending)")
@@ -554,6 +673,16 @@ class KernelState:
         advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
                 self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.coc, self.gi, self.gf,
                 self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.e_dyn, self.done_out)
+
+    def set_active(self, t: float, count: int) -> None:
+        """`Pool.set_active` for the pool's one model."""
+        if not 1 <= count <= self.R:
+            raise ValueError(f"active replicas: expected 1..{self.R}, got {count}")
+        if t < self.sf[F_NOW] - 1e-9:
+            raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        set_active(t, count, self.profile.latencies.activation_s, self.ri, self.rf, self.qi, self.wq, self.run,
+                   self.bq, self.bk, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
+                   self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
 
     def set_clock(self, t: float, mhz: int) -> None:
         """`Pool.set_clock` on every GPU: clock ``mhz`` applies after the profile's clock-change latency."""
