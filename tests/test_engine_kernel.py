@@ -82,11 +82,13 @@ def test_kernel_equals_the_pool_under_clock_changes(case):
     assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
 
 
+@pytest.mark.parametrize("settle", [False, True], ids=["", "settled"])
 @pytest.mark.parametrize("case", ["h200-hour", "h20-hour-8gpu-lowest-clock", "h200-hour-3gpu-kv-pressure"])
-def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case):
+def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case, settle):
     """A random active count and clock every interval, sometimes twice (a wake cancelled before it ends, a drain
     undone): the same events, states, completions and meters as the pool's `set_active` (draining, standby, wakes
-    after the activation latency, re-routing of queued requests) and `set_clock`."""
+    after the activation latency, re-routing of queued requests) and `set_clock`; settled at every boundary as the
+    environment does, or not."""
     scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
     pool = _pool(scenario, seed, gpus, clock, kv_extra)
     ks = KernelState(pool, horizon_s=400 * 3600)
@@ -110,6 +112,9 @@ def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case):
                 states.update(r.state for r in pool.replicas)
         pool.run_until(t + 60.0)
         ks.advance(t + 60.0)
+        if settle:
+            pool.settle(t + 60.0)
+            ks.settle(t + 60.0)
         assert [r.state for r in pool.replicas] == ks.ri[:, 10].tolist(), f"states at {t + 60}"
         states.update(r.state for r in pool.replicas)
         assert [r.unf for r in pool.replicas] == ks.ri[:, 0].tolist()

@@ -572,6 +572,43 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
 
 
 @njit(cache=True)
+def settle(t, ri, rf, qi, bq, e_dyn, sched, si, ht, hk, hs, hi, hv):
+    """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter) the steps that
+    ended before, leaving one step in flight."""
+    bs = sched[2]
+    for g in range(ri.shape[0]):
+        if ri[g, R_SEG] != SEG_RUN:
+            continue
+        if _cut(rf, ri, g, t):
+            ri[g, R_VER] += 1
+            _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
+        m = _run_steps_done_by(rf, ri, t, g)
+        if m >= ri[g, R_K]:
+            m = ri[g, R_K] - 1
+        if m <= 0:
+            continue
+        dt = _run_time(rf, g, m)
+        de = _run_energy(rf, g, m)
+        for j in range(ri[g, R_BATCH_N]):
+            r = bq[g, j]
+            qi[r, Q_COMPUTED] += m
+            qi[r, Q_GENERATED] += m
+            nbk = _cdiv(qi[r, Q_COMPUTED], bs)
+            ri[g, R_FREE] -= nbk - qi[r, Q_BLOCKS]
+            qi[r, Q_BLOCKS] = nbk
+        t_mid = rf[g, R_T0] + dt
+        floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
+        rf[g, R_BT0] += rf[g, R_D] * m
+        rf[g, R_E0] += rf[g, R_F] * m
+        ri[g, R_K] -= m
+        rf[g, R_T0] = t_mid
+        rf[g, R_FLOOR_ACC] = 0.0
+        rf[g, R_FLOOR_T] = t_mid
+        rf[g, R_ENERGY] -= de
+        e_dyn[g] += de - floor_j
+
+
+@njit(cache=True)
 def meter(t, ri, rf, gf, e_dyn):
     """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`, one instance per GPU)."""
     R = ri.shape[0]
@@ -701,6 +738,10 @@ class KernelState:
             self.gf[g, GF_PENDING_T] = t + self.profile.latencies.clock_change_s
             _push(self.si, self.ht, self.hk, self.hs, self.hi, self.hv, self.gf[g, GF_PENDING_T], EV_CLOCK, g,
                   self.gi[g, G_VER])
+
+    def settle(self, t: float) -> None:
+        settle(t, self.ri, self.rf, self.qi, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk, self.hs,
+               self.hi, self.hv)
 
     def meter(self, t: float) -> np.ndarray:
         return meter(t, self.ri, self.rf, self.gf, self.e_dyn)
