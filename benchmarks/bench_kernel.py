@@ -41,8 +41,8 @@ def main() -> None:
             sch = pool.profiles[0].scheduler
             for rep in pool.replicas:
                 rep.cap_blocks = rep.free_blocks = -(-sch.context_limit // sch.block_size) + a.kv_extra
-    KernelState(pool, horizon_s=60).advance(0.0)  # compile (numba caches it on disk)
-    ks = KernelState(pool, horizon_s=400 * 3600)
+    KernelState(pool).advance(0.0)  # compile (numba caches it on disk)
+    ks = KernelState(pool)
     t_pool = t_kernel = 0.0
     meters_equal = True
     for k in [*range(1, 61), None]:

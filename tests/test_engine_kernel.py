@@ -41,7 +41,7 @@ CASES = {
 def test_kernel_equals_the_pool(case):
     scenario, seed, gpus, clock, kv_extra, min_preempt = CASES[case]
     pool = _pool(scenario, seed, gpus, clock, kv_extra)
-    ks = KernelState(pool, horizon_s=400 * 3600)
+    ks = KernelState(pool)
     for k in range(1, 61):
         t = 60.0 * k
         pool.run_until(t)
@@ -61,7 +61,7 @@ def test_kernel_equals_the_pool_under_clock_changes(case):
     completions and meters as the pool's `set_clock` and clock events."""
     scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
     pool = _pool(scenario, seed, gpus, clock, kv_extra)
-    ks = KernelState(pool, horizon_s=400 * 3600)
+    ks = KernelState(pool)
     mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
     rng = np.random.default_rng(seed)
     changes = 0
@@ -91,7 +91,7 @@ def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case, settle):
     environment does, or not."""
     scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
     pool = _pool(scenario, seed, gpus, clock, kv_extra)
-    ks = KernelState(pool, horizon_s=400 * 3600)
+    ks = KernelState(pool)
     R = len(pool.replicas)
     mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
     rng = np.random.default_rng(seed + 1)
@@ -132,4 +132,4 @@ def test_kernel_refuses_what_it_does_not_cover():
     pool = env.pool
     pool.run_until(1.0)
     with pytest.raises(ValueError, match="covered subset"):
-        KernelState(pool, horizon_s=3600)
+        KernelState(pool)

@@ -20,7 +20,7 @@ INF = math.inf
 # int64 scalars of the state (``si``)
 I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS = range(7)
 # float64 scalars (``sf``)
-F_NOW = 0
+F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (heap or arrival)
 # per-replica float64 columns (``rf``)
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
 # per-replica int64 columns (``ri``)
@@ -525,6 +525,7 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
             j = _pop(si, ht, hk, hs, hi, hv)
             t, kind, rep, ver = ht[j], hk[j], hi[j], hv[j]
             last = t
+            sf[F_LAST] = t
             si[I_EVENTS] += 1
             if kind == EV_CLOCK:  # `Pool._apply_clock`: a step in flight keeps its law, a run is cut
                 g = rep
@@ -563,6 +564,7 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
             si[I_CURSOR] = cur + 1
             si[I_EVENTS] += 1
             last = ta
+            sf[F_LAST] = ta
             if rejected[i]:
                 qf[i, Q_FINISH] = INF
                 continue
@@ -639,7 +641,7 @@ class KernelState:
     """The arrays `advance` works on, taken from a `Pool` that has attached its workload and run nothing yet (the
     spike's entry point; the plan is for the pool to hold its state in these arrays itself)."""
 
-    def __init__(self, pool, horizon_s: float, heap_size: int = 1 << 20) -> None:
+    def __init__(self, pool, horizon_s: float = 0.0, heap_size: int = 1 << 20) -> None:
         from commitenv.sim.coeffs import coeffs_for
 
         if pool.truth is None or pool.dispatch is not None or pool._hashes is not None or pool.log is not None \
@@ -685,17 +687,14 @@ class KernelState:
                 raise ValueError("kernel: pool outside the covered subset (a clock change pending)")
             self.gi[g] = (gpu.clock_idx, -1, gpu.version)
             self.gf[g] = (0.0, gpu.floor_w, gpu.t_floor, gpu.e_floor)
-        tr = pool.truth
-        cells = int(horizon_s // tr._cell) + 2
-        for g in range(R):
-            tr._extend(g, cells)
-        self.ftab = np.array([tr._ft[g][:cells] for g in range(R)])
-        self.fetab = np.array([tr._fe[g][:cells] for g in range(R)])
-        self.cell = float(tr._cell)
+        self._truth = pool.truth
+        self.cell = float(pool.truth._cell)
+        self.ftab = self.fetab = np.zeros((R, 0))
+        self._ensure(horizon_s)
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
         self.si = np.zeros(7, np.int64)
         self.si[I_CURSOR] = pool._cursor
-        self.sf = np.array([pool.now])
+        self.sf = np.array([pool.now, pool.now])
         self.wq = np.zeros((R, n + 1), np.int64)
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
@@ -706,10 +705,38 @@ class KernelState:
         self.e_dyn = np.zeros(R)
         self.done_out = np.zeros(n, np.int64)
 
-    def advance(self, t_end: float) -> None:
+    def _ensure(self, t: float) -> None:
+        """Truth factor tables covering every segment that starts at or before ``t`` (generated as the pool would,
+        in `TruthSource`'s blocks; grown by at least an hour at a time)."""
+        need = int(t // self.cell) + 2
+        have = self.ftab.shape[1]
+        if need <= have:
+            return
+        need = max(need, have + int(3600 // self.cell))
+        tr = self._truth
+        for g in range(self.R):
+            tr._extend(g, need)
+        self.ftab = np.array([tr._ft[g][:need] for g in range(self.R)])
+        self.fetab = np.array([tr._fe[g][:need] for g in range(self.R)])
+
+    def _advance(self, t_end: float) -> None:
         advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
                 self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.coc, self.gi, self.gf,
                 self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.e_dyn, self.done_out)
+
+    def advance(self, t_end: float) -> None:
+        """`Pool.run_until(t_end)`; to the end of all work when ``t_end`` is infinite (then, as the pool, the clock
+        stops at the last event)."""
+        if t_end < INF:
+            self._ensure(t_end)
+            self._advance(t_end)
+            return
+        now0 = self.sf[F_NOW]
+        self.sf[F_LAST] = now0
+        while self.si[I_HEAP] or self.si[I_CURSOR] < self.qi.shape[0]:
+            self._ensure(self.sf[F_NOW] + 3600.0)
+            self._advance((self.ftab.shape[1] - 2) * self.cell)
+        self.sf[F_NOW] = max(now0, self.sf[F_LAST])
 
     def set_active(self, t: float, count: int) -> None:
         """`Pool.set_active` for the pool's one model."""
@@ -753,3 +780,80 @@ class KernelState:
     @property
     def finish_t(self) -> np.ndarray:
         return self.qf[:, Q_FINISH]
+
+
+class _LiveReq:
+    """What `CommitServeEnv._obs` reads of a live request (the spike's stand-in for `Req`)."""
+
+    __slots__ = ("slot", "prompt", "generated", "computed", "deadline")
+
+    def __init__(self, slot: int, prompt: int, generated: int, computed: int, deadline: float) -> None:
+        self.slot, self.prompt, self.generated, self.computed, self.deadline = slot, prompt, generated, computed, deadline
+
+
+def kernel_pool_class():
+    """A `Pool` subclass whose event loop runs in the kernel once its workload is attached: the branch's way to time
+    the environment on the kernel (snapshots, what-if copies and the other paths the kernel lacks are refused)."""
+    from commitenv.sim.pool import Pool
+
+    class KernelPool(Pool):
+        def attach(self, table, tenant_model=None, t_start: float = 0.0) -> None:
+            super().attach(table, tenant_model, t_start)
+            self._ks = KernelState(self)
+            self.finish_t = self._ks.qf[:, Q_FINISH]
+            self._done_seen = 0
+
+        def _sync(self) -> None:
+            ks = self._ks
+            self.now = float(ks.sf[F_NOW])
+            self._cursor = int(ks.si[I_CURSOR])
+            self.live, self.completed, self.events = int(ks.si[I_LIVE]), int(ks.si[I_DONE]), int(ks.si[I_EVENTS])
+            if self.done_slots is not None and self.completed > self._done_seen:
+                self.done_slots.extend(ks.done_out[self._done_seen:self.completed].tolist())
+            self._done_seen = self.completed
+
+        def run_until(self, t_end: float, *, stop_when_captured_done: bool = False) -> None:
+            self._ks.advance(t_end)
+            self._sync()
+
+        def set_active(self, t: float, count: int, model: int = 0) -> None:
+            if not hasattr(self, "_ks"):
+                return super().set_active(t, count, model)
+            self._ks.set_active(t, count)
+            self._sync()
+
+        def set_clock(self, t: float, mhz: int, gpus=None) -> None:
+            if gpus is not None:
+                raise NotImplementedError("kernel pool: per-GPU clocks")
+            self._ks.set_clock(t, mhz)
+
+        def settle(self, t: float) -> None:
+            self._ks.settle(t)
+
+        def gpu_energy_j(self, t: float | None = None) -> np.ndarray:
+            return self._ks.meter(self.now if t is None else t)
+
+        def energy_j(self, t: float | None = None) -> float:
+            return sum(self.gpu_energy_j(t).tolist())  # summed in GPU order, as `Pool.energy_j`
+
+        def counts(self) -> dict[str, int]:
+            ks = self._ks
+            return {"waiting": int(ks.ri[:, R_WLEN].sum()), "running": int(ks.ri[:, R_RUN_N].sum()),
+                    "live": int(ks.si[I_LIVE]), "arrived": int(ks.si[I_CURSOR]), "completed": int(ks.si[I_DONE])}
+
+        def live_requests(self) -> list:
+            ks = self._ks
+            cap = ks.wq.shape[1]
+            ids: list[int] = []
+            for x in range(ks.R):
+                ids.extend(ks.run[x, : ks.ri[x, R_RUN_N]].tolist())
+                h, n = int(ks.ri[x, R_WHEAD]), int(ks.ri[x, R_WLEN])
+                ids.extend(ks.wq[x, (h + np.arange(n)) % cap].tolist())
+            qi = ks.qi
+            return [_LiveReq(i, int(qi[i, Q_PROMPT]), int(qi[i, Q_GENERATED]), int(qi[i, Q_COMPUTED]),
+                             self._deadline[i]) for i in ids]
+
+        def clone(self, *a, **k):
+            raise NotImplementedError("kernel pool: what-if copies")
+
+    return KernelPool
