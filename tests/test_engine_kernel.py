@@ -126,6 +126,41 @@ def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case, settle):
     assert {0, 1, 2, 3} <= states  # active, draining, standby and waking were all visited
 
 
+@pytest.mark.parametrize("case", ["h200-hour", "h200-hour-3gpu-kv-pressure"])
+def test_export_hands_the_state_back_to_the_python_engine(case):
+    """Kernel for the first 30 intervals, then exported into its pool and continued by `Pool`: every result equals
+    a pool that ran the Python engine throughout (random active counts and clocks, settled at every boundary)."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    a = _pool(scenario, seed, gpus, clock, kv_extra)
+    b = _pool(scenario, seed, gpus, clock, kv_extra)
+    ks = KernelState(b)
+    R = len(a.replicas)
+    mhz = [lvl.mhz for lvl in a.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 2)
+    for k in range(60):
+        t = 60.0 * k
+        count, f = int(rng.integers(1, R + 1)), int(mhz[rng.integers(len(mhz))])
+        for p in (a, b if k >= 30 else ks):
+            p.set_active(t + 0.5, count)
+            p.set_clock(t + 0.5, f)
+        a.run_until(t + 60.0)
+        a.settle(t + 60.0)
+        if k < 30:
+            ks.advance(t + 60.0)
+            ks.settle(t + 60.0)
+            if k == 29:
+                ks.export_to(b)
+        else:
+            b.run_until(t + 60.0)
+            b.settle(t + 60.0)
+    a.run_until(math.inf)
+    b.run_until(math.inf)
+    assert a.events == b.events and a.now == b.now
+    for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+        assert np.array_equal(np.nan_to_num(getattr(a, name), nan=-1.0), np.nan_to_num(getattr(b, name), nan=-1.0)), name
+    assert a.energy_j() == b.energy_j()
+
+
 def test_kernel_refuses_what_it_does_not_cover():
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)

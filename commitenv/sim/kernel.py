@@ -766,6 +766,73 @@ class KernelState:
             _push(self.si, self.ht, self.hk, self.hs, self.hi, self.hv, self.gf[g, GF_PENDING_T], EV_CLOCK, g,
                   self.gi[g, G_VER])
 
+    def export_to(self, pool) -> None:
+        """Write the kernel's state back into ``pool`` (the pool it was taken from), so the Python engine continues
+        exactly where the kernel stopped: live requests as `Req` objects in the replicas' queues and segments,
+        replica, GPU and heap state, counters and the per-request results of the finished requests."""
+        import heapq
+        from collections import deque
+
+        from commitenv.sim.request import Req
+
+        qi, qf, ri, rf, gi, gf = self.qi, self.qf, self.ri, self.rf, self.gi, self.gf
+        if self.si[I_PEND]:
+            raise RuntimeError("kernel: export with replicas pending a start")
+        reqs: dict[int, Req] = {}
+
+        def req(i: int) -> Req:
+            r = reqs.get(i)
+            if r is None:
+                r = reqs[i] = Req(i, pool._arr[i], pool._prompt[i], pool._out[i], pool._deadline[i], pool._model[i])
+                r.computed, r.generated, r.blocks = int(qi[i, Q_COMPUTED]), int(qi[i, Q_GENERATED]), int(qi[i, Q_BLOCKS])
+                r.replica, r.started = int(qi[i, Q_REPLICA]), bool(qi[i, Q_STARTED])
+                r.first_t, r.preemptions = float(qf[i, Q_FIRST]), int(qi[i, Q_PREEMPT])
+            return r
+
+        cap = self.wq.shape[1]
+        heap = [(float(self.ht[j]), int(self.hk[j]), int(self.hs[j]), int(self.hi[j]), int(self.hv[j]))
+                for j in range(int(self.si[I_HEAP]))]
+        for x, rep in enumerate(pool.replicas):
+            rep.running = [req(int(i)) for i in self.run[x, : ri[x, R_RUN_N]]]
+            h, n = int(ri[x, R_WHEAD]), int(ri[x, R_WLEN])
+            rep.waiting = deque(req(int(self.wq[x, (h + j) % cap])) for j in range(n))
+            rep.unf, rep.free_blocks = int(ri[x, R_UNF]), int(ri[x, R_FREE])
+            rep.state, rep.version, rep.pending_start = int(ri[x, R_STATE]), int(ri[x, R_VER]), False
+            for t, kind, _, idx, ver in heap:
+                if kind == EV_WAKE and idx == x and ver == rep.version:
+                    rep.wake_t = t
+            seg = int(ri[x, R_SEG])
+            rep.seg = seg
+            members = [req(int(i)) for i in self.bq[x, : ri[x, R_BATCH_N]]]
+            rep.batch = list(zip(members, (int(k) for k in self.bk[x, : ri[x, R_BATCH_N]]))) if seg == SEG_STEP else []
+            rep.run_reqs = members if seg == SEG_RUN else []
+            rep.run_k = int(ri[x, R_K])
+            rep.t0, rep.t1 = float(rf[x, R_T0]), float(rf[x, R_T1])
+            rep.T0, rep.D, rep.E0, rep.F = (float(rf[x, c]) for c in (R_BT0, R_D, R_E0, R_F))
+            rep.ft, rep.fe, rep.seg_energy = float(rf[x, R_FT]), float(rf[x, R_FE]), float(rf[x, R_ENERGY])
+            rep.seg_floor_w, rep.seg_floor_t = float(rf[x, R_FLOOR_W]), float(rf[x, R_FLOOR_T])
+            rep.seg_floor_acc = float(rf[x, R_FLOOR_ACC])
+            rep.seg_log = None
+            rep.invalidate_coeffs()
+        for g, gpu in enumerate(pool.gpus):
+            gpu.clock_idx = int(gi[g, G_CLOCK])
+            gpu.pending_clock = None if gi[g, G_PENDING] < 0 else int(gi[g, G_PENDING])
+            gpu.pending_t, gpu.version = float(gf[g, GF_PENDING_T]), int(gi[g, G_VER])
+            gpu.floor_w, gpu.t_floor, gpu.e_floor = (float(gf[g, c]) for c in (GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR))
+            gpu.e_dyn = float(self.e_dyn[g])
+        heapq.heapify(heap)
+        pool.heap = heap
+        pool._seq, pool._cursor = int(self.si[I_SEQ]), int(self.si[I_CURSOR])
+        pool.live, pool.completed, pool.events = int(self.si[I_LIVE]), int(self.si[I_DONE]), int(self.si[I_EVENTS])
+        pool.now = float(self.sf[F_NOW])
+        pool._pending = []
+        pool._refresh_routable(0)
+        done = self.done_out[: int(self.si[I_DONE])]
+        pool.finish_t[:] = qf[:, Q_FINISH]
+        pool.first_t[done] = qf[done, Q_FIRST]
+        pool.replica_of[done] = qi[done, Q_REPLICA]
+        pool.preemptions[done] = qi[done, Q_PREEMPT]
+
     def settle(self, t: float) -> None:
         settle(t, self.ri, self.rf, self.qi, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk, self.hs,
                self.hi, self.hv)
