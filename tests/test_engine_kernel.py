@@ -37,11 +37,14 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("heap", ["heap", "tiny-heap"])
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_kernel_equals_the_pool(case):
+def test_kernel_equals_the_pool(case, heap):
+    """(``tiny-heap``: the event heap starts at its minimum and is grown between events, many times.)"""
     scenario, seed, gpus, clock, kv_extra, min_preempt = CASES[case]
     pool = _pool(scenario, seed, gpus, clock, kv_extra)
-    ks = KernelState(pool)
+    ks = KernelState(pool, heap_size=1 if heap == "tiny-heap" else 0)
+    size0 = ks.ht.shape[0]
     for k in range(1, 61):
         t = 60.0 * k
         pool.run_until(t)
@@ -53,6 +56,8 @@ def test_kernel_equals_the_pool(case):
     assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
     assert np.isfinite(pool.finish_t[~pool.rejected]).all()
     assert int(ks.qi[:, 6].sum()) == int(pool.preemptions.sum()) >= min_preempt
+    if heap == "tiny-heap":
+        assert ks.ht.shape[0] > size0
 
 
 @pytest.mark.parametrize("case", ["h200-hour", "h200-hour-3gpu-kv-pressure"])

@@ -24,7 +24,7 @@ F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (
 # per-replica float64 columns (``rf``)
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
 # per-replica int64 columns (``ri``)
-R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE = range(11)
+R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL = range(12)
 ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
@@ -99,6 +99,35 @@ def _cdiv(a, b):
 
 
 @njit(cache=True)
+def _wpush_front(ri, wq, rep, r):
+    """Waiting queues are linked lists through ``wq`` (next request, per request): vLLM's appendleft."""
+    wq[r] = ri[rep, R_WHEAD] if ri[rep, R_WLEN] else -1
+    ri[rep, R_WHEAD] = r
+    if ri[rep, R_WLEN] == 0:
+        ri[rep, R_WTAIL] = r
+    ri[rep, R_WLEN] += 1
+
+
+@njit(cache=True)
+def _wpush_back(ri, wq, rep, r):
+    wq[r] = -1
+    if ri[rep, R_WLEN] == 0:
+        ri[rep, R_WHEAD] = r
+    else:
+        wq[ri[rep, R_WTAIL]] = r
+    ri[rep, R_WTAIL] = r
+    ri[rep, R_WLEN] += 1
+
+
+@njit(cache=True)
+def _wpop_front(ri, wq, rep):
+    r = ri[rep, R_WHEAD]
+    ri[rep, R_WHEAD] = wq[r]
+    ri[rep, R_WLEN] -= 1
+    return r
+
+
+@njit(cache=True)
 def _run_steps_done_by(rf, ri, x_t, rep):
     x = (x_t - rf[rep, R_T0]) / rf[rep, R_FT]
     if x <= 0:
@@ -149,7 +178,6 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
     nb = 0
     preempted = False
     i = 0
-    cap = wq.shape[1]
     while i < ri[rep, R_RUN_N]:
         if budget <= 0:
             break
@@ -166,10 +194,7 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
             qi[victim, Q_BLOCKS] = 0
             qi[victim, Q_COMPUTED] = 0
             qi[victim, Q_PREEMPT] += 1
-            h = (ri[rep, R_WHEAD] - 1) % cap
-            ri[rep, R_WHEAD] = h
-            wq[rep, h] = victim
-            ri[rep, R_WLEN] += 1
+            _wpush_front(ri, wq, rep, victim)
             preempted = True
             if victim == r:
                 scheduled = False
@@ -187,7 +212,7 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
         return nb, True
     draining = ri[rep, R_STATE] != ACTIVE
     while ri[rep, R_WLEN] > 0 and budget > 0 and ri[rep, R_RUN_N] < max_seqs:
-        r = wq[rep, ri[rep, R_WHEAD]]
+        r = ri[rep, R_WHEAD]
         if draining and qi[r, Q_STARTED] == 0:
             break  # a draining replica admits no new work (queued ones were moved away)
         left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
@@ -197,8 +222,7 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
             break
         if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
             break
-        ri[rep, R_WHEAD] = (ri[rep, R_WHEAD] + 1) % cap
-        ri[rep, R_WLEN] -= 1
+        _wpop_front(ri, wq, rep)
         run[rep, ri[rep, R_RUN_N]] = r
         ri[rep, R_RUN_N] += 1
         qi[r, Q_STARTED] = 1
@@ -393,7 +417,6 @@ def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fe
 def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
     """Least unfinished requests among the active replicas, ties to the lowest index (`Pool._route`)."""
     R = ri.shape[0]
-    cap = wq.shape[1]
     best = -1
     for x in range(R):
         if ri[x, R_STATE] == ACTIVE and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
@@ -401,8 +424,7 @@ def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
     if best < 0:
         raise RuntimeError("kernel: no active replica to route to")
     qi[r, Q_REPLICA] = best
-    wq[best, (ri[best, R_WHEAD] + ri[best, R_WLEN]) % cap] = r
-    ri[best, R_WLEN] += 1
+    _wpush_back(ri, wq, best, r)
     ri[best, R_UNF] += 1
     _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
 
@@ -412,7 +434,6 @@ def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor
     """`Pool._redistribute`: every queued request that has not started is routed again, in arrival order, to the
     active replicas; draining replicas left without work go to standby."""
     R = ri.shape[0]
-    cap = wq.shape[1]
     total = 0
     for x in range(R):
         total += ri[x, R_WLEN]
@@ -420,18 +441,17 @@ def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor
     nm = 0
     for x in range(R):
         n = ri[x, R_WLEN]
-        h = ri[x, R_WHEAD]
-        keep = 0
-        for j in range(n):
-            r = wq[x, (h + j) % cap]
+        r = ri[x, R_WHEAD]
+        ri[x, R_WLEN] = 0
+        for _ in range(n):
+            nxt = wq[r]
             if qi[r, Q_STARTED]:
-                wq[x, (h + keep) % cap] = r  # started ones keep their order at the front
-                keep += 1
+                _wpush_back(ri, wq, x, r)  # started ones keep their order
             else:
                 moved[nm] = r
                 nm += 1
-        ri[x, R_WLEN] = keep
-        ri[x, R_UNF] = ri[x, R_RUN_N] + keep
+            r = nxt
+        ri[x, R_UNF] = ri[x, R_RUN_N] + ri[x, R_WLEN]
     moved = np.sort(moved[:nm])  # slots are request indices: arrival order
     for j in range(nm):
         _route(t, moved[j], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
@@ -508,8 +528,12 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
             floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset)."""
     n = qi.shape[0]
+    room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
     last = sf[F_NOW]
     while True:
+        if si[I_HEAP] + room > ht.shape[0]:
+            sf[F_NOW] = max(sf[F_NOW], last)
+            return 1  # the caller grows the heap and calls again (nothing of the next event is done yet)
         cur = si[I_CURSOR]
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
@@ -571,6 +595,7 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
             si[I_LIVE] += 1
             _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
     sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
+    return 0
 
 
 @njit(cache=True)
@@ -641,7 +666,7 @@ class KernelState:
     """The arrays `advance` works on, taken from a `Pool` that has attached its workload and run nothing yet (the
     spike's entry point; the plan is for the pool to hold its state in these arrays itself)."""
 
-    def __init__(self, pool, horizon_s: float = 0.0, heap_size: int = 1 << 20) -> None:
+    def __init__(self, pool, horizon_s: float = 0.0, heap_size: int = 0) -> None:
         from commitenv.sim.coeffs import coeffs_for
 
         if pool.truth is None or pool.dispatch is not None or pool._hashes is not None or pool.log is not None \
@@ -662,7 +687,7 @@ class KernelState:
         self.qf[:, Q_FINISH] = np.nan
         self.qf[:, Q_OVERHEAD] = pool.overhead_s if pool.overhead_s is not None else 0.0
         self.rejected = np.asarray(pool.rejected, dtype=np.bool_)
-        self.ri = np.zeros((R, 11), np.int64)
+        self.ri = np.zeros((R, 12), np.int64)
         self.rf = np.zeros((R, 12))
         prof = pool.profiles[0]
         self.profile = prof
@@ -695,13 +720,14 @@ class KernelState:
         self.si = np.zeros(7, np.int64)
         self.si[I_CURSOR] = pool._cursor
         self.sf = np.array([pool.now, pool.now])
-        self.wq = np.zeros((R, n + 1), np.int64)
+        self.wq = np.full(max(n, 1), -1, np.int64)  # next request in its waiting queue
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.pend = np.zeros(R, np.int64)
-        self.ht = np.zeros(heap_size)
-        self.hk, self.hs, self.hi, self.hv = (np.zeros(heap_size, np.int64) for _ in range(4))
+        size = max(heap_size, 2 * R + 8) if heap_size else 8 * R + 64  # (grown on demand)
+        self.ht = np.zeros(size)
+        self.hk, self.hs, self.hi, self.hv = (np.zeros(size, np.int64) for _ in range(4))
         self.e_dyn = np.zeros(R)
         self.done_out = np.zeros(n, np.int64)
 
@@ -719,8 +745,22 @@ class KernelState:
         self.ftab = np.array([tr._ft[g][:need] for g in range(self.R)])
         self.fetab = np.array([tr._fe[g][:need] for g in range(self.R)])
 
+    def _room(self, k: int) -> None:
+        """Grow the event heap (doubling) until ``k`` more entries fit."""
+        size = self.ht.shape[0]
+        if self.si[I_HEAP] + k <= size:
+            return
+        new = max(2 * size, int(self.si[I_HEAP]) + k)
+        self.ht = np.concatenate([self.ht, np.zeros(new - size)])
+        self.hk, self.hs, self.hi, self.hv = (np.concatenate([a, np.zeros(new - size, np.int64)])
+                                              for a in (self.hk, self.hs, self.hi, self.hv))
+
     def _advance(self, t_end: float) -> None:
-        advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
+        while self._advance_once(t_end):
+            self._room(self.ht.shape[0])
+
+    def _advance_once(self, t_end: float) -> int:
+        return advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
                 self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.coc, self.gi, self.gf,
                 self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.e_dyn, self.done_out)
 
@@ -744,6 +784,7 @@ class KernelState:
             raise ValueError(f"active replicas: expected 1..{self.R}, got {count}")
         if t < self.sf[F_NOW] - 1e-9:
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        self._room(3 * self.R + 8)
         set_active(t, count, self.profile.latencies.activation_s, self.ri, self.rf, self.qi, self.wq, self.run,
                    self.bq, self.bk, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
                    self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
@@ -763,8 +804,18 @@ class KernelState:
                 continue
             self.gi[g, G_PENDING] = idx
             self.gf[g, GF_PENDING_T] = t + self.profile.latencies.clock_change_s
+            self._room(1)
             _push(self.si, self.ht, self.hk, self.hs, self.hi, self.hv, self.gf[g, GF_PENDING_T], EV_CLOCK, g,
                   self.gi[g, G_VER])
+
+    def waiting_ids(self, x: int) -> list[int]:
+        """The requests in replica ``x``'s waiting queue, front first."""
+        out: list[int] = []
+        r = int(self.ri[x, R_WHEAD])
+        for _ in range(int(self.ri[x, R_WLEN])):
+            out.append(r)
+            r = int(self.wq[r])
+        return out
 
     def export_to(self, pool) -> None:
         """Write the kernel's state back into ``pool`` (the pool it was taken from), so the Python engine continues
@@ -789,13 +840,11 @@ class KernelState:
                 r.first_t, r.preemptions = float(qf[i, Q_FIRST]), int(qi[i, Q_PREEMPT])
             return r
 
-        cap = self.wq.shape[1]
         heap = [(float(self.ht[j]), int(self.hk[j]), int(self.hs[j]), int(self.hi[j]), int(self.hv[j]))
                 for j in range(int(self.si[I_HEAP]))]
         for x, rep in enumerate(pool.replicas):
             rep.running = [req(int(i)) for i in self.run[x, : ri[x, R_RUN_N]]]
-            h, n = int(ri[x, R_WHEAD]), int(ri[x, R_WLEN])
-            rep.waiting = deque(req(int(self.wq[x, (h + j) % cap])) for j in range(n))
+            rep.waiting = deque(req(i) for i in self.waiting_ids(x))
             rep.unf, rep.free_blocks = int(ri[x, R_UNF]), int(ri[x, R_FREE])
             rep.state, rep.version, rep.pending_start = int(ri[x, R_STATE]), int(ri[x, R_VER]), False
             for t, kind, _, idx, ver in heap:
@@ -834,6 +883,7 @@ class KernelState:
         pool.preemptions[done] = qi[done, Q_PREEMPT]
 
     def settle(self, t: float) -> None:
+        self._room(self.R)
         settle(t, self.ri, self.rf, self.qi, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk, self.hs,
                self.hi, self.hv)
 
@@ -910,12 +960,10 @@ def kernel_pool_class():
 
         def live_requests(self) -> list:
             ks = self._ks
-            cap = ks.wq.shape[1]
             ids: list[int] = []
             for x in range(ks.R):
                 ids.extend(ks.run[x, : ks.ri[x, R_RUN_N]].tolist())
-                h, n = int(ks.ri[x, R_WHEAD]), int(ks.ri[x, R_WLEN])
-                ids.extend(ks.wq[x, (h + np.arange(n)) % cap].tolist())
+                ids.extend(ks.waiting_ids(x))
             qi = ks.qi
             return [_LiveReq(i, int(qi[i, Q_PROMPT]), int(qi[i, Q_GENERATED]), int(qi[i, Q_COMPUTED]),
                              self._deadline[i]) for i in ids]
