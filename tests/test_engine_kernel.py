@@ -11,8 +11,15 @@ import pytest
 
 from commitenv.envs import CommitServeEnv
 from commitenv.scenarios.build import engine_options
+from commitenv.sim import kernel
 from commitenv.sim.kernel import KernelState
 from commitenv.sim.pool import Pool, PoolLayout
+
+
+@pytest.fixture(autouse=True)
+def python_pools(monkeypatch):
+    """The pools here run the Python loop (the reference); each test drives its own `KernelState` beside them."""
+    monkeypatch.setattr(kernel, "ENABLED", False)
 
 
 def _pool(scenario: str, seed: int, gpus: int | None, clock: int | None, kv_extra: int | None) -> Pool:

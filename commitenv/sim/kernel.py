@@ -10,12 +10,17 @@ truth factors per cell read from precomputed tables.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import njit
 
+from commitenv.sim.coeffs import coeffs_for
+
 SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 INF = math.inf
+# pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
+ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
 
 # int64 scalars of the state (``si``)
 I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS = range(7)
@@ -125,6 +130,36 @@ def _wpop_front(ri, wq, rep):
     ri[rep, R_WHEAD] = wq[r]
     ri[rep, R_WLEN] -= 1
     return r
+
+
+@njit(cache=True)
+def _waiting(ri, wq, x):
+    out = np.empty(ri[x, R_WLEN], np.int64)
+    r = ri[x, R_WHEAD]
+    for j in range(out.shape[0]):
+        out[j] = r
+        r = wq[r]
+    return out
+
+
+@njit(cache=True)
+def _live(ri, wq, run):
+    """Every live request: each replica's running, then its waiting queue."""
+    n = 0
+    for x in range(ri.shape[0]):
+        n += ri[x, R_RUN_N] + ri[x, R_WLEN]
+    out = np.empty(n, np.int64)
+    j = 0
+    for x in range(ri.shape[0]):
+        for i in range(ri[x, R_RUN_N]):
+            out[j] = run[x, i]
+            j += 1
+        r = ri[x, R_WHEAD]
+        for _ in range(ri[x, R_WLEN]):
+            out[j] = r
+            j += 1
+            r = wq[r]
+    return out
 
 
 @njit(cache=True)
@@ -666,15 +701,30 @@ class KernelState:
     """The arrays `advance` works on, taken from a `Pool` that has attached its workload and run nothing yet (the
     spike's entry point; the plan is for the pool to hold its state in these arrays itself)."""
 
-    def __init__(self, pool, horizon_s: float = 0.0, heap_size: int = 0) -> None:
-        from commitenv.sim.coeffs import coeffs_for
+    @staticmethod
+    def covers(pool) -> bool:
+        """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU,
+        the truth model or no noise (not the legacy per-segment noise), the default router, no prefix cache, local
+        policy, step log, hook or captured arrivals, closed-form runs, and nothing served or scheduled yet."""
+        reps, gpus = pool._replicas, pool._gpus
+        return (pool.noise is pool.truth and pool.dispatch is None and pool._hashes is None and pool.log is None
+                and pool.on_step is None and pool.n_models == 1 and len(reps) == len(gpus) and pool.opt.closed_form
+                and not pool._heap and not pool.unrouted and not pool.transit and not pool._capture_arrivals
+                and pool._slot_base == 0 and pool._n_results == pool._n
+                and all(g.pending_clock is None and g.replicas == [r] for g, r in zip(gpus, reps))
+                and all(r.local is None and r.share == 1.0 and r.state in (ACTIVE, DRAINING, STANDBY)
+                        and not r.has_work() and r.seg == SEG_NONE for r in reps))
 
-        if pool.truth is None or pool.dispatch is not None or pool._hashes is not None or pool.log is not None \
-                or pool.n_models != 1 or len(pool.replicas) != len(pool.gpus) or not pool.opt.closed_form \
-                or pool.heap or any(rep.local is not None or rep.share != 1.0 for rep in pool.replicas):
-            raise ValueError("kernel: pool outside the covered subset (truth factors, one model, one full-share "
-                             "instance per GPU, default router, no prefix cache, no local policy, no step log)")
-        R, n = len(pool.replicas), pool._n
+    @classmethod
+    def covering(cls, pool) -> "KernelState | None":
+        return cls(pool) if ENABLED and cls.covers(pool) else None
+
+    def __init__(self, pool, horizon_s: float = 0.0, heap_size: int = 0) -> None:
+        if not self.covers(pool):
+            raise ValueError("kernel: pool outside the covered subset (truth factors or no noise, one model, one "
+                             "full-share instance per GPU, default router, no prefix cache, no local policy, no step "
+                             "log or hook, nothing served yet)")
+        R, n = len(pool._replicas), pool._n
         sch = pool.profiles[0].scheduler
         self.R = R
         self.qi = np.zeros((n, 8), np.int64)
@@ -695,27 +745,27 @@ class KernelState:
         for ci in range(len(prof.clocks)):
             c = coeffs_for(prof, ci, 1.0)
             self.coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
-        for x, rep in enumerate(pool.replicas):
+        for x, rep in enumerate(pool._replicas):
             self.ri[x, R_FREE] = rep.free_blocks
             self.ri[x, R_UNF] = rep.unf
-            if rep.state not in (ACTIVE, DRAINING, STANDBY) or rep.has_work():
-                raise ValueError("kernel: pool outside the covered subset (a replica waking, moving or holding work)")
             self.ri[x, R_STATE] = rep.state
             self.ri[x, R_VER] = rep.version
         self.gi = np.zeros((R, 3), np.int64)
         self.gf = np.zeros((R, 4))
         # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
         self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
-                                     prof.standby_w * g.power_factor] for lvl in prof.clocks] for g in pool.gpus])
-        for g, gpu in enumerate(pool.gpus):
-            if gpu.pending_clock is not None:
-                raise ValueError("kernel: pool outside the covered subset (a clock change pending)")
+                                     prof.standby_w * g.power_factor] for lvl in prof.clocks] for g in pool._gpus])
+        for g, gpu in enumerate(pool._gpus):
             self.gi[g] = (gpu.clock_idx, -1, gpu.version)
             self.gf[g] = (0.0, gpu.floor_w, gpu.t_floor, gpu.e_floor)
         self._truth = pool.truth
-        self.cell = float(pool.truth._cell)
-        self.ftab = self.fetab = np.zeros((R, 0))
-        self._ensure(horizon_s)
+        if pool.truth is None:  # no noise: unit factors in one endless cell
+            self.cell = INF
+            self.ftab, self.fetab = np.ones((R, 1)), np.ones((R, 1))
+        else:
+            self.cell = float(pool.truth._cell)
+            self.ftab = self.fetab = np.zeros((R, 0))
+            self._ensure(horizon_s)
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
         self.si = np.zeros(7, np.int64)
         self.si[I_CURSOR] = pool._cursor
@@ -734,6 +784,8 @@ class KernelState:
     def _ensure(self, t: float) -> None:
         """Truth factor tables covering every segment that starts at or before ``t`` (generated as the pool would,
         in `TruthSource`'s blocks; grown by at least an hour at a time)."""
+        if self._truth is None:
+            return
         need = int(t // self.cell) + 2
         have = self.ftab.shape[1]
         if need <= have:
@@ -767,7 +819,7 @@ class KernelState:
     def advance(self, t_end: float) -> None:
         """`Pool.run_until(t_end)`; to the end of all work when ``t_end`` is infinite (then, as the pool, the clock
         stops at the last event)."""
-        if t_end < INF:
+        if t_end < INF or self._truth is None:
             self._ensure(t_end)
             self._advance(t_end)
             return
@@ -810,12 +862,7 @@ class KernelState:
 
     def waiting_ids(self, x: int) -> list[int]:
         """The requests in replica ``x``'s waiting queue, front first."""
-        out: list[int] = []
-        r = int(self.ri[x, R_WHEAD])
-        for _ in range(int(self.ri[x, R_WLEN])):
-            out.append(r)
-            r = int(self.wq[r])
-        return out
+        return _waiting(self.ri, self.wq, x).tolist()
 
     def export_to(self, pool) -> None:
         """Write the kernel's state back into ``pool`` (the pool it was taken from), so the Python engine continues
@@ -842,7 +889,7 @@ class KernelState:
 
         heap = [(float(self.ht[j]), int(self.hk[j]), int(self.hs[j]), int(self.hi[j]), int(self.hv[j]))
                 for j in range(int(self.si[I_HEAP]))]
-        for x, rep in enumerate(pool.replicas):
+        for x, rep in enumerate(pool._replicas):
             rep.running = [req(int(i)) for i in self.run[x, : ri[x, R_RUN_N]]]
             rep.waiting = deque(req(i) for i in self.waiting_ids(x))
             rep.unf, rep.free_blocks = int(ri[x, R_UNF]), int(ri[x, R_FREE])
@@ -863,24 +910,57 @@ class KernelState:
             rep.seg_floor_acc = float(rf[x, R_FLOOR_ACC])
             rep.seg_log = None
             rep.invalidate_coeffs()
-        for g, gpu in enumerate(pool.gpus):
+        for g, gpu in enumerate(pool._gpus):
             gpu.clock_idx = int(gi[g, G_CLOCK])
             gpu.pending_clock = None if gi[g, G_PENDING] < 0 else int(gi[g, G_PENDING])
             gpu.pending_t, gpu.version = float(gf[g, GF_PENDING_T]), int(gi[g, G_VER])
             gpu.floor_w, gpu.t_floor, gpu.e_floor = (float(gf[g, c]) for c in (GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR))
             gpu.e_dyn = float(self.e_dyn[g])
         heapq.heapify(heap)
-        pool.heap = heap
+        pool._heap = heap
         pool._seq, pool._cursor = int(self.si[I_SEQ]), int(self.si[I_CURSOR])
         pool.live, pool.completed, pool.events = int(self.si[I_LIVE]), int(self.si[I_DONE]), int(self.si[I_EVENTS])
         pool.now = float(self.sf[F_NOW])
         pool._pending = []
         pool._refresh_routable(0)
-        done = self.done_out[: int(self.si[I_DONE])]
-        pool.finish_t[:] = qf[:, Q_FINISH]
-        pool.first_t[done] = qf[done, Q_FIRST]
-        pool.replica_of[done] = qi[done, Q_REPLICA]
-        pool.preemptions[done] = qi[done, Q_PREEMPT]
+        self.results_into(self.done_out[: int(self.si[I_DONE])], pool.finish_t, pool.first_t, pool.replica_of,
+                          pool.preemptions)
+        arrived = np.arange(int(self.si[I_CURSOR]))
+        pool.finish_t[arrived[self.rejected[arrived]]] = INF
+
+    def results_into(self, done: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:
+        """Per-request results of the finished requests ``done``, as `Pool._complete` records them."""
+        finish_t[done] = self.qf[done, Q_FINISH]
+        first_t[done] = self.qf[done, Q_FIRST]
+        replica_of[done] = self.qi[done, Q_REPLICA]
+        preemptions[done] = self.qi[done, Q_PREEMPT]
+
+    def queue_counts(self) -> tuple[int, int]:
+        """(waiting, running) requests over the pool."""
+        return int(self.ri[:, R_WLEN].sum()), int(self.ri[:, R_RUN_N].sum())
+
+    def live_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
+        slots = _live(self.ri, self.wq, self.run)
+        q = self.qi[slots]
+        left = q[:, Q_PROMPT] + q[:, Q_GENERATED] - q[:, Q_COMPUTED] - (q[:, Q_GENERATED] > 0)
+        return slots, left
+
+    @property
+    def arrived(self) -> int:
+        return int(self.si[I_CURSOR])
+
+    @property
+    def now(self) -> float:
+        return float(self.sf[F_NOW])
+
+    @property
+    def live(self) -> int:
+        return int(self.si[I_LIVE])
+
+    @property
+    def completed(self) -> int:
+        return int(self.si[I_DONE])
 
     def settle(self, t: float) -> None:
         self._room(self.R)
@@ -898,77 +978,3 @@ class KernelState:
     def finish_t(self) -> np.ndarray:
         return self.qf[:, Q_FINISH]
 
-
-class _LiveReq:
-    """What `CommitServeEnv._obs` reads of a live request (the spike's stand-in for `Req`)."""
-
-    __slots__ = ("slot", "prompt", "generated", "computed", "deadline")
-
-    def __init__(self, slot: int, prompt: int, generated: int, computed: int, deadline: float) -> None:
-        self.slot, self.prompt, self.generated, self.computed, self.deadline = slot, prompt, generated, computed, deadline
-
-
-def kernel_pool_class():
-    """A `Pool` subclass whose event loop runs in the kernel once its workload is attached: the branch's way to time
-    the environment on the kernel (snapshots, what-if copies and the other paths the kernel lacks are refused)."""
-    from commitenv.sim.pool import Pool
-
-    class KernelPool(Pool):
-        def attach(self, table, tenant_model=None, t_start: float = 0.0) -> None:
-            super().attach(table, tenant_model, t_start)
-            self._ks = KernelState(self)
-            self.finish_t = self._ks.qf[:, Q_FINISH]
-            self._done_seen = 0
-
-        def _sync(self) -> None:
-            ks = self._ks
-            self.now = float(ks.sf[F_NOW])
-            self._cursor = int(ks.si[I_CURSOR])
-            self.live, self.completed, self.events = int(ks.si[I_LIVE]), int(ks.si[I_DONE]), int(ks.si[I_EVENTS])
-            if self.done_slots is not None and self.completed > self._done_seen:
-                self.done_slots.extend(ks.done_out[self._done_seen:self.completed].tolist())
-            self._done_seen = self.completed
-
-        def run_until(self, t_end: float, *, stop_when_captured_done: bool = False) -> None:
-            self._ks.advance(t_end)
-            self._sync()
-
-        def set_active(self, t: float, count: int, model: int = 0) -> None:
-            if not hasattr(self, "_ks"):
-                return super().set_active(t, count, model)
-            self._ks.set_active(t, count)
-            self._sync()
-
-        def set_clock(self, t: float, mhz: int, gpus=None) -> None:
-            if gpus is not None:
-                raise NotImplementedError("kernel pool: per-GPU clocks")
-            self._ks.set_clock(t, mhz)
-
-        def settle(self, t: float) -> None:
-            self._ks.settle(t)
-
-        def gpu_energy_j(self, t: float | None = None) -> np.ndarray:
-            return self._ks.meter(self.now if t is None else t)
-
-        def energy_j(self, t: float | None = None) -> float:
-            return sum(self.gpu_energy_j(t).tolist())  # summed in GPU order, as `Pool.energy_j`
-
-        def counts(self) -> dict[str, int]:
-            ks = self._ks
-            return {"waiting": int(ks.ri[:, R_WLEN].sum()), "running": int(ks.ri[:, R_RUN_N].sum()),
-                    "live": int(ks.si[I_LIVE]), "arrived": int(ks.si[I_CURSOR]), "completed": int(ks.si[I_DONE])}
-
-        def live_requests(self) -> list:
-            ks = self._ks
-            ids: list[int] = []
-            for x in range(ks.R):
-                ids.extend(ks.run[x, : ks.ri[x, R_RUN_N]].tolist())
-                ids.extend(ks.waiting_ids(x))
-            qi = ks.qi
-            return [_LiveReq(i, int(qi[i, Q_PROMPT]), int(qi[i, Q_GENERATED]), int(qi[i, Q_COMPUTED]),
-                             self._deadline[i]) for i in ids]
-
-        def clone(self, *a, **k):
-            raise NotImplementedError("kernel pool: what-if copies")
-
-    return KernelPool
