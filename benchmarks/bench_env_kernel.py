@@ -1,6 +1,6 @@
-"""The environment on the compiled event loop (branch experiment): the single-hour H200 benchmark with a controller,
-first on `Pool`, then with the env's pool class swapped for the kernel's `Pool` subclass; checks that observations,
-rewards and infos' costs agree exactly and prints steps/s of both with the machine factor.
+"""The environment on the compiled event loop against the Python loop: the single-hour H200 benchmark with a
+controller, first with the kernel off (COMMITENV_KERNEL=0's switch), then on; checks that observations, rewards and
+the settled costs agree exactly and prints steps/s of both with the machine factor.
 
     python benchmarks/bench_env_kernel.py [--controller vllm] [--episodes 3]
 """
@@ -13,11 +13,10 @@ import time
 
 import numpy as np
 
-import commitenv.envs.commit_serve as commit_serve
 from commitenv.control import ControllerContext
 from commitenv.envs import CommitServeEnv
 from commitenv.registry import resolve
-from commitenv.sim.kernel import kernel_pool_class
+from commitenv.sim import kernel
 from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
 
 
@@ -47,13 +46,10 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=3)
     a = ap.parse_args()
     seeds = list(range(100000, 100000 + a.episodes))
+    kernel.ENABLED = False
     ref, wall_pool, steps = run(a.scenario, a.controller, seeds)
-    original = commit_serve.Pool
-    commit_serve.Pool = kernel_pool_class()
-    try:
-        got, wall_kernel, steps_k = run(a.scenario, a.controller, seeds)
-    finally:
-        commit_serve.Pool = original
+    kernel.ENABLED = True
+    got, wall_kernel, steps_k = run(a.scenario, a.controller, seeds)
     same = steps == steps_k and all(
         (x == y) if not isinstance(x, tuple) else (np.array_equal(x[0], y[0]) and x[1] == y[1]) for x, y in zip(ref, got))
     print(json.dumps({"scenario": a.scenario, "controller": a.controller, "episodes": a.episodes, "steps": steps,

@@ -17,6 +17,7 @@ import numpy as np
 
 from commitenv.envs import CommitServeEnv
 from commitenv.scenarios.build import engine_options
+from commitenv.sim import kernel
 from commitenv.sim.kernel import KernelState
 from commitenv.sim.pool import Pool, PoolLayout
 from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("--clock", type=int, default=0)
     ap.add_argument("--kv-extra", type=int)
     a = ap.parse_args()
+    kernel.ENABLED = False  # the pool runs the Python loop; the kernel runs beside it on its own state
     env = CommitServeEnv(a.scenario)
     env.reset(seed=a.seed)
     pool = env.pool

@@ -180,3 +180,51 @@ def test_kernel_refuses_what_it_does_not_cover():
     pool.run_until(1.0)
     with pytest.raises(ValueError, match="covered subset"):
         KernelState(pool)
+
+
+def _episode(scenario: str, seed: int, enabled: bool, monkeypatch, snapshot_at: int | None = None):
+    """Observations, rewards and the settled cost of one episode with random actions (the kernel on or off); with
+    ``snapshot_at`` the controller's snapshot at that step makes a kernel pool hand over to the Python loop."""
+    monkeypatch.setattr(kernel, "ENABLED", enabled)
+    env = CommitServeEnv(scenario)
+    obs, info = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    out, modes, done, k = [], [], False, 0
+    while not done:
+        if k == snapshot_at:
+            env.snapshot()
+        a = {"active": int(rng.integers(1, env.n_replicas + 1)), "clock": int(rng.integers(len(env.clocks_mhz)))}
+        obs, r, done, _, info = env.step(a)
+        out.append((obs.copy(), r, info["new_misses"]))
+        modes.append(env.pool._ks is not None)
+        k += 1
+    return out, info["settlement"], modes
+
+
+@pytest.mark.parametrize("snapshot_at", [None, 20])
+def test_the_environment_on_the_kernel_equals_the_python_loop(monkeypatch, snapshot_at):
+    """The env's observations, rewards, misses and settlement with the kernel on equal those of the Python loop,
+    bit for bit, with random actions every interval; a snapshot mid-episode hands over to the Python loop there."""
+    ref, settle_ref, modes_ref = _episode("bench-h200-hour-fixed-a30", 100003, False, monkeypatch, snapshot_at)
+    got, settle_got, modes = _episode("bench-h200-hour-fixed-a30", 100003, True, monkeypatch, snapshot_at)
+    assert not any(modes_ref)
+    assert modes == [snapshot_at is None or k < snapshot_at for k in range(len(modes))]
+    assert len(ref) == len(got)
+    for (o1, r1, m1), (o2, r2, m2) in zip(ref, got):
+        assert np.array_equal(o1, o2) and r1 == r2 and m1 == m2
+    assert settle_ref == settle_got
+
+
+def test_the_pool_leaves_the_kernel_at_anything_it_does_not_hold(monkeypatch):
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    for touch in (lambda p: p.replicas, lambda p: p.gpus, lambda p: p.heap, lambda p: p.live_requests(),
+                  lambda p: setattr(p, "on_step", lambda e: None)):
+        env = CommitServeEnv("bench-h200-hour-fixed-a30")
+        env.reset(seed=100000)
+        pool = env.pool
+        pool.run_until(120.0)
+        assert pool._ks is not None
+        touch(pool)
+        assert pool._ks is None
+        pool.run_until(240.0)  # the Python loop continues
+        assert pool.now == 240.0

@@ -1,10 +1,11 @@
-"""Compiled event loop of a pool serving one model with the vLLM scheduler (spike, engine-kernel branch).
+"""The engine's event loop compiled: a pool serving one model with the vLLM scheduler, on arrays.
 
-Requests, replica queues, the segment in flight and the event heap live in numpy arrays; `advance` runs every
-arrival and segment end up to a time in one numba call. Semantics follow `commitenv.sim.pool.Pool.run_until` and
-`commitenv.sim.replica.Replica` line for line for the subset covered here: one instance per GPU at a fixed clock,
-every replica active, the least-unfinished router, no prefix cache, no local policy, closed-form decode runs,
-truth factors per cell read from precomputed tables.
+Requests, replica queues, the segment in flight, the event heap, the truth factors and the GPU meters live in
+numpy arrays; `KernelState.advance` runs every arrival and segment end up to a time in one numba call, and
+`set_active`, `set_clock` and `settle` act as the pool's. It follows `commitenv.sim.pool.Pool` and
+`commitenv.sim.replica.Replica` line for line for the pools it covers (`KernelState.covers`); `Pool` runs here
+while it can and `export_to` hands the state back to the Python loop for everything else (tests/test_engine_kernel.py
+holds both to bit-identical results).
 """
 
 from __future__ import annotations
@@ -360,6 +361,22 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
 
 
 @njit(cache=True)
+def _decode(ri, qi, bq, rep, m, bs):
+    """Every member of ``rep``'s decode run adds ``m`` tokens and KV blocks to hold them; returns how many are done."""
+    ndone = 0
+    for j in range(ri[rep, R_BATCH_N]):
+        r = bq[rep, j]
+        qi[r, Q_COMPUTED] += m
+        qi[r, Q_GENERATED] += m
+        nbk = _cdiv(qi[r, Q_COMPUTED], bs)
+        ri[rep, R_FREE] -= nbk - qi[r, Q_BLOCKS]
+        qi[r, Q_BLOCKS] = nbk
+        if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+            ndone += 1
+    return ndone
+
+
+@njit(cache=True)
 def _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, bs, done_out, si):
     """Book the segment's energy above its floor, apply its progress, complete finished requests."""
     e_dyn[rep] += rf[rep, R_ENERGY] - (rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T]))
@@ -376,16 +393,7 @@ def _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, bs, done_out, si
                 if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
                     ndone += 1
     elif seg == SEG_RUN:
-        k = ri[rep, R_K]
-        for j in range(ri[rep, R_BATCH_N]):
-            r = bq[rep, j]
-            qi[r, Q_COMPUTED] += k
-            qi[r, Q_GENERATED] += k
-            nbk = _cdiv(qi[r, Q_COMPUTED], bs)
-            ri[rep, R_FREE] -= nbk - qi[r, Q_BLOCKS]
-            qi[r, Q_BLOCKS] = nbk
-            if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
-                ndone += 1
+        ndone = _decode(ri, qi, bq, rep, ri[rep, R_K], bs)
     ri[rep, R_BATCH_N] = 0
     if ndone:
         w = 0
@@ -651,13 +659,7 @@ def settle(t, ri, rf, qi, bq, e_dyn, sched, si, ht, hk, hs, hi, hv):
             continue
         dt = _run_time(rf, g, m)
         de = _run_energy(rf, g, m)
-        for j in range(ri[g, R_BATCH_N]):
-            r = bq[g, j]
-            qi[r, Q_COMPUTED] += m
-            qi[r, Q_GENERATED] += m
-            nbk = _cdiv(qi[r, Q_COMPUTED], bs)
-            ri[g, R_FREE] -= nbk - qi[r, Q_BLOCKS]
-            qi[r, Q_BLOCKS] = nbk
+        _decode(ri, qi, bq, g, m, bs)
         t_mid = rf[g, R_T0] + dt
         floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
         rf[g, R_BT0] += rf[g, R_D] * m
@@ -698,8 +700,7 @@ def meter(t, ri, rf, gf, e_dyn):
 
 
 class KernelState:
-    """The arrays `advance` works on, taken from a `Pool` that has attached its workload and run nothing yet (the
-    spike's entry point; the plan is for the pool to hold its state in these arrays itself)."""
+    """The arrays `advance` works on, taken from a `Pool` that has attached its workload and served nothing yet."""
 
     @staticmethod
     def covers(pool) -> bool:

@@ -182,6 +182,35 @@ def _token_loads(rep: Replica) -> tuple[int, int]:
     return pre, dec
 
 
+class _PythonLoopState:
+    """State only the Python loop keeps: reading it makes a pool the kernel runs hand over to the Python loop."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = "_" + name
+
+    def __get__(self, pool: "Pool | None", owner: type | None = None):
+        if pool is None:
+            return self
+        if pool._ks is not None:
+            pool._leave_kernel()
+        return pool.__dict__[self.key]
+
+    def __set__(self, pool: "Pool", value) -> None:
+        pool.__dict__[self.key] = value
+
+
+class _KernelExcluded(_PythonLoopState):
+    """A policy or hook the kernel cannot run: setting one makes a pool the kernel runs hand over to the Python loop."""
+
+    def __get__(self, pool: "Pool | None", owner: type | None = None):
+        return self if pool is None else pool.__dict__[self.key]
+
+    def __set__(self, pool: "Pool", value) -> None:
+        if value is not None and pool._ks is not None:
+            pool._leave_kernel()
+        pool.__dict__[self.key] = value
+
+
 class Pool:
     """A pool of GPUs serving one or more models with vLLM scheduling semantics.
 
@@ -191,57 +220,11 @@ class Pool:
     the kernel's state back into these objects and the Python loop below continues, with identical results."""
 
     _ks = None  # the kernel's state while the kernel runs this pool (`_enter_kernel`, `_leave_kernel`)
-
-    @property
-    def replicas(self) -> list[Replica]:
-        if self._ks is not None:
-            self._leave_kernel()
-        return self._replicas
-
-    @replicas.setter
-    def replicas(self, value: list[Replica]) -> None:
-        self._replicas = value
-
-    @property
-    def gpus(self) -> list[GPU]:
-        if self._ks is not None:
-            self._leave_kernel()
-        return self._gpus
-
-    @gpus.setter
-    def gpus(self, value: list[GPU]) -> None:
-        self._gpus = value
-
-    @property
-    def heap(self) -> list[tuple]:
-        if self._ks is not None:
-            self._leave_kernel()
-        return self._heap
-
-    @heap.setter
-    def heap(self, value: list[tuple]) -> None:
-        self._heap = value
-
-    @property
-    def dispatch(self) -> DispatchPolicy | None:
-        return self._dispatch
-
-    @dispatch.setter
-    def dispatch(self, value: DispatchPolicy | None) -> None:
-        if self._ks is not None and value is not None:
-            self._leave_kernel()
-        self._dispatch = value
-
-    @property
-    def on_step(self):
-        """Optional callable(StepLogEntry), called as each segment (or part) is booked."""
-        return self._on_step
-
-    @on_step.setter
-    def on_step(self, value) -> None:
-        if self._ks is not None and value is not None:
-            self._leave_kernel()
-        self._on_step = value
+    replicas: list[Replica] = _PythonLoopState()
+    gpus: list[GPU] = _PythonLoopState()
+    heap: list[tuple] = _PythonLoopState()
+    dispatch: DispatchPolicy | None = _KernelExcluded()
+    on_step = _KernelExcluded()  # optional callable(StepLogEntry), called as each segment (or part) is booked
 
     def _enter_kernel(self) -> None:
         """Run this pool's event loop in the kernel from here on if the kernel covers it (see the class docstring)."""
@@ -315,7 +298,7 @@ class Pool:
                 g.power_factor = float(self.truth.power[g.index])
         self.noise = self.truth if self.truth is not None else (None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas)))
         self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
-        self.on_step = None  # optional callable(StepLogEntry), called as each segment (or part) is booked
+        self.on_step = None
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []
         self.dispatch: DispatchPolicy | None = make_dispatch(self.opt.dispatch)  # None: least unfinished requests
