@@ -103,13 +103,13 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
 
 
 _POOL_ATTRS = frozenset({
-    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_hashes", "_hoff", "_model", "_n", "_n_results", "_out",
-    "_pending", "_prompt", "_seq", "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed",
-    "deadline", "dispatch", "dispatch_calls", "dispatch_s", "done_slots", "events", "finish_t", "first_t", "gpus",
-    "heap", "layout", "live", "local_calls", "local_s", "log", "lref", "migrated", "migration_bytes", "migration_j",
-    "model_of", "moves", "n_models", "noise", "now", "on_step", "opt", "out_tokens", "overhead_s", "pred_out",
-    "preemptions", "profiles", "rejected", "replica_of", "replicas", "routable", "table", "tenant_model", "transit",
-    "truth", "unrouted", "visible_deadline"})
+    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_dispatch", "_gpus", "_hashes", "_heap", "_hoff", "_ks",
+    "_ks_done", "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq",
+    "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls",
+    "dispatch_s", "done_slots", "events", "finish_t", "first_t", "layout", "live", "local_calls", "local_s", "log",
+    "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise", "now", "opt",
+    "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected", "replica_of", "routable", "table",
+    "tenant_model", "transit", "truth", "unrouted", "visible_deadline"})
 _GPU_ATTRS = frozenset({"clock_idx", "e_dyn", "e_floor", "floor_w", "index", "pending_clock", "pending_t",
                         "power_factor", "profile", "replicas", "t_floor", "version"})
 _REPLICA_ATTRS = frozenset({
@@ -127,6 +127,7 @@ def _fast_forkable(pool: Pool) -> bool:
     installed in the engine (a dispatch or local policy) may hold state: those pools take the deep copy."""
     if set(vars(pool)) - _POOL_ATTRS or Req.__slots__ != _REQ_SLOTS or pool.dispatch is not None:
         return False
+    # (reading `gpus` below hands a pool the kernel runs back to the Python loop: the copy rebuilds its objects)
     if any(set(vars(g)) - _GPU_ATTRS for g in pool.gpus):
         return False
     return all(not (set(vars(r)) - _REPLICA_ATTRS) and r.pcache is None and r.local is None for r in pool.replicas)

@@ -43,7 +43,7 @@ from commitenv.sim import replica as sim_replica
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.pool import EngineOptions, Pool, PoolLayout, StepLogEntry, request_terms
-from commitenv.sim.request import Req
+from commitenv.sim.request import Req, live_state
 from commitenv.workload.table import RequestTable
 
 log = logging.getLogger(__name__)
@@ -397,6 +397,10 @@ class HardwarePool:
     def live_requests(self) -> list[Req]:
         out = [r for w in self.workers for r in list(w.live.values())]
         return out + list(self.unrouted)
+
+    def live_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """`commitenv.sim.pool.Pool.live_state` of the hardware's live requests."""
+        return live_state(self.live_requests())
 
     def counts(self) -> dict[str, int]:
         live = self.live_requests()

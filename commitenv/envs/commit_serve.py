@@ -284,8 +284,8 @@ class CommitServeEnv(gym.Env):
         self._pending_done: list[int] = []
         if self._misses_at_completion:
             pool.done_slots = []  # the engine reports completions: misses become known as late answers arrive
-        # deadlines the observation may use: the visible ones (a list: read per live request each step)
-        self._visible = pool.visible_deadline.tolist() if pool.visible_deadline is not pool.deadline else None
+        # deadlines the observation may use: the visible ones where they differ from the true ones
+        self._visible = pool.visible_deadline if pool.visible_deadline is not pool.deadline else None
         self.actions: list[tuple] = []  # ("active" | "clock", t_apply, value): what the controller changed, when
         self.attributor = None
         if self.attribution:  # a hardware pool: its workers' step log and GPU counters (commitenv.attribution.hardware)
@@ -570,16 +570,13 @@ class CommitServeEnv(gym.Env):
         m = self.meter_prev - self.meter_hour_start  # the controller's meter, not the settled energy
         target = (d - m) / (K - kin) if kin < K else 0.0
         now = pool.now
-        live = pool.live_requests()
-        n_live = len(live)
+        slots, left = pool.live_state()
+        n_live = len(slots)
         wait_tokens = overdue = 0
         slack = np.empty(0)
-        if n_live:  # gathered per attribute, then reduced in numpy: the queue can hold 10^5 requests
-            vis = self._visible
-            left = np.fromiter((r.prompt + r.generated - r.computed - (r.generated > 0) for r in live), np.int64, n_live)
+        if n_live:  # reduced in numpy: the queue can hold 10^5 requests
             wait_tokens = int(np.maximum(left, 0).sum())
-            slack = np.fromiter((r.deadline for r in live) if vis is None else (vis[r.slot] for r in live),
-                                np.float64, n_live) - now
+            slack = (pool.deadline if self._visible is None else pool.visible_deadline)[slots] - now
             overdue = int(np.count_nonzero(slack < 0))
         cnt = pool.counts()
         arrivals = pool.arrived - self.arrived_prev

@@ -28,7 +28,7 @@ from commitenv.sim.migration import MIGRATE_MODES, MigrationSpec
 from commitenv.sim.noise import NoiseSource, NoiseSpec
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.replica import ACTIVE, DRAINING, LOADING, MOVING, SEG_NONE, SEG_RUN, STANDBY, WAKING, Replica
-from commitenv.sim.request import Req
+from commitenv.sim.request import Req, live_state
 from commitenv.sim.truth import NominalModel, TruthSource, TruthSpec
 from commitenv.workload.table import RequestTable
 
@@ -182,8 +182,76 @@ def _token_loads(rep: Replica) -> tuple[int, int]:
     return pre, dec
 
 
+class _PythonLoopState:
+    """State only the Python loop keeps: reading it makes a pool the kernel runs hand over to the Python loop."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = "_" + name
+
+    def __get__(self, pool: "Pool | None", owner: type | None = None):
+        if pool is None:
+            return self
+        if pool._ks is not None:
+            pool._leave_kernel()
+        return pool.__dict__[self.key]
+
+    def __set__(self, pool: "Pool", value) -> None:
+        pool.__dict__[self.key] = value
+
+
+class _KernelExcluded(_PythonLoopState):
+    """A policy or hook the kernel cannot run: setting one makes a pool the kernel runs hand over to the Python loop."""
+
+    def __get__(self, pool: "Pool | None", owner: type | None = None):
+        return self if pool is None else pool.__dict__[self.key]
+
+    def __set__(self, pool: "Pool", value) -> None:
+        if value is not None and pool._ks is not None:
+            pool._leave_kernel()
+        pool.__dict__[self.key] = value
+
+
 class Pool:
-    """A pool of GPUs serving one or more models with vLLM scheduling semantics."""
+    """A pool of GPUs serving one or more models with vLLM scheduling semantics.
+
+    Once a workload is attached, a pool that `commitenv.sim.kernel` covers (one full-share instance per GPU, one
+    model, the default router, no prefix cache, local policy, step log or hook) runs its event loop there; the
+    first use of anything the kernel does not hold (replicas, GPUs, the heap, a policy or hook, a snapshot) writes
+    the kernel's state back into these objects and the Python loop below continues, with identical results."""
+
+    _ks = None  # the kernel's state while the kernel runs this pool (`_enter_kernel`, `_leave_kernel`)
+    replicas: list[Replica] = _PythonLoopState()
+    gpus: list[GPU] = _PythonLoopState()
+    heap: list[tuple] = _PythonLoopState()
+    dispatch: DispatchPolicy | None = _KernelExcluded()
+    on_step = _KernelExcluded()  # optional callable(StepLogEntry), called as each segment (or part) is booked
+
+    def _enter_kernel(self) -> None:
+        """Run this pool's event loop in the kernel from here on if the kernel covers it (see the class docstring)."""
+        from commitenv.sim.kernel import KernelState
+
+        self._ks = KernelState.covering(self)
+        self._ks_done = 0
+
+    def _leave_kernel(self) -> None:
+        """Write the kernel's state back into the replicas, GPUs and heap; the Python loop continues from there."""
+        ks, self._ks = self._ks, None
+        ks.export_to(self)
+
+    def _sync_kernel(self) -> None:
+        """Counters, completions and per-request results of the kernel's last call, as the Python loop keeps them."""
+        ks = self._ks
+        c0, self._cursor = self._cursor, ks.arrived
+        self.now, self.live, self.completed, self.events = ks.now, ks.live, ks.completed, ks.events
+        rej = np.flatnonzero(self.rejected[c0:self._cursor])
+        if len(rej):
+            self.finish_t[c0 + rej] = INF
+        if self.completed > self._ks_done:
+            done = ks.done_out[self._ks_done : self.completed]
+            self._ks_done = self.completed
+            ks.results_into(done, self.finish_t, self.first_t, self.replica_of, self.preemptions)
+            if self.done_slots is not None:
+                self.done_slots.extend(done.tolist())
 
     def __init__(
         self,
@@ -230,7 +298,7 @@ class Pool:
                 g.power_factor = float(self.truth.power[g.index])
         self.noise = self.truth if self.truth is not None else (None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas)))
         self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
-        self.on_step = None  # optional callable(StepLogEntry), called as each segment (or part) is booked
+        self.on_step = None
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []
         self.dispatch: DispatchPolicy | None = make_dispatch(self.opt.dispatch)  # None: least unfinished requests
@@ -267,6 +335,8 @@ class Pool:
     # ================================================================================ workload and results
     def attach(self, table: RequestTable, tenant_model: dict[int, int] | None = None, t_start: float = 0.0) -> None:
         """Serve ``table`` (arrivals are read causally, as the clock passes them)."""
+        if self._ks is not None:
+            self._leave_kernel()
         n = len(table)
         self.table = table
         self._arr = table.arrival_s.tolist()
@@ -296,6 +366,7 @@ class Pool:
         self.preemptions = np.zeros(n, dtype=np.int32)
         self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))
         self.now = max(self.now, t_start)
+        self._enter_kernel()
 
     def _attach_prefixes(self, table: RequestTable) -> None:
         """Give every replica a prefix cache when the workload has hash blocks and caching is on."""
@@ -370,6 +441,12 @@ class Pool:
 
     def run_until(self, t_end: float, *, stop_when_captured_done: bool = False) -> None:
         """Advance the simulation through every event at or before ``t_end``."""
+        if self._ks is not None:
+            if not stop_when_captured_done and self.opt.closed_form:  # (options a test may change after attach)
+                self._ks.advance(t_end)
+                self._sync_kernel()
+                return
+            self._leave_kernel()
         heap = self.heap
         arr = self._arr
         n = self._n
@@ -585,6 +662,14 @@ class Pool:
     def set_active(self, t: float, count: int, model: int = 0) -> None:
         """Make the first ``count`` replicas of ``model`` active (waking from standby takes the profile's
         activation latency; a draining one resumes at once) and drain the rest."""
+        if self._ks is not None and model == 0:
+            if not 1 <= count <= self._ks.R:
+                raise ValueError(f"active replicas: expected 1..{self._ks.R} for model {model}, got {count}")
+            if t < self.now - 1e-9:
+                raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
+            self._ks.set_active(t, count)
+            self._sync_kernel()
+            return
         reps = self.replicas_of(model)
         if not 1 <= count <= len(reps):
             raise ValueError(f"active replicas: expected 1..{len(reps)} for model {model}, got {count}")
@@ -623,6 +708,9 @@ class Pool:
         latency, and a step already running finishes at the old clock."""
         if t < self.now - 1e-9:
             raise ValueError(f"set_clock at t={t} precedes the engine clock {self.now}")
+        if self._ks is not None and gpus is None:
+            self._ks.set_clock(t, mhz)
+            return
         for g in range(len(self.gpus)) if gpus is None else gpus:
             gpu = self.gpus[g]
             idx = gpu.profile.clock_index(mhz)
@@ -840,6 +928,9 @@ class Pool:
         """Cut every decode run at the first step end >= ``t`` and apply the steps that ended before, so each
         replica has at most one step in flight. The environment calls this at every decision boundary
         (whether or not a controller looks), so observation never changes the ground truth."""
+        if self._ks is not None:
+            self._ks.settle(t)
+            return
         for rep in self.replicas:
             if rep.seg == SEG_RUN:
                 if rep.cut(t):
@@ -856,10 +947,14 @@ class Pool:
     def energy_j(self, t: float | None = None) -> float:
         """Pool energy (J) metered from the start to ``t`` (default: now)."""
         t = self.now if t is None else t
+        if self._ks is not None:
+            return sum(self._ks.meter(t).tolist())  # (summed in GPU order, as below)
         return sum(g.meter(t) for g in self.gpus)
 
     def gpu_energy_j(self, t: float | None = None) -> np.ndarray:
         t = self.now if t is None else t
+        if self._ks is not None:
+            return self._ks.meter(t)
         return np.array([g.meter(t) for g in self.gpus])
 
     # ================================================================================ copies
@@ -962,6 +1057,8 @@ class Pool:
 
     def attach_replay(self, table: RequestTable) -> None:
         """Add hypothetical arrivals (absolute times >= now, lengths as the controller assumes them)."""
+        if self._ks is not None:
+            self._leave_kernel()
         if len(table) and table.arrival_s[0] < self.now - 1e-9:
             raise ValueError(f"replay arrivals start at {table.arrival_s[0]} before the snapshot time {self.now}")
         n = len(table)
@@ -1047,9 +1144,20 @@ class Pool:
     # ================================================================================ state views
     def counts(self) -> dict[str, int]:
         """Queue and running counts across the pool (what a controller may observe)."""
+        if self._ks is not None:
+            w, run = self._ks.queue_counts()
+            return {"waiting": w, "running": run, "live": self.live, "arrived": self._cursor,
+                    "completed": self.completed}
         w = sum(len(r.waiting) for r in self.replicas) + len(self.unrouted) + len(self.transit)
         run = sum(len(r.running) for r in self.replicas)
         return {"waiting": w, "running": run, "live": self.live, "arrived": self._cursor, "completed": self.completed}
+
+    def live_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slot, tokens left to compute before its next output token) of every live request, in the order of
+        `live_requests`: what the environment's observation summarizes."""
+        if self._ks is not None:
+            return self._ks.live_state()
+        return live_state(self.live_requests())
 
     def live_requests(self) -> list[Req]:
         out: list[Req] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class Req:
     """Progress of a request on its replica (vLLM V1 semantics: computed tokens, generated tokens, KV blocks).
@@ -61,3 +63,11 @@ class Req:
             f"Req(slot={self.slot}, prompt={self.prompt}, out={self.out}, computed={self.computed}, "
             f"generated={self.generated}, blocks={self.blocks}, replica={self.replica})"
         )
+
+
+def live_state(live: list[Req]) -> tuple[np.ndarray, np.ndarray]:
+    """(slot, tokens left to compute before the next output token) of each request in ``live``, in its order."""
+    n = len(live)
+    slots = np.fromiter((r.slot for r in live), np.int64, n)
+    left = np.fromiter((r.prompt + r.generated - r.computed - (r.generated > 0) for r in live), np.int64, n)
+    return slots, left

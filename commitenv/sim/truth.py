@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,16 @@ class NominalModel:
         return 1.0, self.energy_factor, math.inf
 
 
+@njit(cache=True)
+def _ar1(z: np.ndarray, prev: float, rho: float, s: float) -> np.ndarray:
+    """x[i] = rho x[i-1] + s z[i] from x[-1] = ``prev`` (the drift's AR(1) recursion, compiled)."""
+    x = np.empty(z.shape[0])
+    for i in range(z.shape[0]):
+        prev = rho * prev + s * z[i]
+        x[i] = prev
+    return x
+
+
 def _lognormal_mean_one(rng: np.random.Generator, sigma: float, size) -> np.ndarray:
     return np.exp(sigma * rng.standard_normal(size) - 0.5 * sigma * sigma)
 
@@ -104,13 +115,8 @@ class TruthSource:
             z = rng.standard_normal((n, 3))
             u = rng.random(n)
             # AR(1) latent drift with unit stationary variance
-            x = np.empty(n)
-            prev = self._x[g]
-            s = math.sqrt(1.0 - self._rho * self._rho)
-            for i in range(n):
-                prev = self._rho * prev + s * z[i, 2]
-                x[i] = prev
-            self._x[g] = prev
+            x = _ar1(z[:, 2].copy(), self._x[g], self._rho, math.sqrt(1.0 - self._rho * self._rho))
+            self._x[g] = x[-1]
             dt, de = sp.drift_time_sigma, sp.drift_energy_sigma
             ft = np.exp(sp.time_sigma * z[:, 0] - 0.5 * sp.time_sigma ** 2 + dt * x - 0.5 * dt * dt)
             fe = np.exp(sp.energy_sigma * z[:, 1] - 0.5 * sp.energy_sigma ** 2 + de * x - 0.5 * de * de)

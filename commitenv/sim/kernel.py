@@ -1,0 +1,981 @@
+"""The engine's event loop compiled: a pool serving one model with the vLLM scheduler, on arrays.
+
+Requests, replica queues, the segment in flight, the event heap, the truth factors and the GPU meters live in
+numpy arrays; `KernelState.advance` runs every arrival and segment end up to a time in one numba call, and
+`set_active`, `set_clock` and `settle` act as the pool's. It follows `commitenv.sim.pool.Pool` and
+`commitenv.sim.replica.Replica` line for line for the pools it covers (`KernelState.covers`); `Pool` runs here
+while it can and `export_to` hands the state back to the Python loop for everything else (tests/test_engine_kernel.py
+holds both to bit-identical results).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from numba import njit
+
+from commitenv.sim.coeffs import coeffs_for
+
+SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
+INF = math.inf
+# pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
+ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
+
+# int64 scalars of the state (``si``)
+I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS = range(7)
+# float64 scalars (``sf``)
+F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (heap or arrival)
+# per-replica float64 columns (``rf``)
+R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
+# per-replica int64 columns (``ri``)
+R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL = range(12)
+ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
+# per-request int64 columns (``qi``)
+Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
+# per-request float64 columns (``qf``)
+Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
+# per-GPU int64 columns (``gi``) and float64 columns (``gf``)
+G_CLOCK, G_PENDING, G_VER = range(3)
+GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
+EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
+# coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
+C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
+
+
+@njit(cache=True)
+def _less(ht, hk, hs, a, b):
+    if ht[a] != ht[b]:
+        return ht[a] < ht[b]
+    if hk[a] != hk[b]:
+        return hk[a] < hk[b]
+    return hs[a] < hs[b]
+
+
+@njit(cache=True)
+def _swap(ht, hk, hs, hi, hv, a, b):
+    ht[a], ht[b] = ht[b], ht[a]
+    hk[a], hk[b] = hk[b], hk[a]
+    hs[a], hs[b] = hs[b], hs[a]
+    hi[a], hi[b] = hi[b], hi[a]
+    hv[a], hv[b] = hv[b], hv[a]
+
+
+@njit(cache=True)
+def _push(si, ht, hk, hs, hi, hv, t, kind, idx, ver):
+    si[I_SEQ] += 1
+    j = si[I_HEAP]
+    if j >= ht.shape[0]:
+        raise RuntimeError("kernel: event heap full")
+    si[I_HEAP] = j + 1
+    ht[j], hk[j], hs[j], hi[j], hv[j] = t, kind, si[I_SEQ], idx, ver
+    while j > 0:
+        p = (j - 1) >> 1
+        if _less(ht, hk, hs, j, p):
+            _swap(ht, hk, hs, hi, hv, j, p)
+            j = p
+        else:
+            break
+
+
+@njit(cache=True)
+def _pop(si, ht, hk, hs, hi, hv):
+    n = si[I_HEAP] - 1
+    si[I_HEAP] = n
+    _swap(ht, hk, hs, hi, hv, 0, n)
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= n:
+            break
+        if c + 1 < n and _less(ht, hk, hs, c + 1, c):
+            c += 1
+        if _less(ht, hk, hs, c, j):
+            _swap(ht, hk, hs, hi, hv, c, j)
+            j = c
+        else:
+            break
+    return n  # the popped entry sits at index n
+
+
+@njit(cache=True)
+def _cdiv(a, b):
+    return -((-a) // b)
+
+
+@njit(cache=True)
+def _wpush_front(ri, wq, rep, r):
+    """Waiting queues are linked lists through ``wq`` (next request, per request): vLLM's appendleft."""
+    wq[r] = ri[rep, R_WHEAD] if ri[rep, R_WLEN] else -1
+    ri[rep, R_WHEAD] = r
+    if ri[rep, R_WLEN] == 0:
+        ri[rep, R_WTAIL] = r
+    ri[rep, R_WLEN] += 1
+
+
+@njit(cache=True)
+def _wpush_back(ri, wq, rep, r):
+    wq[r] = -1
+    if ri[rep, R_WLEN] == 0:
+        ri[rep, R_WHEAD] = r
+    else:
+        wq[ri[rep, R_WTAIL]] = r
+    ri[rep, R_WTAIL] = r
+    ri[rep, R_WLEN] += 1
+
+
+@njit(cache=True)
+def _wpop_front(ri, wq, rep):
+    r = ri[rep, R_WHEAD]
+    ri[rep, R_WHEAD] = wq[r]
+    ri[rep, R_WLEN] -= 1
+    return r
+
+
+@njit(cache=True)
+def _waiting(ri, wq, x):
+    out = np.empty(ri[x, R_WLEN], np.int64)
+    r = ri[x, R_WHEAD]
+    for j in range(out.shape[0]):
+        out[j] = r
+        r = wq[r]
+    return out
+
+
+@njit(cache=True)
+def _live(ri, wq, run):
+    """Every live request: each replica's running, then its waiting queue."""
+    n = 0
+    for x in range(ri.shape[0]):
+        n += ri[x, R_RUN_N] + ri[x, R_WLEN]
+    out = np.empty(n, np.int64)
+    j = 0
+    for x in range(ri.shape[0]):
+        for i in range(ri[x, R_RUN_N]):
+            out[j] = run[x, i]
+            j += 1
+        r = ri[x, R_WHEAD]
+        for _ in range(ri[x, R_WLEN]):
+            out[j] = r
+            j += 1
+            r = wq[r]
+    return out
+
+
+@njit(cache=True)
+def _run_steps_done_by(rf, ri, x_t, rep):
+    x = (x_t - rf[rep, R_T0]) / rf[rep, R_FT]
+    if x <= 0:
+        return 0
+    T0, D, k = rf[rep, R_BT0], rf[rep, R_D], ri[rep, R_K]
+    if D <= 0:
+        m = int(math.floor(x / T0 + 1e-12))
+    else:
+        b = T0 - D / 2
+        m = int(math.floor((-b + math.sqrt(b * b + 2 * D * x)) / D + 1e-9))
+    m = max(0, min(m, k))
+    while m < k and (m + 1) * T0 + D * (m + 1) * m / 2 <= x:
+        m += 1
+    while m > 0 and m * T0 + D * m * (m - 1) / 2 > x:
+        m -= 1
+    return m
+
+
+@njit(cache=True)
+def _run_time(rf, rep, m):
+    return rf[rep, R_FT] * (m * rf[rep, R_BT0] + rf[rep, R_D] * m * (m - 1) / 2)
+
+
+@njit(cache=True)
+def _run_energy(rf, rep, m):
+    return rf[rep, R_FE] * (m * rf[rep, R_E0] + rf[rep, R_F] * m * (m - 1) / 2)
+
+
+@njit(cache=True)
+def _cut(rf, ri, rep, t):
+    if ri[rep, R_SEG] != SEG_RUN or t >= rf[rep, R_T1]:
+        return False
+    m = _run_steps_done_by(rf, ri, t, rep)
+    if rf[rep, R_T0] + _run_time(rf, rep, m) < t or m == 0:
+        m += 1
+    if m >= ri[rep, R_K]:
+        return False
+    ri[rep, R_K] = m
+    rf[rep, R_T1] = rf[rep, R_T0] + _run_time(rf, rep, m)
+    rf[rep, R_ENERGY] = _run_energy(rf, rep, m)
+    return True
+
+
+@njit(cache=True)
+def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
+    """vLLM V1: running first (preempting the newest on a KV shortage), then waiting in order when nothing was
+    preempted. Fills bq/bk; returns (batch length, preempted)."""
+    nb = 0
+    preempted = False
+    i = 0
+    while i < ri[rep, R_RUN_N]:
+        if budget <= 0:
+            break
+        r = run[rep, i]
+        k = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        if k > budget:
+            k = budget
+        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+        scheduled = True
+        while need > ri[rep, R_FREE]:
+            ri[rep, R_RUN_N] -= 1
+            victim = run[rep, ri[rep, R_RUN_N]]
+            ri[rep, R_FREE] += qi[victim, Q_BLOCKS]
+            qi[victim, Q_BLOCKS] = 0
+            qi[victim, Q_COMPUTED] = 0
+            qi[victim, Q_PREEMPT] += 1
+            _wpush_front(ri, wq, rep, victim)
+            preempted = True
+            if victim == r:
+                scheduled = False
+                break
+        if not scheduled:
+            break
+        ri[rep, R_FREE] -= need
+        qi[r, Q_BLOCKS] += need
+        bq[rep, nb] = r
+        bk[rep, nb] = k
+        nb += 1
+        budget -= k
+        i += 1
+    if preempted:
+        return nb, True
+    draining = ri[rep, R_STATE] != ACTIVE
+    while ri[rep, R_WLEN] > 0 and budget > 0 and ri[rep, R_RUN_N] < max_seqs:
+        r = ri[rep, R_WHEAD]
+        if draining and qi[r, Q_STARTED] == 0:
+            break  # a draining replica admits no new work (queued ones were moved away)
+        left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        k = left if left < budget else budget
+        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+        if need > ri[rep, R_FREE]:
+            break
+        if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
+            break
+        _wpop_front(ri, wq, rep)
+        run[rep, ri[rep, R_RUN_N]] = r
+        ri[rep, R_RUN_N] += 1
+        qi[r, Q_STARTED] = 1
+        ri[rep, R_FREE] -= need
+        qi[r, Q_BLOCKS] += need
+        bq[rep, nb] = r
+        bk[rep, nb] = k
+        nb += 1
+        budget -= k
+    return nb, False
+
+
+@njit(cache=True)
+def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
+    cap = ri[rep, R_FREE]
+    for j in range(nb):
+        cap += qi[bq[rep, j], Q_BLOCKS]
+
+    def fits(j):
+        s = 0
+        for x in range(nb):
+            s += _cdiv(qi[bq[rep, x], Q_COMPUTED] + j, bs)
+        return s <= cap
+
+    if fits(kmax):
+        return kmax
+    if not fits(2):
+        return 1
+    lo, hi = 2, kmax
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
+    """`Replica.start` without a local policy: schedule, then a closed-form decode run or a single step."""
+    budget, max_seqs, bs, reserve_full = sched[0], sched[1], sched[2], sched[3]
+    nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
+    ri[rep, R_BATCH_N] = nb
+    if nb == 0:
+        ri[rep, R_SEG] = SEG_NONE
+        return False
+    P = A = n = L = 0
+    for j in range(nb):
+        r = bq[rep, j]
+        k = bk[rep, j]
+        if k == 1 and qi[r, Q_GENERATED] >= 1 and qi[r, Q_COMPUTED] + 1 == qi[r, Q_PROMPT] + qi[r, Q_GENERATED]:
+            n += 1
+            L += qi[r, Q_COMPUTED] + 1
+        else:
+            P += k
+            A += k * qi[r, Q_COMPUTED] + k * (k + 1) // 2
+    c = int(t // cell)
+    if c >= ftab.shape[1]:
+        raise RuntimeError("kernel: truth factor table too short")
+    ft = ftab[rep, c]
+    fe = fetab[rep, c]
+    t_next = (c + 1) * cell
+    rf[rep, R_FT] = ft
+    rf[rep, R_FE] = fe
+    rf[rep, R_T0] = t
+    rf[rep, R_FLOOR_W] = gf[rep, GF_FLOOR_W]
+    cl = gi[rep, G_CLOCK]
+    rf[rep, R_FLOOR_T] = t
+    rf[rep, R_FLOOR_ACC] = 0.0
+    if P == 0 and not preempted:
+        kmax = 1 << 62
+        for j in range(nb):
+            r = bq[rep, j]
+            x = qi[r, Q_OUT] - qi[r, Q_GENERATED]
+            if x < kmax:
+                kmax = x
+        if kmax >= 2:
+            kmax = _kv_steps(ri, qi, bq, rep, nb, kmax, bs)
+        if kmax >= 2:
+            ri[rep, R_SEG] = SEG_RUN
+            ri[rep, R_K] = kmax
+            T0 = coc[cl, C_TAU0] + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
+            D = coc[cl, C_TAU3] * n
+            E0 = coc[cl, C_A] + coc[cl, C_B] * n + coc[cl, C_KAPPA] * L
+            F = coc[cl, C_KAPPA] * n
+            rf[rep, R_BT0], rf[rep, R_D], rf[rep, R_E0], rf[rep, R_F] = T0, D, E0, F
+            rf[rep, R_T1] = t + ft * (kmax * T0 + D * kmax * (kmax - 1) / 2)
+            rf[rep, R_ENERGY] = fe * (kmax * E0 + F * kmax * (kmax - 1) / 2)
+            if rf[rep, R_T1] > t_next:
+                _cut(rf, ri, rep, t_next)
+            return True
+    dt = ft * (coc[cl, C_TAU0] + coc[cl, C_TAU1] * P + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
+               + coc[cl, C_TAU4] * A)
+    ri[rep, R_SEG] = SEG_STEP
+    rf[rep, R_T1] = t + dt
+    rf[rep, R_ENERGY] = fe * (coc[cl, C_A] + coc[cl, C_C1] * P + coc[cl, C_C2] * A + coc[cl, C_B] * n
+                              + coc[cl, C_KAPPA] * L)
+    return True
+
+
+@njit(cache=True)
+def _decode(ri, qi, bq, rep, m, bs):
+    """Every member of ``rep``'s decode run adds ``m`` tokens and KV blocks to hold them; returns how many are done."""
+    ndone = 0
+    for j in range(ri[rep, R_BATCH_N]):
+        r = bq[rep, j]
+        qi[r, Q_COMPUTED] += m
+        qi[r, Q_GENERATED] += m
+        nbk = _cdiv(qi[r, Q_COMPUTED], bs)
+        ri[rep, R_FREE] -= nbk - qi[r, Q_BLOCKS]
+        qi[r, Q_BLOCKS] = nbk
+        if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+            ndone += 1
+    return ndone
+
+
+@njit(cache=True)
+def _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, bs, done_out, si):
+    """Book the segment's energy above its floor, apply its progress, complete finished requests."""
+    e_dyn[rep] += rf[rep, R_ENERGY] - (rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T]))
+    seg = ri[rep, R_SEG]
+    ndone = 0
+    if seg == SEG_STEP:
+        for j in range(ri[rep, R_BATCH_N]):
+            r = bq[rep, j]
+            qi[r, Q_COMPUTED] += bk[rep, j]
+            if qi[r, Q_COMPUTED] >= qi[r, Q_PROMPT] + qi[r, Q_GENERATED]:
+                qi[r, Q_GENERATED] += 1
+                if qf[r, Q_FIRST] < 0:
+                    qf[r, Q_FIRST] = rf[rep, R_T1]
+                if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                    ndone += 1
+    elif seg == SEG_RUN:
+        ndone = _decode(ri, qi, bq, rep, ri[rep, R_K], bs)
+    ri[rep, R_BATCH_N] = 0
+    if ndone:
+        w = 0
+        for i in range(ri[rep, R_RUN_N]):
+            r = run[rep, i]
+            if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                ri[rep, R_FREE] += qi[r, Q_BLOCKS]
+                qi[r, Q_BLOCKS] = 0
+                si[I_LIVE] -= 1
+                si[I_DONE] += 1
+                qf[r, Q_FINISH] = t + qf[r, Q_OVERHEAD]
+                qf[r, Q_FIRST] = qf[r, Q_FIRST] + qf[r, Q_OVERHEAD]
+                qi[r, Q_REPLICA] = rep
+                done_out[si[I_DONE] - 1] = r
+            else:
+                run[rep, w] = r
+                w += 1
+        ri[rep, R_RUN_N] = w
+        ri[rep, R_UNF] -= ndone
+    ri[rep, R_SEG] = SEG_NONE
+
+
+@njit(cache=True)
+def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
+    if ri[rep, R_SEG] == SEG_NONE:
+        if ri[rep, R_PENDING] == 0:
+            ri[rep, R_PENDING] = 1
+            pend[si[I_PEND]] = rep
+            si[I_PEND] += 1
+    elif ri[rep, R_SEG] == SEG_RUN and _cut(rf, ri, rep, t):
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], 0, rep, ri[rep, R_VER])
+
+
+@njit(cache=True)
+def _floor_power(g, ri, gi, floor_tab):
+    """`GPU.floor_power` of a GPU hosting one instance: by its lifecycle state, at the GPU's clock."""
+    st = ri[g, R_STATE]
+    col = 0 if st == ACTIVE or st == WAKING else (1 if st == DRAINING else 2)
+    return floor_tab[g, gi[g, G_CLOCK], col]
+
+
+@njit(cache=True)
+def _floor_changed(t, g, ri, rf, gi, gf, floor_tab):
+    p = _floor_power(g, ri, gi, floor_tab)
+    if p != gf[g, GF_FLOOR_W]:
+        _set_floor(t, g, p, ri, rf, gf)
+
+
+@njit(cache=True)
+def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, ht, hk, hs,
+           hi, hv):
+    if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+        return
+    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
+    elif ri[rep, R_STATE] == DRAINING and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+        ri[rep, R_STATE] = STANDBY
+        _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
+
+
+@njit(cache=True)
+def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
+    """Least unfinished requests among the active replicas, ties to the lowest index (`Pool._route`)."""
+    R = ri.shape[0]
+    best = -1
+    for x in range(R):
+        if ri[x, R_STATE] == ACTIVE and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
+            best = x
+    if best < 0:
+        raise RuntimeError("kernel: no active replica to route to")
+    qi[r, Q_REPLICA] = best
+    _wpush_back(ri, wq, best, r)
+    ri[best, R_UNF] += 1
+    _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+
+
+@njit(cache=True)
+def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab):
+    """`Pool._redistribute`: every queued request that has not started is routed again, in arrival order, to the
+    active replicas; draining replicas left without work go to standby."""
+    R = ri.shape[0]
+    total = 0
+    for x in range(R):
+        total += ri[x, R_WLEN]
+    moved = np.empty(total, np.int64)
+    nm = 0
+    for x in range(R):
+        n = ri[x, R_WLEN]
+        r = ri[x, R_WHEAD]
+        ri[x, R_WLEN] = 0
+        for _ in range(n):
+            nxt = wq[r]
+            if qi[r, Q_STARTED]:
+                _wpush_back(ri, wq, x, r)  # started ones keep their order
+            else:
+                moved[nm] = r
+                nm += 1
+            r = nxt
+        ri[x, R_UNF] = ri[x, R_RUN_N] + ri[x, R_WLEN]
+    moved = np.sort(moved[:nm])  # slots are request indices: arrival order
+    for j in range(nm):
+        _route(t, moved[j], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+    for x in range(R):
+        if ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0 and ri[x, R_STATE] == DRAINING:
+            ri[x, R_STATE] = STANDBY
+            _floor_changed(t, x, ri, rf, gi, gf, floor_tab)
+
+
+@njit(cache=True)
+def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
+           hi, hv):
+    """Start the replicas that received work at ``t`` (`Pool._flush`)."""
+    npend = si[I_PEND]
+    si[I_PEND] = 0
+    for x in range(npend):
+        rep = pend[x]
+        ri[rep, R_PENDING] = 0
+        if ri[rep, R_SEG] == SEG_NONE:
+            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
+                   ht, hk, hs, hi, hv)
+
+
+@njit(cache=True)
+def set_active(t, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched,
+               si, pend, ht, hk, hs, hi, hv):
+    """`Pool.set_active` for one model: the first ``count`` replicas active (a standby one wakes after
+    ``latency_s``, a draining one resumes at once), the rest draining; re-routes the queues when the set changed."""
+    R = ri.shape[0]
+    changed = False
+    for i in range(R):
+        st = ri[i, R_STATE]
+        if i < count:
+            if st == DRAINING:
+                ri[i, R_STATE] = ACTIVE
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+            elif st == STANDBY:
+                ri[i, R_STATE] = WAKING
+                ri[i, R_VER] += 1
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+                _push(si, ht, hk, hs, hi, hv, t + latency_s, EV_WAKE, i, ri[i, R_VER])
+        else:
+            if st == ACTIVE:
+                ri[i, R_STATE] = DRAINING
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+            elif st == WAKING:
+                ri[i, R_VER] += 1
+                ri[i, R_STATE] = STANDBY
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+        changed |= ri[i, R_STATE] != st
+    if not changed:
+        return
+    _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
+    _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
+           hi, hv)
+
+
+@njit(cache=True)
+def _set_floor(t, g, power_w, ri, rf, gf):
+    """`GPU.set_floor` (one instance per GPU): close the floor meter at ``t``; a segment in flight is charged the
+    new floor from ``t`` on."""
+    gf[g, GF_E_FLOOR] += gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR])
+    gf[g, GF_T_FLOOR] = t
+    if power_w != gf[g, GF_FLOOR_W]:
+        if ri[g, R_SEG] != SEG_NONE and rf[g, R_T0] <= t < rf[g, R_T1]:
+            rf[g, R_FLOOR_ACC] += rf[g, R_FLOOR_W] * (t - rf[g, R_FLOOR_T])
+            rf[g, R_FLOOR_T] = t
+            rf[g, R_FLOOR_W] = power_w
+    gf[g, GF_FLOOR_W] = power_w
+
+
+@njit(cache=True)
+def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, coc, gi, gf,
+            floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
+    """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset)."""
+    n = qi.shape[0]
+    room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
+    last = sf[F_NOW]
+    while True:
+        if si[I_HEAP] + room > ht.shape[0]:
+            sf[F_NOW] = max(sf[F_NOW], last)
+            return 1  # the caller grows the heap and calls again (nothing of the next event is done yet)
+        cur = si[I_CURSOR]
+        ta = qf[cur, Q_ARRIVAL] if cur < n else INF
+        th = ht[0] if si[I_HEAP] > 0 else INF
+        if si[I_PEND] > 0 and (th if th < ta else ta) > last:
+            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht,
+                   hk, hs, hi, hv)
+            continue
+        if th == INF and ta == INF:
+            break
+        if th <= ta:
+            if th > t_end:
+                break
+            j = _pop(si, ht, hk, hs, hi, hv)
+            t, kind, rep, ver = ht[j], hk[j], hi[j], hv[j]
+            last = t
+            sf[F_LAST] = t
+            si[I_EVENTS] += 1
+            if kind == EV_CLOCK:  # `Pool._apply_clock`: a step in flight keeps its law, a run is cut
+                g = rep
+                if gi[g, G_VER] != ver:
+                    continue
+                if ri[g, R_SEG] == SEG_RUN and _cut(rf, ri, g, t):
+                    ri[g, R_VER] += 1
+                    _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
+                gi[g, G_CLOCK] = gi[g, G_PENDING]
+                gi[g, G_PENDING] = -1
+                _set_floor(t, g, _floor_power(g, ri, gi, floor_tab), ri, rf, gf)
+                continue
+            if kind == EV_WAKE:
+                if ri[rep, R_VER] != ver or ri[rep, R_STATE] != WAKING:
+                    continue
+                ri[rep, R_STATE] = ACTIVE
+                _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
+                _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
+                continue
+            if ri[rep, R_VER] != ver:
+                continue
+            _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, sched[2], done_out, si)
+            cur = si[I_CURSOR]
+            if (cur < n and qf[cur, Q_ARRIVAL] == t) or (si[I_HEAP] > 0 and ht[0] == t) or si[I_PEND] > 0:
+                if ri[rep, R_PENDING] == 0:
+                    ri[rep, R_PENDING] = 1
+                    pend[si[I_PEND]] = rep
+                    si[I_PEND] += 1
+            else:
+                _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
+                       ht, hk, hs, hi, hv)
+        else:
+            if ta > t_end:
+                break
+            i = cur
+            si[I_CURSOR] = cur + 1
+            si[I_EVENTS] += 1
+            last = ta
+            sf[F_LAST] = ta
+            if rejected[i]:
+                qf[i, Q_FINISH] = INF
+                continue
+            si[I_LIVE] += 1
+            _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+    sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
+    return 0
+
+
+@njit(cache=True)
+def settle(t, ri, rf, qi, bq, e_dyn, sched, si, ht, hk, hs, hi, hv):
+    """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter) the steps that
+    ended before, leaving one step in flight."""
+    bs = sched[2]
+    for g in range(ri.shape[0]):
+        if ri[g, R_SEG] != SEG_RUN:
+            continue
+        if _cut(rf, ri, g, t):
+            ri[g, R_VER] += 1
+            _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
+        m = _run_steps_done_by(rf, ri, t, g)
+        if m >= ri[g, R_K]:
+            m = ri[g, R_K] - 1
+        if m <= 0:
+            continue
+        dt = _run_time(rf, g, m)
+        de = _run_energy(rf, g, m)
+        _decode(ri, qi, bq, g, m, bs)
+        t_mid = rf[g, R_T0] + dt
+        floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
+        rf[g, R_BT0] += rf[g, R_D] * m
+        rf[g, R_E0] += rf[g, R_F] * m
+        ri[g, R_K] -= m
+        rf[g, R_T0] = t_mid
+        rf[g, R_FLOOR_ACC] = 0.0
+        rf[g, R_FLOOR_T] = t_mid
+        rf[g, R_ENERGY] -= de
+        e_dyn[g] += de - floor_j
+
+
+@njit(cache=True)
+def meter(t, ri, rf, gf, e_dyn):
+    """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`, one instance per GPU)."""
+    R = ri.shape[0]
+    out = np.empty(R)
+    for g in range(R):
+        e = gf[g, GF_E_FLOOR] + gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR]) + e_dyn[g]
+        seg = ri[g, R_SEG]
+        if seg != SEG_NONE:
+            t0, t1 = rf[g, R_T0], rf[g, R_T1]
+            end = t1 if t1 < t else t
+            if end > t0:
+                if t >= t1:
+                    eu = rf[g, R_ENERGY]
+                elif seg == SEG_STEP:
+                    eu = rf[g, R_ENERGY] * (t - t0) / (t1 - t0)
+                else:
+                    m = _run_steps_done_by(rf, ri, t, g)
+                    ts = t0 + _run_time(rf, g, m)
+                    step_t = rf[g, R_FT] * (rf[g, R_BT0] + rf[g, R_D] * m)
+                    step_e = rf[g, R_FE] * (rf[g, R_E0] + rf[g, R_F] * m)
+                    eu = _run_energy(rf, g, m) + step_e * (t - ts) / step_t
+                e += eu - (rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (end - rf[g, R_FLOOR_T]))
+        out[g] = e
+    return out
+
+
+class KernelState:
+    """The arrays `advance` works on, taken from a `Pool` that has attached its workload and served nothing yet."""
+
+    @staticmethod
+    def covers(pool) -> bool:
+        """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU,
+        the truth model or no noise (not the legacy per-segment noise), the default router, no prefix cache, local
+        policy, step log, hook or captured arrivals, closed-form runs, and nothing served or scheduled yet."""
+        reps, gpus = pool._replicas, pool._gpus
+        return (pool.noise is pool.truth and pool.dispatch is None and pool._hashes is None and pool.log is None
+                and pool.on_step is None and pool.n_models == 1 and len(reps) == len(gpus) and pool.opt.closed_form
+                and not pool._heap and not pool.unrouted and not pool.transit and not pool._capture_arrivals
+                and pool._slot_base == 0 and pool._n_results == pool._n
+                and all(g.pending_clock is None and g.replicas == [r] for g, r in zip(gpus, reps))
+                and all(r.local is None and r.share == 1.0 and r.state in (ACTIVE, DRAINING, STANDBY)
+                        and not r.has_work() and r.seg == SEG_NONE for r in reps))
+
+    @classmethod
+    def covering(cls, pool) -> "KernelState | None":
+        return cls(pool) if ENABLED and cls.covers(pool) else None
+
+    def __init__(self, pool, horizon_s: float = 0.0, heap_size: int = 0) -> None:
+        if not self.covers(pool):
+            raise ValueError("kernel: pool outside the covered subset (truth factors or no noise, one model, one "
+                             "full-share instance per GPU, default router, no prefix cache, no local policy, no step "
+                             "log or hook, nothing served yet)")
+        R, n = len(pool._replicas), pool._n
+        sch = pool.profiles[0].scheduler
+        self.R = R
+        self.qi = np.zeros((n, 8), np.int64)
+        self.qf = np.zeros((n, 4))
+        self.qi[:, Q_PROMPT] = pool._prompt
+        self.qi[:, Q_OUT] = pool._out
+        self.qi[:, Q_REPLICA] = -1
+        self.qf[:, Q_ARRIVAL] = pool._arr
+        self.qf[:, Q_FIRST] = -1.0
+        self.qf[:, Q_FINISH] = np.nan
+        self.qf[:, Q_OVERHEAD] = pool.overhead_s if pool.overhead_s is not None else 0.0
+        self.rejected = np.asarray(pool.rejected, dtype=np.bool_)
+        self.ri = np.zeros((R, 12), np.int64)
+        self.rf = np.zeros((R, 12))
+        prof = pool.profiles[0]
+        self.profile = prof
+        self.coc = np.zeros((len(prof.clocks), 10))
+        for ci in range(len(prof.clocks)):
+            c = coeffs_for(prof, ci, 1.0)
+            self.coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
+        for x, rep in enumerate(pool._replicas):
+            self.ri[x, R_FREE] = rep.free_blocks
+            self.ri[x, R_UNF] = rep.unf
+            self.ri[x, R_STATE] = rep.state
+            self.ri[x, R_VER] = rep.version
+        self.gi = np.zeros((R, 3), np.int64)
+        self.gf = np.zeros((R, 4))
+        # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
+        self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
+                                     prof.standby_w * g.power_factor] for lvl in prof.clocks] for g in pool._gpus])
+        for g, gpu in enumerate(pool._gpus):
+            self.gi[g] = (gpu.clock_idx, -1, gpu.version)
+            self.gf[g] = (0.0, gpu.floor_w, gpu.t_floor, gpu.e_floor)
+        self._truth = pool.truth
+        if pool.truth is None:  # no noise: unit factors in one endless cell
+            self.cell = INF
+            self.ftab, self.fetab = np.ones((R, 1)), np.ones((R, 1))
+        else:
+            self.cell = float(pool.truth._cell)
+            self.ftab = self.fetab = np.zeros((R, 0))
+            self._ensure(horizon_s)
+        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
+        self.si = np.zeros(7, np.int64)
+        self.si[I_CURSOR] = pool._cursor
+        self.sf = np.array([pool.now, pool.now])
+        self.wq = np.full(max(n, 1), -1, np.int64)  # next request in its waiting queue
+        self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.pend = np.zeros(R, np.int64)
+        size = max(heap_size, 2 * R + 8) if heap_size else 8 * R + 64  # (grown on demand)
+        self.ht = np.zeros(size)
+        self.hk, self.hs, self.hi, self.hv = (np.zeros(size, np.int64) for _ in range(4))
+        self.e_dyn = np.zeros(R)
+        self.done_out = np.zeros(n, np.int64)
+
+    def _ensure(self, t: float) -> None:
+        """Truth factor tables covering every segment that starts at or before ``t`` (generated as the pool would,
+        in `TruthSource`'s blocks; grown by at least an hour at a time)."""
+        if self._truth is None:
+            return
+        need = int(t // self.cell) + 2
+        have = self.ftab.shape[1]
+        if need <= have:
+            return
+        need = max(need, have + int(3600 // self.cell))
+        tr = self._truth
+        for g in range(self.R):
+            tr._extend(g, need)
+        self.ftab = np.array([tr._ft[g][:need] for g in range(self.R)])
+        self.fetab = np.array([tr._fe[g][:need] for g in range(self.R)])
+
+    def _room(self, k: int) -> None:
+        """Grow the event heap (doubling) until ``k`` more entries fit."""
+        size = self.ht.shape[0]
+        if self.si[I_HEAP] + k <= size:
+            return
+        new = max(2 * size, int(self.si[I_HEAP]) + k)
+        self.ht = np.concatenate([self.ht, np.zeros(new - size)])
+        self.hk, self.hs, self.hi, self.hv = (np.concatenate([a, np.zeros(new - size, np.int64)])
+                                              for a in (self.hk, self.hs, self.hi, self.hv))
+
+    def _advance(self, t_end: float) -> None:
+        while self._advance_once(t_end):
+            self._room(self.ht.shape[0])
+
+    def _advance_once(self, t_end: float) -> int:
+        return advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
+                self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.coc, self.gi, self.gf,
+                self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.e_dyn, self.done_out)
+
+    def advance(self, t_end: float) -> None:
+        """`Pool.run_until(t_end)`; to the end of all work when ``t_end`` is infinite (then, as the pool, the clock
+        stops at the last event)."""
+        if t_end < INF or self._truth is None:
+            self._ensure(t_end)
+            self._advance(t_end)
+            return
+        now0 = self.sf[F_NOW]
+        self.sf[F_LAST] = now0
+        while self.si[I_HEAP] or self.si[I_CURSOR] < self.qi.shape[0]:
+            self._ensure(self.sf[F_NOW] + 3600.0)
+            self._advance((self.ftab.shape[1] - 2) * self.cell)
+        self.sf[F_NOW] = max(now0, self.sf[F_LAST])
+
+    def set_active(self, t: float, count: int) -> None:
+        """`Pool.set_active` for the pool's one model."""
+        if not 1 <= count <= self.R:
+            raise ValueError(f"active replicas: expected 1..{self.R}, got {count}")
+        if t < self.sf[F_NOW] - 1e-9:
+            raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        self._room(3 * self.R + 8)
+        set_active(t, count, self.profile.latencies.activation_s, self.ri, self.rf, self.qi, self.wq, self.run,
+                   self.bq, self.bk, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
+                   self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
+
+    def set_clock(self, t: float, mhz: int) -> None:
+        """`Pool.set_clock` on every GPU: clock ``mhz`` applies after the profile's clock-change latency."""
+        if t < self.sf[F_NOW] - 1e-9:
+            raise ValueError(f"set_clock at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        idx = self.profile.clock_index(mhz)
+        for g in range(self.R):
+            target = self.gi[g, G_PENDING] if self.gi[g, G_PENDING] >= 0 else self.gi[g, G_CLOCK]
+            if idx == target:
+                continue
+            self.gi[g, G_VER] += 1
+            if idx == self.gi[g, G_CLOCK]:
+                self.gi[g, G_PENDING] = -1
+                continue
+            self.gi[g, G_PENDING] = idx
+            self.gf[g, GF_PENDING_T] = t + self.profile.latencies.clock_change_s
+            self._room(1)
+            _push(self.si, self.ht, self.hk, self.hs, self.hi, self.hv, self.gf[g, GF_PENDING_T], EV_CLOCK, g,
+                  self.gi[g, G_VER])
+
+    def waiting_ids(self, x: int) -> list[int]:
+        """The requests in replica ``x``'s waiting queue, front first."""
+        return _waiting(self.ri, self.wq, x).tolist()
+
+    def export_to(self, pool) -> None:
+        """Write the kernel's state back into ``pool`` (the pool it was taken from), so the Python engine continues
+        exactly where the kernel stopped: live requests as `Req` objects in the replicas' queues and segments,
+        replica, GPU and heap state, counters and the per-request results of the finished requests."""
+        import heapq
+        from collections import deque
+
+        from commitenv.sim.request import Req
+
+        qi, qf, ri, rf, gi, gf = self.qi, self.qf, self.ri, self.rf, self.gi, self.gf
+        if self.si[I_PEND]:
+            raise RuntimeError("kernel: export with replicas pending a start")
+        reqs: dict[int, Req] = {}
+
+        def req(i: int) -> Req:
+            r = reqs.get(i)
+            if r is None:
+                r = reqs[i] = Req(i, pool._arr[i], pool._prompt[i], pool._out[i], pool._deadline[i], pool._model[i])
+                r.computed, r.generated, r.blocks = int(qi[i, Q_COMPUTED]), int(qi[i, Q_GENERATED]), int(qi[i, Q_BLOCKS])
+                r.replica, r.started = int(qi[i, Q_REPLICA]), bool(qi[i, Q_STARTED])
+                r.first_t, r.preemptions = float(qf[i, Q_FIRST]), int(qi[i, Q_PREEMPT])
+            return r
+
+        heap = [(float(self.ht[j]), int(self.hk[j]), int(self.hs[j]), int(self.hi[j]), int(self.hv[j]))
+                for j in range(int(self.si[I_HEAP]))]
+        for x, rep in enumerate(pool._replicas):
+            rep.running = [req(int(i)) for i in self.run[x, : ri[x, R_RUN_N]]]
+            rep.waiting = deque(req(i) for i in self.waiting_ids(x))
+            rep.unf, rep.free_blocks = int(ri[x, R_UNF]), int(ri[x, R_FREE])
+            rep.state, rep.version, rep.pending_start = int(ri[x, R_STATE]), int(ri[x, R_VER]), False
+            for t, kind, _, idx, ver in heap:
+                if kind == EV_WAKE and idx == x and ver == rep.version:
+                    rep.wake_t = t
+            seg = int(ri[x, R_SEG])
+            rep.seg = seg
+            members = [req(int(i)) for i in self.bq[x, : ri[x, R_BATCH_N]]]
+            rep.batch = list(zip(members, (int(k) for k in self.bk[x, : ri[x, R_BATCH_N]]))) if seg == SEG_STEP else []
+            rep.run_reqs = members if seg == SEG_RUN else []
+            rep.run_k = int(ri[x, R_K])
+            rep.t0, rep.t1 = float(rf[x, R_T0]), float(rf[x, R_T1])
+            rep.T0, rep.D, rep.E0, rep.F = (float(rf[x, c]) for c in (R_BT0, R_D, R_E0, R_F))
+            rep.ft, rep.fe, rep.seg_energy = float(rf[x, R_FT]), float(rf[x, R_FE]), float(rf[x, R_ENERGY])
+            rep.seg_floor_w, rep.seg_floor_t = float(rf[x, R_FLOOR_W]), float(rf[x, R_FLOOR_T])
+            rep.seg_floor_acc = float(rf[x, R_FLOOR_ACC])
+            rep.seg_log = None
+            rep.invalidate_coeffs()
+        for g, gpu in enumerate(pool._gpus):
+            gpu.clock_idx = int(gi[g, G_CLOCK])
+            gpu.pending_clock = None if gi[g, G_PENDING] < 0 else int(gi[g, G_PENDING])
+            gpu.pending_t, gpu.version = float(gf[g, GF_PENDING_T]), int(gi[g, G_VER])
+            gpu.floor_w, gpu.t_floor, gpu.e_floor = (float(gf[g, c]) for c in (GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR))
+            gpu.e_dyn = float(self.e_dyn[g])
+        heapq.heapify(heap)
+        pool._heap = heap
+        pool._seq, pool._cursor = int(self.si[I_SEQ]), int(self.si[I_CURSOR])
+        pool.live, pool.completed, pool.events = int(self.si[I_LIVE]), int(self.si[I_DONE]), int(self.si[I_EVENTS])
+        pool.now = float(self.sf[F_NOW])
+        pool._pending = []
+        pool._refresh_routable(0)
+        self.results_into(self.done_out[: int(self.si[I_DONE])], pool.finish_t, pool.first_t, pool.replica_of,
+                          pool.preemptions)
+        arrived = np.arange(int(self.si[I_CURSOR]))
+        pool.finish_t[arrived[self.rejected[arrived]]] = INF
+
+    def results_into(self, done: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:
+        """Per-request results of the finished requests ``done``, as `Pool._complete` records them."""
+        finish_t[done] = self.qf[done, Q_FINISH]
+        first_t[done] = self.qf[done, Q_FIRST]
+        replica_of[done] = self.qi[done, Q_REPLICA]
+        preemptions[done] = self.qi[done, Q_PREEMPT]
+
+    def queue_counts(self) -> tuple[int, int]:
+        """(waiting, running) requests over the pool."""
+        return int(self.ri[:, R_WLEN].sum()), int(self.ri[:, R_RUN_N].sum())
+
+    def live_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
+        slots = _live(self.ri, self.wq, self.run)
+        q = self.qi[slots]
+        left = q[:, Q_PROMPT] + q[:, Q_GENERATED] - q[:, Q_COMPUTED] - (q[:, Q_GENERATED] > 0)
+        return slots, left
+
+    @property
+    def arrived(self) -> int:
+        return int(self.si[I_CURSOR])
+
+    @property
+    def now(self) -> float:
+        return float(self.sf[F_NOW])
+
+    @property
+    def live(self) -> int:
+        return int(self.si[I_LIVE])
+
+    @property
+    def completed(self) -> int:
+        return int(self.si[I_DONE])
+
+    def settle(self, t: float) -> None:
+        self._room(self.R)
+        settle(t, self.ri, self.rf, self.qi, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk, self.hs,
+               self.hi, self.hv)
+
+    def meter(self, t: float) -> np.ndarray:
+        return meter(t, self.ri, self.rf, self.gf, self.e_dyn)
+
+    @property
+    def events(self) -> int:
+        return int(self.si[I_EVENTS])
+
+    @property
+    def finish_t(self) -> np.ndarray:
+        return self.qf[:, Q_FINISH]
+

@@ -1,0 +1,230 @@
+"""The compiled event loop (`commitenv.sim.kernel`, spike) against `Pool.run_until` on the same requests: the same
+events, bit-identical completion times and bit-identical GPU meters at every interval boundary, on benchmark hours
+and on stressed pools (long queues, KV pressure with thousands of recompute preemptions)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from commitenv.envs import CommitServeEnv
+from commitenv.scenarios.build import engine_options
+from commitenv.sim import kernel
+from commitenv.sim.kernel import KernelState
+from commitenv.sim.pool import Pool, PoolLayout
+
+
+@pytest.fixture(autouse=True)
+def python_pools(monkeypatch):
+    """The pools here run the Python loop (the reference); each test drives its own `KernelState` beside them."""
+    monkeypatch.setattr(kernel, "ENABLED", False)
+
+
+def _pool(scenario: str, seed: int, gpus: int | None, clock: int | None, kv_extra: int | None) -> Pool:
+    env = CommitServeEnv(scenario)
+    env.reset(seed=seed)
+    if gpus is None:
+        return env.pool
+    pool = Pool(env.profiles, PoolLayout.single(gpus), engine_options(env.scenario, seed),
+                clock_mhz=env.clocks_mhz[env._init_clock if clock is None else clock])
+    pool.attach(env.table)
+    if kv_extra is not None:  # blocks for one request at the context limit plus ``kv_extra``
+        sch = pool.profiles[0].scheduler
+        for rep in pool.replicas:
+            rep.cap_blocks = rep.free_blocks = -(-sch.context_limit // sch.block_size) + kv_extra
+    return pool
+
+
+CASES = {
+    "h200-hour": ("bench-h200-hour-fixed-a30", 100000, None, None, None, 0),
+    "h20-hour-8gpu-lowest-clock": ("bench-h20-hour-fixed-a30", 100003, 8, 0, None, 0),
+    "h200-hour-3gpu-kv-pressure": ("bench-h200-hour-fixed-a30", 100002, 3, 0, 0, 1000),
+}
+
+
+@pytest.mark.parametrize("heap", ["heap", "tiny-heap"])
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_kernel_equals_the_pool(case, heap):
+    """(``tiny-heap``: the event heap starts at its minimum and is grown between events, many times.)"""
+    scenario, seed, gpus, clock, kv_extra, min_preempt = CASES[case]
+    pool = _pool(scenario, seed, gpus, clock, kv_extra)
+    ks = KernelState(pool, heap_size=1 if heap == "tiny-heap" else 0)
+    size0 = ks.ht.shape[0]
+    for k in range(1, 61):
+        t = 60.0 * k
+        pool.run_until(t)
+        ks.advance(t)
+        assert np.array_equal(np.array([g.meter(t) for g in pool.gpus]), ks.meter(t)), f"meters at t={t}"
+    pool.run_until(math.inf)
+    ks.advance(math.inf)
+    assert ks.events == pool.events
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
+    assert np.isfinite(pool.finish_t[~pool.rejected]).all()
+    assert int(ks.qi[:, 6].sum()) == int(pool.preemptions.sum()) >= min_preempt
+    if heap == "tiny-heap":
+        assert ks.ht.shape[0] > size0
+
+
+@pytest.mark.parametrize("case", ["h200-hour", "h200-hour-3gpu-kv-pressure"])
+def test_kernel_equals_the_pool_under_clock_changes(case):
+    """A random clock every interval (some repeated, some changed back before they apply): the same events, the same
+    completions and meters as the pool's `set_clock` and clock events."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    pool = _pool(scenario, seed, gpus, clock, kv_extra)
+    ks = KernelState(pool)
+    mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
+    rng = np.random.default_rng(seed)
+    changes = 0
+    for k in range(60):
+        t = 60.0 * k
+        for dt in (0.0, 0.01):  # a second request soon after the first, often before it applies
+            f = int(mhz[rng.integers(len(mhz))])
+            pool.set_clock(t + dt, f)
+            ks.set_clock(t + dt, f)
+            changes += 1
+        pool.run_until(t + 60.0)
+        ks.advance(t + 60.0)
+        assert np.array_equal(np.array([g.meter(t + 60.0) for g in pool.gpus]), ks.meter(t + 60.0)), f"meters at {t + 60}"
+        assert [g.clock_idx for g in pool.gpus] == ks.gi[:, 0].tolist()
+    pool.run_until(math.inf)
+    ks.advance(math.inf)
+    assert ks.events == pool.events
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
+
+
+@pytest.mark.parametrize("settle", [False, True], ids=["", "settled"])
+@pytest.mark.parametrize("case", ["h200-hour", "h20-hour-8gpu-lowest-clock", "h200-hour-3gpu-kv-pressure"])
+def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case, settle):
+    """A random active count and clock every interval, sometimes twice (a wake cancelled before it ends, a drain
+    undone): the same events, states, completions and meters as the pool's `set_active` (draining, standby, wakes
+    after the activation latency, re-routing of queued requests) and `set_clock`; settled at every boundary as the
+    environment does, or not."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    pool = _pool(scenario, seed, gpus, clock, kv_extra)
+    ks = KernelState(pool)
+    R = len(pool.replicas)
+    mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 1)
+    states = set()
+    for k in range(60):
+        t = 60.0 * k
+        for dt in ((0.0, 1.5) if k % 3 == 0 else (0.0,)):
+            count = int(rng.integers(1, R + 1))
+            pool.set_active(t + dt, count)
+            ks.set_active(t + dt, count)
+            f = int(mhz[rng.integers(len(mhz))])
+            pool.set_clock(t + dt, f)
+            ks.set_clock(t + dt, f)
+            if dt == 0.0:
+                pool.run_until(t + 1.5)
+                ks.advance(t + 1.5)
+                assert [r.state for r in pool.replicas] == ks.ri[:, 10].tolist(), f"states at {t + 1.5}"
+                states.update(r.state for r in pool.replicas)
+        pool.run_until(t + 60.0)
+        ks.advance(t + 60.0)
+        if settle:
+            pool.settle(t + 60.0)
+            ks.settle(t + 60.0)
+        assert [r.state for r in pool.replicas] == ks.ri[:, 10].tolist(), f"states at {t + 60}"
+        states.update(r.state for r in pool.replicas)
+        assert [r.unf for r in pool.replicas] == ks.ri[:, 0].tolist()
+        assert np.array_equal(np.array([g.meter(t + 60.0) for g in pool.gpus]), ks.meter(t + 60.0)), f"meters at {t + 60}"
+    pool.run_until(math.inf)
+    ks.advance(math.inf)
+    assert ks.events == pool.events
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
+    assert {0, 1, 2, 3} <= states  # active, draining, standby and waking were all visited
+
+
+@pytest.mark.parametrize("case", ["h200-hour", "h200-hour-3gpu-kv-pressure"])
+def test_export_hands_the_state_back_to_the_python_engine(case):
+    """Kernel for the first 30 intervals, then exported into its pool and continued by `Pool`: every result equals
+    a pool that ran the Python engine throughout (random active counts and clocks, settled at every boundary)."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    a = _pool(scenario, seed, gpus, clock, kv_extra)
+    b = _pool(scenario, seed, gpus, clock, kv_extra)
+    ks = KernelState(b)
+    R = len(a.replicas)
+    mhz = [lvl.mhz for lvl in a.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 2)
+    for k in range(60):
+        t = 60.0 * k
+        count, f = int(rng.integers(1, R + 1)), int(mhz[rng.integers(len(mhz))])
+        for p in (a, b if k >= 30 else ks):
+            p.set_active(t + 0.5, count)
+            p.set_clock(t + 0.5, f)
+        a.run_until(t + 60.0)
+        a.settle(t + 60.0)
+        if k < 30:
+            ks.advance(t + 60.0)
+            ks.settle(t + 60.0)
+            if k == 29:
+                ks.export_to(b)
+        else:
+            b.run_until(t + 60.0)
+            b.settle(t + 60.0)
+    a.run_until(math.inf)
+    b.run_until(math.inf)
+    assert a.events == b.events and a.now == b.now
+    for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+        assert np.array_equal(np.nan_to_num(getattr(a, name), nan=-1.0), np.nan_to_num(getattr(b, name), nan=-1.0)), name
+    assert a.energy_j() == b.energy_j()
+
+
+def test_kernel_refuses_what_it_does_not_cover():
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100000)
+    pool = env.pool
+    pool.run_until(1.0)
+    with pytest.raises(ValueError, match="covered subset"):
+        KernelState(pool)
+
+
+def _episode(scenario: str, seed: int, enabled: bool, monkeypatch, snapshot_at: int | None = None):
+    """Observations, rewards and the settled cost of one episode with random actions (the kernel on or off); with
+    ``snapshot_at`` the controller's snapshot at that step makes a kernel pool hand over to the Python loop."""
+    monkeypatch.setattr(kernel, "ENABLED", enabled)
+    env = CommitServeEnv(scenario)
+    obs, info = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    out, modes, done, k = [], [], False, 0
+    while not done:
+        if k == snapshot_at:
+            env.snapshot()
+        a = {"active": int(rng.integers(1, env.n_replicas + 1)), "clock": int(rng.integers(len(env.clocks_mhz)))}
+        obs, r, done, _, info = env.step(a)
+        out.append((obs.copy(), r, info["new_misses"]))
+        modes.append(env.pool._ks is not None)
+        k += 1
+    return out, info["settlement"], modes
+
+
+@pytest.mark.parametrize("snapshot_at", [None, 20])
+def test_the_environment_on_the_kernel_equals_the_python_loop(monkeypatch, snapshot_at):
+    """The env's observations, rewards, misses and settlement with the kernel on equal those of the Python loop,
+    bit for bit, with random actions every interval; a snapshot mid-episode hands over to the Python loop there."""
+    ref, settle_ref, modes_ref = _episode("bench-h200-hour-fixed-a30", 100003, False, monkeypatch, snapshot_at)
+    got, settle_got, modes = _episode("bench-h200-hour-fixed-a30", 100003, True, monkeypatch, snapshot_at)
+    assert not any(modes_ref)
+    assert modes == [snapshot_at is None or k < snapshot_at for k in range(len(modes))]
+    assert len(ref) == len(got)
+    for (o1, r1, m1), (o2, r2, m2) in zip(ref, got):
+        assert np.array_equal(o1, o2) and r1 == r2 and m1 == m2
+    assert settle_ref == settle_got
+
+
+def test_the_pool_leaves_the_kernel_at_anything_it_does_not_hold(monkeypatch):
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    for touch in (lambda p: p.replicas, lambda p: p.gpus, lambda p: p.heap, lambda p: p.live_requests(),
+                  lambda p: setattr(p, "on_step", lambda e: None)):
+        env = CommitServeEnv("bench-h200-hour-fixed-a30")
+        env.reset(seed=100000)
+        pool = env.pool
+        pool.run_until(120.0)
+        assert pool._ks is not None
+        touch(pool)
+        assert pool._ks is None
+        pool.run_until(240.0)  # the Python loop continues
+        assert pool.now == 240.0
