@@ -181,10 +181,45 @@ def _fast_fork(pool: Pool) -> Pool:
     return c
 
 
+def _kernel_fork(pool: Pool) -> Pool:
+    """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
+    GPU objects copied so that a later hand-over to the Python loop writes into its own, every other mutable part
+    rebuilt, the read-only parts shared."""
+    c = Pool.__new__(Pool)
+    d = pool.__dict__
+    c.__dict__.update(d)
+    gmap: dict[int, GPU] = {}
+    for g in d["_gpus"]:
+        ng = GPU.__new__(GPU)
+        ng.__dict__.update(g.__dict__)
+        gmap[id(g)] = ng
+    rmap: dict[int, Replica] = {}
+    for rep in d["_replicas"]:
+        nr = Replica.__new__(Replica)
+        nr.__dict__.update(rep.__dict__)
+        nr.gpu = gmap[id(rep.gpu)]
+        nr.running, nr.waiting, nr.batch, nr.run_reqs = [], deque(), [], []  # (the kernel holds them)
+        rmap[id(rep)] = nr
+    for g in d["_gpus"]:
+        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
+    c.gpus = [gmap[id(g)] for g in d["_gpus"]]
+    c.replicas = [rmap[id(r)] for r in d["_replicas"]]
+    c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
+    c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
+    for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+        setattr(c, name, d[name].copy())
+    c.captured_finish = dict(pool.captured_finish)
+    c.tenant_model = dict(pool.tenant_model)
+    c._ks = pool._ks.copy()
+    return c
+
+
 def fork_pool(pool: Pool, memo: dict[int, Any] | None = None) -> Pool:
     """A deep copy of ``pool`` (ground truth kept: true lengths, truth model, noise state), stepping on alone.
     Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared."""
-    if _fast_forkable(pool):
+    if pool._ks is not None:
+        c = _kernel_fork(pool)
+    elif _fast_forkable(pool):
         c = _fast_fork(pool)
     else:
         m = dict(memo if memo is not None else _read_only_parts(pool))
@@ -283,7 +318,7 @@ class TruthRun:
         if self.done:
             return self.misses()
         q = fork_pool(self.pool, self._memo)
-        q._n = q._cursor  # no more arrivals
+        q.stop_arrivals()
         now = q.now
         q.set_active(now, self.terms.n_replicas)
         q.set_clock(now, max(self.terms.clocks_mhz))

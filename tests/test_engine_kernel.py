@@ -228,3 +228,38 @@ def test_the_pool_leaves_the_kernel_at_anything_it_does_not_hold(monkeypatch):
         assert pool._ks is None
         pool.run_until(240.0)  # the Python loop continues
         assert pool.now == 240.0
+
+
+def test_hindsight_forks_stay_on_the_kernel_and_equal_the_python_loop(monkeypatch):
+    """A fork of a pool the kernel runs stays on the kernel; stepped with the environment's calls it equals a fork
+    handed over to the Python loop, both leave the original untouched, and `stop_arrivals` (the oracle's optimistic
+    estimate) acts alike on both."""
+    from commitenv.hindsight import fork_pool
+    from commitenv.sim.interval import run_interval
+
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100004)
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        env.step({"active": int(rng.integers(1, env.n_replicas + 1)), "clock": int(rng.integers(len(env.clocks_mhz)))})
+    pool = env.pool
+    assert pool._ks is not None
+    before = (pool.events, pool.finish_t.copy(), pool.energy_j())
+    on_kernel, on_python = fork_pool(pool), fork_pool(pool)
+    on_python.replicas  # hands this copy over to the Python loop
+    assert on_kernel._ks is not None and on_python._ks is None and pool._ks is not None
+    cfg = {id(on_kernel): (env.cfg[0], env.cfg[1]), id(on_python): (env.cfg[0], env.cfg[1])}
+    for k in range(10, 40):
+        new = (int(rng.integers(1, env.n_replicas + 1)), int(rng.integers(len(env.clocks_mhz))))
+        for p in (on_kernel, on_python):
+            cfg[id(p)], _ = run_interval(p, cfg[id(p)], new, 60.0 * k + 0.5, 60.0 * (k + 1), env.clocks_mhz)
+        assert on_kernel.energy_j() == on_python.energy_j()
+    for p in (on_kernel, on_python):
+        p.stop_arrivals()
+        p.run_until(math.inf)
+    assert on_kernel.events == on_python.events and on_kernel.now == on_python.now
+    assert np.array_equal(np.nan_to_num(on_kernel.finish_t, nan=-1.0), np.nan_to_num(on_python.finish_t, nan=-1.0))
+    assert np.isnan(on_kernel.finish_t[on_kernel.arrived:]).all()  # nothing arrived after the stop
+    assert (pool.events, pool.energy_j()) == (before[0], before[2])
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(before[1], nan=-1.0))

@@ -10,6 +10,7 @@ holds both to bit-identical results).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -24,7 +25,7 @@ INF = math.inf
 ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
 
 # int64 scalars of the state (``si``)
-I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS = range(7)
+I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N = range(8)  # I_N: requests that arrive at all
 # float64 scalars (``sf``)
 F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (heap or arrival)
 # per-replica float64 columns (``rf``)
@@ -570,7 +571,7 @@ def _set_floor(t, g, power_w, ri, rf, gf):
 def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, coc, gi, gf,
             floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset)."""
-    n = qi.shape[0]
+    n = si[I_N]
     room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
     last = sf[F_NOW]
     while True:
@@ -768,7 +769,8 @@ class KernelState:
             self.ftab = self.fetab = np.zeros((R, 0))
             self._ensure(horizon_s)
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
-        self.si = np.zeros(7, np.int64)
+        self.si = np.zeros(8, np.int64)
+        self.si[I_N] = n
         self.si[I_CURSOR] = pool._cursor
         self.sf = np.array([pool.now, pool.now])
         self.wq = np.full(max(n, 1), -1, np.int64)  # next request in its waiting queue
@@ -826,7 +828,7 @@ class KernelState:
             return
         now0 = self.sf[F_NOW]
         self.sf[F_LAST] = now0
-        while self.si[I_HEAP] or self.si[I_CURSOR] < self.qi.shape[0]:
+        while self.si[I_HEAP] or self.si[I_CURSOR] < self.si[I_N]:
             self._ensure(self.sf[F_NOW] + 3600.0)
             self._advance((self.ftab.shape[1] - 2) * self.cell)
         self.sf[F_NOW] = max(now0, self.sf[F_LAST])
@@ -860,6 +862,19 @@ class KernelState:
             self._room(1)
             _push(self.si, self.ht, self.hk, self.hs, self.hi, self.hv, self.gf[g, GF_PENDING_T], EV_CLOCK, g,
                   self.gi[g, G_VER])
+
+    def copy(self) -> "KernelState":
+        """An independent copy (the state arrays copied; tables, profile and truth source shared, as they only grow
+        or are read)."""
+        c = copy.copy(self)
+        for name in ("qi", "qf", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk", "pend", "ht", "hk", "hs",
+                     "hi", "hv", "e_dyn", "done_out"):
+            setattr(c, name, getattr(self, name).copy())
+        return c
+
+    def stop_arrivals(self) -> None:
+        """No request arrives after the ones already in (`Pool.stop_arrivals`)."""
+        self.si[I_N] = self.si[I_CURSOR]
 
     def waiting_ids(self, x: int) -> list[int]:
         """The requests in replica ``x``'s waiting queue, front first."""

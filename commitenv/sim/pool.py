@@ -238,6 +238,13 @@ class Pool:
         ks, self._ks = self._ks, None
         ks.export_to(self)
 
+    def stop_arrivals(self) -> None:
+        """No request arrives after the ones already in: the rest of the workload is dropped from this pool's future
+        (a hindsight estimate's premise)."""
+        self._n = self._cursor
+        if self._ks is not None:
+            self._ks.stop_arrivals()
+
     def _sync_kernel(self) -> None:
         """Counters, completions and per-request results of the kernel's last call, as the Python loop keeps them."""
         ks = self._ks
