@@ -181,6 +181,11 @@ def _fast_fork(pool: Pool) -> Pool:
     return c
 
 
+# Largest kernel state copied per fork: a search holds many forks, and a kernel state holds every request of the
+# workload (a day's is about 110 MB); larger pools hand over to the Python loop, whose forks copy live requests only.
+_KERNEL_FORK_BYTES = 32 << 20
+
+
 def _kernel_fork(pool: Pool) -> Pool:
     """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
     GPU objects copied so that a later hand-over to the Python loop writes into its own, every other mutable part
@@ -217,7 +222,7 @@ def _kernel_fork(pool: Pool) -> Pool:
 def fork_pool(pool: Pool, memo: dict[int, Any] | None = None) -> Pool:
     """A deep copy of ``pool`` (ground truth kept: true lengths, truth model, noise state), stepping on alone.
     Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared."""
-    if pool._ks is not None:
+    if pool._ks is not None and pool._ks.nbytes <= _KERNEL_FORK_BYTES:
         c = _kernel_fork(pool)
     elif _fast_forkable(pool):
         c = _fast_fork(pool)

@@ -263,3 +263,18 @@ def test_hindsight_forks_stay_on_the_kernel_and_equal_the_python_loop(monkeypatc
     assert np.isnan(on_kernel.finish_t[on_kernel.arrived:]).all()  # nothing arrived after the stop
     assert (pool.events, pool.energy_j()) == (before[0], before[2])
     assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(before[1], nan=-1.0))
+
+
+def test_a_large_pool_forks_on_the_python_loop(monkeypatch):
+    """A fork copies a kernel state only up to a size (a day's, about 100 MB, would be copied per search node):
+    above it the pool hands over and the fork copies live requests only."""
+    from commitenv import hindsight
+
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100000)
+    env.step({"active": env.n_replicas, "clock": env.profile.reference_clock_index})
+    assert 0 < env.pool._ks.nbytes <= hindsight._KERNEL_FORK_BYTES
+    monkeypatch.setattr(hindsight, "_KERNEL_FORK_BYTES", env.pool._ks.nbytes - 1)
+    c = hindsight.fork_pool(env.pool)
+    assert c._ks is None and env.pool._ks is None

@@ -872,6 +872,13 @@ class KernelState:
             setattr(c, name, getattr(self, name).copy())
         return c
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state arrays (what `copy` duplicates)."""
+        return sum(a.nbytes for a in (self.qi, self.qf, self.ri, self.rf, self.gi, self.gf, self.si, self.sf, self.wq,
+                                      self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi,
+                                      self.hv, self.e_dyn, self.done_out))
+
     def stop_arrivals(self) -> None:
         """No request arrives after the ones already in (`Pool.stop_arrivals`)."""
         self.si[I_N] = self.si[I_CURSOR]
