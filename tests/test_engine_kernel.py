@@ -1,6 +1,7 @@
-"""The compiled event loop (`commitenv.sim.kernel`, spike) against `Pool.run_until` on the same requests: the same
-events, bit-identical completion times and bit-identical GPU meters at every interval boundary, on benchmark hours
-and on stressed pools (long queues, KV pressure with thousands of recompute preemptions)."""
+"""The compiled event loop (`commitenv.sim.kernel`) against the Python loop of `Pool` on the same requests, exactly:
+the same events, completion times, states and GPU meters at every interval boundary on benchmark hours and stressed
+pools (long queues, KV pressure with thousands of recompute preemptions), under random active counts and clocks;
+the hand-over to the Python loop (`export_to`), the environment with the kernel on and off, and hindsight forks."""
 
 from __future__ import annotations
 
