@@ -209,6 +209,16 @@ def _cut(rf, ri, rep, t):
 
 
 @njit(cache=True)
+def _batch_add(ri, qi, bq, bk, rep, nb, r, k, need):
+    """Give ``r`` its ``need`` new KV blocks and a place in the batch with ``k`` tokens; the new batch length."""
+    ri[rep, R_FREE] -= need
+    qi[r, Q_BLOCKS] += need
+    bq[rep, nb] = r
+    bk[rep, nb] = k
+    return nb + 1
+
+
+@njit(cache=True)
 def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
     """vLLM V1: running first (preempting the newest on a KV shortage), then waiting in order when nothing was
     preempted. Fills bq/bk; returns (batch length, preempted)."""
@@ -238,11 +248,7 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
                 break
         if not scheduled:
             break
-        ri[rep, R_FREE] -= need
-        qi[r, Q_BLOCKS] += need
-        bq[rep, nb] = r
-        bk[rep, nb] = k
-        nb += 1
+        nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
         budget -= k
         i += 1
     if preempted:
@@ -263,11 +269,7 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
         run[rep, ri[rep, R_RUN_N]] = r
         ri[rep, R_RUN_N] += 1
         qi[r, Q_STARTED] = 1
-        ri[rep, R_FREE] -= need
-        qi[r, Q_BLOCKS] += need
-        bq[rep, nb] = r
-        bk[rep, nb] = k
-        nb += 1
+        nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
         budget -= k
     return nb, False
 
@@ -941,9 +943,8 @@ class KernelState:
             gpu.e_dyn = float(self.e_dyn[g])
         heapq.heapify(heap)
         pool._heap = heap
-        pool._seq, pool._cursor = int(self.si[I_SEQ]), int(self.si[I_CURSOR])
-        pool.live, pool.completed, pool.events = int(self.si[I_LIVE]), int(self.si[I_DONE]), int(self.si[I_EVENTS])
-        pool.now = float(self.sf[F_NOW])
+        pool._seq = int(self.si[I_SEQ])
+        pool._cursor, pool.now, pool.live, pool.completed, pool.events = self.counters()
         pool._pending = []
         pool._refresh_routable(0)
         self.results_into(self.done_out[: int(self.si[I_DONE])], pool.finish_t, pool.first_t, pool.replica_of,
@@ -969,21 +970,10 @@ class KernelState:
         left = q[:, Q_PROMPT] + q[:, Q_GENERATED] - q[:, Q_COMPUTED] - (q[:, Q_GENERATED] > 0)
         return slots, left
 
-    @property
-    def arrived(self) -> int:
-        return int(self.si[I_CURSOR])
-
-    @property
-    def now(self) -> float:
-        return float(self.sf[F_NOW])
-
-    @property
-    def live(self) -> int:
-        return int(self.si[I_LIVE])
-
-    @property
-    def completed(self) -> int:
-        return int(self.si[I_DONE])
+    def counters(self) -> tuple[int, float, int, int, int]:
+        """(arrived, now, live, completed, events), as `Pool` keeps them."""
+        si = self.si
+        return int(si[I_CURSOR]), float(self.sf[F_NOW]), int(si[I_LIVE]), int(si[I_DONE]), int(si[I_EVENTS])
 
     def settle(self, t: float) -> None:
         self._room(self.R)

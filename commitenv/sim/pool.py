@@ -248,8 +248,8 @@ class Pool:
     def _sync_kernel(self) -> None:
         """Counters, completions and per-request results of the kernel's last call, as the Python loop keeps them."""
         ks = self._ks
-        c0, self._cursor = self._cursor, ks.arrived
-        self.now, self.live, self.completed, self.events = ks.now, ks.live, ks.completed, ks.events
+        c0 = self._cursor
+        self._cursor, self.now, self.live, self.completed, self.events = ks.counters()
         rej = np.flatnonzero(self.rejected[c0:self._cursor])
         if len(rej):
             self.finish_t[c0 + rej] = INF
