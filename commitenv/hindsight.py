@@ -133,6 +133,35 @@ def _fast_forkable(pool: Pool) -> bool:
     return all(not (set(vars(r)) - _REPLICA_ATTRS) and r.pcache is None and r.local is None for r in pool.replicas)
 
 
+def _copy_devices(gpus: list[GPU], replicas: list[Replica], c: Pool, cr) -> dict[int, Replica]:
+    """Copies of ``gpus`` and ``replicas``, linked to each other, installed in ``c``; each replica's queues and
+    segment members copied with ``cr`` (None: new empty ones). Returns the map from old replica ids to copies."""
+    gmap: dict[int, GPU] = {}
+    for g in gpus:
+        ng = GPU.__new__(GPU)
+        ng.__dict__.update(g.__dict__)
+        gmap[id(g)] = ng
+    rmap: dict[int, Replica] = {}
+    for rep in replicas:
+        nr = Replica.__new__(Replica)
+        nr.__dict__.update(rep.__dict__)
+        nr.gpu = gmap[id(rep.gpu)]
+        if cr is None:
+            nr.running, nr.waiting, nr.batch, nr.run_reqs = [], deque(), [], []
+        else:
+            nr.running = [cr(r) for r in rep.running]
+            nr.waiting = deque(cr(r) for r in rep.waiting)
+            nr.batch = [(cr(r), k) for r, k in rep.batch]
+            nr.run_reqs = [cr(r) for r in rep.run_reqs]
+        nr.dest = None if rep.dest is None else gmap[id(rep.dest)]
+        rmap[id(rep)] = nr
+    for g in gpus:
+        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
+    c.gpus = [gmap[id(g)] for g in gpus]
+    c.replicas = [rmap[id(r)] for r in replicas]
+    return rmap
+
+
 def _fast_fork(pool: Pool) -> Pool:
     """The deep copy of `fork_pool`, written out for the engine's known attributes (about 10x faster than
     ``copy.deepcopy``): scalars, tuples and the read-only parts are shared, every mutable container is rebuilt."""
@@ -146,26 +175,7 @@ def _fast_fork(pool: Pool) -> Pool:
             x = reqs[id(r)] = r.copy()
         return x
 
-    gmap: dict[int, GPU] = {}
-    for g in pool.gpus:
-        ng = GPU.__new__(GPU)
-        ng.__dict__.update(g.__dict__)
-        gmap[id(g)] = ng
-    rmap: dict[int, Replica] = {}
-    for rep in pool.replicas:
-        nr = Replica.__new__(Replica)
-        nr.__dict__.update(rep.__dict__)
-        nr.gpu = gmap[id(rep.gpu)]
-        nr.running = [cr(r) for r in rep.running]
-        nr.waiting = deque(cr(r) for r in rep.waiting)
-        nr.batch = [(cr(r), k) for r, k in rep.batch]
-        nr.run_reqs = [cr(r) for r in rep.run_reqs]
-        nr.dest = None if rep.dest is None else gmap[id(rep.dest)]
-        rmap[id(rep)] = nr
-    for g in pool.gpus:
-        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
-    c.gpus = [gmap[id(g)] for g in pool.gpus]
-    c.replicas = [rmap[id(r)] for r in pool.replicas]
+    rmap = _copy_devices(pool.gpus, pool.replicas, c, cr)
     c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
     c.unrouted = [cr(r) for r in pool.unrouted]
     c._pending = [rmap[id(r)] for r in pool._pending]
@@ -182,7 +192,7 @@ def _fast_fork(pool: Pool) -> Pool:
 
 
 # Largest kernel state copied per fork: a search holds many forks, and a kernel state holds every request of the
-# workload (a day's is about 110 MB); larger pools hand over to the Python loop, whose forks copy live requests only.
+# workload (a day's is about 100 MiB); larger pools hand over to the Python loop, whose forks copy live requests only.
 _KERNEL_FORK_BYTES = 32 << 20
 
 
@@ -193,22 +203,7 @@ def _kernel_fork(pool: Pool) -> Pool:
     c = Pool.__new__(Pool)
     d = pool.__dict__
     c.__dict__.update(d)
-    gmap: dict[int, GPU] = {}
-    for g in d["_gpus"]:
-        ng = GPU.__new__(GPU)
-        ng.__dict__.update(g.__dict__)
-        gmap[id(g)] = ng
-    rmap: dict[int, Replica] = {}
-    for rep in d["_replicas"]:
-        nr = Replica.__new__(Replica)
-        nr.__dict__.update(rep.__dict__)
-        nr.gpu = gmap[id(rep.gpu)]
-        nr.running, nr.waiting, nr.batch, nr.run_reqs = [], deque(), [], []  # (the kernel holds them)
-        rmap[id(rep)] = nr
-    for g in d["_gpus"]:
-        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
-    c.gpus = [gmap[id(g)] for g in d["_gpus"]]
-    c.replicas = [rmap[id(r)] for r in d["_replicas"]]
+    rmap = _copy_devices(d["_gpus"], d["_replicas"], c, None)  # (idle objects: the kernel holds the queues)
     c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
     c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
     for name in ("finish_t", "first_t", "replica_of", "preemptions"):

@@ -284,8 +284,6 @@ class CommitServeEnv(gym.Env):
         self._pending_done: list[int] = []
         if self._misses_at_completion:
             pool.done_slots = []  # the engine reports completions: misses become known as late answers arrive
-        # deadlines the observation may use: the visible ones where they differ from the true ones
-        self._visible = pool.visible_deadline if pool.visible_deadline is not pool.deadline else None
         self.actions: list[tuple] = []  # ("active" | "clock", t_apply, value): what the controller changed, when
         self.attributor = None
         if self.attribution:  # a hardware pool: its workers' step log and GPU counters (commitenv.attribution.hardware)
@@ -576,7 +574,7 @@ class CommitServeEnv(gym.Env):
         slack = np.empty(0)
         if n_live:  # reduced in numpy: the queue can hold 10^5 requests
             wait_tokens = int(np.maximum(left, 0).sum())
-            slack = (pool.deadline if self._visible is None else pool.visible_deadline)[slots] - now
+            slack = pool.visible_deadline[slots] - now  # (the true deadlines where the scenario shows them)
             overdue = int(np.count_nonzero(slack < 0))
         cnt = pool.counts()
         arrivals = pool.arrived - self.arrived_prev

@@ -723,7 +723,7 @@ class KernelState:
     def covering(cls, pool) -> "KernelState | None":
         return cls(pool) if ENABLED and cls.covers(pool) else None
 
-    def __init__(self, pool, horizon_s: float = 0.0, heap_size: int = 0) -> None:
+    def __init__(self, pool, heap_size: int = 0) -> None:
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors or no noise, one model, one "
                              "full-share instance per GPU, default router, no prefix cache, no local policy, no step "
@@ -769,7 +769,7 @@ class KernelState:
         else:
             self.cell = float(pool.truth._cell)
             self.ftab = self.fetab = np.zeros((R, 0))
-            self._ensure(horizon_s)
+            self._ensure(0.0)
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
         self.si = np.zeros(8, np.int64)
         self.si[I_N] = n

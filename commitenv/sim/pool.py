@@ -395,7 +395,7 @@ class Pool:
     # ================================================================================ event loop
     def _push(self, t: float, kind: int, idx: int, version: int) -> None:
         self._seq += 1
-        heapq.heappush(self.heap, (t, kind, self._seq, idx, version))
+        heapq.heappush(self._heap, (t, kind, self._seq, idx, version))  # (Python loop only: no hand-over check)
 
     def _start(self, rep: Replica, t: float) -> None:
         if rep.state == MOVING:
@@ -454,7 +454,8 @@ class Pool:
                 self._sync_kernel()
                 return
             self._leave_kernel()
-        heap = self.heap
+        heap = self._heap  # (from here on the Python loop runs: read its state directly)
+        replicas = self._replicas
         arr = self._arr
         n = self._n
         last = self.now
@@ -473,7 +474,7 @@ class Pool:
                 last = t
                 self.events += 1
                 if kind == EV_SEG:
-                    rep = self.replicas[idx]
+                    rep = replicas[idx]
                     if rep.version != ver:
                         continue
                     self._finish_segment(rep, t)
@@ -487,7 +488,7 @@ class Pool:
                     else:
                         self._start(rep, t)
                 elif kind == EV_WAKE:
-                    rep = self.replicas[idx]
+                    rep = replicas[idx]
                     if rep.version != ver or rep.state != WAKING:
                         continue
                     rep.state = ACTIVE
@@ -495,7 +496,7 @@ class Pool:
                     self._refresh_routable(rep.model)
                     self._redistribute(rep.model, t)
                 elif kind == EV_LOAD:
-                    rep = self.replicas[idx]
+                    rep = replicas[idx]
                     if rep.version != ver or rep.state != LOADING:
                         continue
                     self._loaded(rep, t)
