@@ -14,7 +14,7 @@ from commitenv.envs import CommitServeEnv
 from commitenv.scenarios.build import engine_options
 from commitenv.sim import kernel
 from commitenv.sim.kernel import KernelState
-from commitenv.sim.pool import Pool, PoolLayout
+from commitenv.sim.pool import EngineOptions, Pool, PoolLayout
 
 
 @pytest.fixture(autouse=True)
@@ -175,12 +175,108 @@ def test_export_hands_the_state_back_to_the_python_engine(case):
 
 
 def test_kernel_refuses_what_it_does_not_cover():
+    """The legacy per-segment noise draws in a different order than the kernel's truth tables: such a pool stays on
+    the Python loop."""
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)
-    pool = env.pool
-    pool.run_until(1.0)
+    pool = Pool(env.profiles, PoolLayout.single(4), EngineOptions(seed=0))
+    pool.attach(env.table)
+    assert pool.noise is not None and pool.truth is None
+    assert not KernelState.covers(pool)
     with pytest.raises(ValueError, match="covered subset"):
         KernelState(pool)
+
+
+def _drive(pools, rng, R, mhz, t):
+    """The same random active count and clock on every pool at ``t``."""
+    count, f = int(rng.integers(1, R + 1)), int(mhz[rng.integers(len(mhz))])
+    for p in pools:
+        p.set_active(t, count)
+        p.set_clock(t, f)
+
+
+def _results(p: Pool) -> tuple:
+    return (p.events, p.now, p.completed, p.live, p.arrived, p.energy_j(),
+            *(np.nan_to_num(getattr(p, name), nan=-1.0).tolist() for name in ("finish_t", "first_t", "replica_of",
+                                                                               "preemptions")))
+
+
+@pytest.mark.parametrize("leave_at", [None, 45], ids=["to-the-end", "handed-back"])
+@pytest.mark.parametrize("case", ["h200-hour", "h20-hour-8gpu-lowest-clock", "h200-hour-3gpu-kv-pressure"])
+def test_a_pool_mid_run_continues_on_the_kernel(monkeypatch, case, leave_at):
+    """A pool that served 20 intervals on the Python loop is imported mid-interval (segments in flight, a wake and a
+    clock change pending, queues full under KV pressure) and continues on the kernel through `Pool`'s calls: every
+    meter reading, completion and result equals a pool that stayed on the Python loop; with ``leave_at`` the state
+    is handed back to the Python loop there and the results still agree."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    a = _pool(scenario, seed, gpus, clock, kv_extra)
+    b = _pool(scenario, seed, gpus, clock, kv_extra)
+    R = len(a.replicas)
+    mhz = [lvl.mhz for lvl in a.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 3)
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    in_flight = pending = 0
+    for k in range(60):
+        t = 60.0 * k
+        _drive((a, b), rng, R, mhz, t + 0.5)
+        for p in (a, b):
+            p.run_until(t + 0.7)
+        if k >= 20 and b._ks is None and b.live > 0 and leave_at != -1:  # (the first boundary with requests live)
+            in_flight = sum(r.seg != 0 for r in b.replicas)
+            pending = sum(g.pending_clock is not None for g in b.gpus) + sum(r.state == 3 for r in b.replicas)
+            assert b.use_kernel() and b._ks.n_live == b.live
+            leave_at = leave_at if leave_at is None else max(leave_at, k + 1)
+        if k == leave_at:
+            leave_at = -1
+            b.replicas  # hands the kernel's state back to the Python loop
+            assert b._ks is None
+        for p in (a, b):
+            p.run_until(t + 60.0)
+            p.settle(t + 60.0)
+        assert a.energy_j() == b.energy_j(), f"meters at {t + 60}"
+        assert a.live == b.live and a.completed == b.completed
+    assert (b._ks is not None) == (leave_at is None)  # (-1: handed back)
+    assert in_flight > 0 and pending > 0  # the import carried segments and pending events
+    for p in (a, b):
+        p.run_until(math.inf)
+    assert _results(a) == _results(b)
+
+
+@pytest.mark.parametrize("case", ["h200-hour", "h200-hour-3gpu-kv-pressure"])
+def test_what_if_copies_run_on_the_kernel_with_identical_predictions(monkeypatch, case):
+    """`simulate` from snapshots of a truth pool (the what-if copy is nominal: energy scaled by the power bias,
+    predicted lengths, visible deadlines) gives the same `WhatIf` with the kernel as on the Python loop, for every
+    candidate, with and without replayed arrivals and with them tracked to completion."""
+    from commitenv.sim import observed_arrivals, simulate, take_snapshot
+
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    pool = _pool(scenario, seed, gpus, clock, kv_extra)
+    R = len(pool.replicas)
+    mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 5)
+    used = []
+    real_use = Pool.use_kernel
+    monkeypatch.setattr(Pool, "use_kernel", lambda p: used.append(real_use(p)) or used[-1])
+    checked = 0
+    for k in range(40):
+        _drive((pool,), rng, R, mhz, 60.0 * k + 0.5)
+        pool.run_until(60.0 * (k + 1))
+        pool.settle(60.0 * (k + 1))
+        if k % 13 != 12:
+            continue
+        snap = take_snapshot(pool)
+        replay = observed_arrivals(pool, 120.0)
+        for active, f in [(1, mhz[0]), (R, mhz[-1]), ((R + 1) // 2, mhz[len(mhz) // 2])]:
+            for arrivals, track in ((None, False), (replay, False), (replay, True)):
+                out = {}
+                for on in (False, True):
+                    monkeypatch.setattr(kernel, "ENABLED", on)
+                    used.clear()
+                    out[on] = simulate(snap, active, f, 120.0, arrivals, track_arrivals=track)
+                    assert used == [on]  # the copy ran where it was meant to
+                assert out[True] == out[False]
+                checked += 1
+    assert checked == 27
 
 
 def _episode(scenario: str, seed: int, enabled: bool, monkeypatch, snapshot_at: int | None = None):

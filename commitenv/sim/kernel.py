@@ -25,7 +25,8 @@ INF = math.inf
 ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
 
 # int64 scalars of the state (``si``)
-I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N = range(8)  # I_N: requests that arrive at all
+I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR = range(10)
+# I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured
 # float64 scalars (``sf``)
 F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (heap or arrival)
 # per-replica float64 columns (``rf``)
@@ -380,7 +381,7 @@ def _decode(ri, qi, bq, rep, m, bs):
 
 
 @njit(cache=True)
-def _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, bs, done_out, si):
+def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, bs, done_out, si):
     """Book the segment's energy above its floor, apply its progress, complete finished requests."""
     e_dyn[rep] += rf[rep, R_ENERGY] - (rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T]))
     seg = ri[rep, R_SEG]
@@ -411,6 +412,8 @@ def _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, bs, done_out, si
                 qf[r, Q_FIRST] = qf[r, Q_FIRST] + qf[r, Q_OVERHEAD]
                 qi[r, Q_REPLICA] = rep
                 done_out[si[I_DONE] - 1] = r
+                if qc[r]:
+                    si[I_CAPLEFT] -= 1
             else:
                 run[rep, w] = r
                 w += 1
@@ -570,9 +573,10 @@ def _set_floor(t, g, power_w, ri, rf, gf):
 
 
 @njit(cache=True)
-def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, coc, gi, gf,
-            floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
-    """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset)."""
+def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
+            coc, gi, gf, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
+    """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
+    ``stop_captured``, stop at the segment end that finishes the last captured request."""
     n = si[I_N]
     room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
     last = sf[F_NOW]
@@ -617,7 +621,10 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
                 continue
             if ri[rep, R_VER] != ver:
                 continue
-            _finish_segment(t, rep, ri, rf, qi, qf, run, bq, bk, e_dyn, sched[2], done_out, si)
+            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched[2], done_out, si)
+            if stop_captured and si[I_CAPLEFT] == 0:
+                sf[F_NOW] = t
+                return 0
             cur = si[I_CURSOR]
             if (cur < n and qf[cur, Q_ARRIVAL] == t) or (si[I_HEAP] > 0 and ht[0] == t) or si[I_PEND] > 0:
                 if ri[rep, R_PENDING] == 0:
@@ -638,6 +645,9 @@ def advance(t_end, si, sf, ri, rf, qi, qf, rejected, wq, run, bq, bk, pend, ht, 
             if rejected[i]:
                 qf[i, Q_FINISH] = INF
                 continue
+            if si[I_CAPARR]:
+                qc[i] = 1
+                si[I_CAPLEFT] += 1
             si[I_LIVE] += 1
             _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
     sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
@@ -703,21 +713,30 @@ def meter(t, ri, rf, gf, e_dyn):
 
 
 class KernelState:
-    """The arrays `advance` works on, taken from a `Pool` that has attached its workload and served nothing yet."""
+    """The arrays `advance` works on, imported from a `Pool`'s state: its workload's rows still to arrive and, when
+    it has served already (a what-if copy, say), its live requests, segments in flight and pending events.
+
+    Requests are indexed live ones first (by slot, so index order is arrival order), then the workload's rows:
+    index ``n_live + row``; `slots` maps indices back to the pool's request slots."""
 
     @staticmethod
     def covers(pool) -> bool:
-        """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU,
-        the truth model or no noise (not the legacy per-segment noise), the default router, no prefix cache, local
-        policy, step log, hook or captured arrivals, closed-form runs, and nothing served or scheduled yet."""
+        """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU
+        without a prefix cache or local policy, the truth model, a what-if copy's nominal model or no noise (not the
+        legacy per-segment noise), the default router, no step log or hook, closed-form runs, no request unrouted
+        or migrating and no replica loading or moving."""
+        from commitenv.sim.truth import NominalModel
+
         reps, gpus = pool._replicas, pool._gpus
-        return (pool.noise is pool.truth and pool.dispatch is None and pool._hashes is None and pool.log is None
+        noise_ok = pool.noise is pool.truth or (pool.truth is None and isinstance(pool.noise, NominalModel))
+        return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.log is None
                 and pool.on_step is None and pool.n_models == 1 and len(reps) == len(gpus) and pool.opt.closed_form
-                and not pool._heap and not pool.unrouted and not pool.transit and not pool._capture_arrivals
-                and pool._slot_base == 0 and pool._n_results == pool._n
-                and all(g.pending_clock is None and g.replicas == [r] for g, r in zip(gpus, reps))
-                and all(r.local is None and r.share == 1.0 and r.state in (ACTIVE, DRAINING, STANDBY)
-                        and not r.has_work() and r.seg == SEG_NONE for r in reps))
+                and not pool.unrouted and not pool.transit and not pool._pending
+                and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
+                and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
+                and all(g.replicas == [r] and g.index == r.index == x for x, (g, r) in enumerate(zip(gpus, reps)))
+                and all(r.local is None and r.pcache is None and r.share == 1.0 and not r.pending_start
+                        and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps))
 
     @classmethod
     def covering(cls, pool) -> "KernelState | None":
@@ -725,66 +744,124 @@ class KernelState:
 
     def __init__(self, pool, heap_size: int = 0) -> None:
         if not self.covers(pool):
-            raise ValueError("kernel: pool outside the covered subset (truth factors or no noise, one model, one "
-                             "full-share instance per GPU, default router, no prefix cache, no local policy, no step "
-                             "log or hook, nothing served yet)")
-        R, n = len(pool._replicas), pool._n
+            raise ValueError("kernel: pool outside the covered subset (truth factors, nominal or no noise, one model, "
+                             "one full-share instance per GPU, default router, no prefix cache, no local policy, no "
+                             "step log or hook, nothing unrouted, migrating, loading or moving)")
+        from commitenv.sim.truth import NominalModel
+
+        reps, gpus = pool._replicas, pool._gpus
+        live = sorted((r for rep in reps for q in (rep.running, rep.waiting) for r in q), key=lambda r: r.slot)
+        L, n = len(live), pool._n
+        N = L + n
         sch = pool.profiles[0].scheduler
-        self.R = R
-        self.qi = np.zeros((n, 8), np.int64)
-        self.qf = np.zeros((n, 4))
-        self.qi[:, Q_PROMPT] = pool._prompt
-        self.qi[:, Q_OUT] = pool._out
+        self.R = R = len(reps)
+        self.n_live = L
+        self._live = live  # the imported requests (their objects are reused by `export_to`)
+        self.live_slots = np.array([r.slot for r in live], np.int64)
+        self.slot_base = pool._slot_base
+        self.qi = np.zeros((N, 8), np.int64)
+        self.qf = np.zeros((N, 4))
+        self.qc = np.zeros(N, np.uint8)  # captured (a what-if run reports its finish)
+        if n:
+            self.qi[L:, Q_PROMPT] = pool._prompt[:n]
+            self.qi[L:, Q_OUT] = pool._out[:n]
+            self.qf[L:, Q_ARRIVAL] = pool._arr[:n]
         self.qi[:, Q_REPLICA] = -1
-        self.qf[:, Q_ARRIVAL] = pool._arr
-        self.qf[:, Q_FIRST] = -1.0
+        self.qf[L:, Q_FIRST] = -1.0
         self.qf[:, Q_FINISH] = np.nan
-        self.qf[:, Q_OVERHEAD] = pool.overhead_s if pool.overhead_s is not None else 0.0
-        self.rejected = np.asarray(pool.rejected, dtype=np.bool_)
-        self.ri = np.zeros((R, 12), np.int64)
-        self.rf = np.zeros((R, 12))
+        oh = pool.overhead_s
+        if oh is not None:
+            self.qf[L:, Q_OVERHEAD] = oh[:n] if pool._slot_base == 0 else 0.0
+        index = {}
+        for k, r in enumerate(live):
+            index[id(r)] = k
+            self.qi[k] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions, r.replica)
+            self.qf[k] = (r.arrival, r.first_t, np.nan,
+                          oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
+            self.qc[k] = r.captured
+        self.rejected = np.zeros(N, np.bool_)
+        if n:
+            self.rejected[L:] = np.asarray(pool.rejected[:n], dtype=np.bool_)
         prof = pool.profiles[0]
         self.profile = prof
         self.coc = np.zeros((len(prof.clocks), 10))
         for ci in range(len(prof.clocks)):
             c = coeffs_for(prof, ci, 1.0)
             self.coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
-        for x, rep in enumerate(pool._replicas):
-            self.ri[x, R_FREE] = rep.free_blocks
-            self.ri[x, R_UNF] = rep.unf
-            self.ri[x, R_STATE] = rep.state
-            self.ri[x, R_VER] = rep.version
+        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
+        self.wq = np.full(max(N, 1), -1, np.int64)  # next request in its waiting queue
+        self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.ri = np.zeros((R, 12), np.int64)
+        self.rf = np.zeros((R, 12))
+        for x, rep in enumerate(reps):
+            if len(rep.running) > sch.max_seqs:
+                raise ValueError(f"kernel: replica {x} runs {len(rep.running)} requests, above max_seqs {sch.max_seqs}")
+            ri, rf = self.ri[x], self.rf[x]
+            ri[R_UNF], ri[R_FREE], ri[R_STATE], ri[R_VER] = rep.unf, rep.free_blocks, rep.state, rep.version
+            ri[R_RUN_N] = len(rep.running)
+            self.run[x, : len(rep.running)] = [index[id(r)] for r in rep.running]
+            for r in rep.waiting:
+                _wpush_back(self.ri, self.wq, x, index[id(r)])
+            ri[R_SEG], ri[R_K] = rep.seg, rep.run_k
+            members = [r for r, _ in rep.batch] if rep.seg == SEG_STEP else (rep.run_reqs if rep.seg == SEG_RUN else [])
+            ri[R_BATCH_N] = len(members)
+            self.bq[x, : len(members)] = [index[id(r)] for r in members]
+            if rep.seg == SEG_STEP:
+                self.bk[x, : len(members)] = [k for _, k in rep.batch]
+            rf[R_T0], rf[R_T1], rf[R_BT0], rf[R_D], rf[R_E0], rf[R_F] = rep.t0, rep.t1, rep.T0, rep.D, rep.E0, rep.F
+            rf[R_FT], rf[R_FE], rf[R_ENERGY] = rep.ft, rep.fe, rep.seg_energy
+            rf[R_FLOOR_W], rf[R_FLOOR_T], rf[R_FLOOR_ACC] = rep.seg_floor_w, rep.seg_floor_t, rep.seg_floor_acc
         self.gi = np.zeros((R, 3), np.int64)
         self.gf = np.zeros((R, 4))
         # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
         self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
-                                     prof.standby_w * g.power_factor] for lvl in prof.clocks] for g in pool._gpus])
-        for g, gpu in enumerate(pool._gpus):
-            self.gi[g] = (gpu.clock_idx, -1, gpu.version)
-            self.gf[g] = (0.0, gpu.floor_w, gpu.t_floor, gpu.e_floor)
+                                     prof.standby_w * g.power_factor] for lvl in prof.clocks] for g in gpus])
+        for g, gpu in enumerate(gpus):
+            self.gi[g] = (gpu.clock_idx, -1 if gpu.pending_clock is None else gpu.pending_clock, gpu.version)
+            self.gf[g] = (gpu.pending_t, gpu.floor_w, gpu.t_floor, gpu.e_floor)
+        self.e_dyn = np.array([gpu.e_dyn for gpu in gpus], dtype=np.float64)
         self._truth = pool.truth
-        if pool.truth is None:  # no noise: unit factors in one endless cell
+        if pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
             self.cell = INF
-            self.ftab, self.fetab = np.ones((R, 1)), np.ones((R, 1))
+            fe = pool.noise.energy_factor if isinstance(pool.noise, NominalModel) else 1.0
+            self.ftab, self.fetab = np.ones((R, 1)), np.full((R, 1), fe)
         else:
             self.cell = float(pool.truth._cell)
             self.ftab = self.fetab = np.zeros((R, 0))
-            self._ensure(0.0)
-        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
-        self.si = np.zeros(8, np.int64)
-        self.si[I_N] = n
-        self.si[I_CURSOR] = pool._cursor
+            self._ensure(pool.now)
+        self.si = np.zeros(10, np.int64)
+        self.si[I_N] = N
+        self.si[I_CURSOR] = L + pool._cursor
+        self.si[I_SEQ] = pool._seq
+        self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
+        self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
+        self.done0 = pool.completed  # completions before the import (``I_DONE`` counts the kernel's own)
         self.sf = np.array([pool.now, pool.now])
-        self.wq = np.full(max(n, 1), -1, np.int64)  # next request in its waiting queue
-        self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.pend = np.zeros(R, np.int64)
-        size = max(heap_size, 2 * R + 8) if heap_size else 8 * R + 64  # (grown on demand)
+        heap = pool._heap
+        size = max(heap_size, 2 * R + 8, 2 * len(heap)) if heap_size else 8 * R + 64 + 2 * len(heap)
         self.ht = np.zeros(size)
         self.hk, self.hs, self.hi, self.hv = (np.zeros(size, np.int64) for _ in range(4))
-        self.e_dyn = np.zeros(R)
-        self.done_out = np.zeros(n, np.int64)
+        self.si[I_HEAP] = len(heap)
+        if heap:  # (heapq's list is a binary heap under the same order: copied as it stands)
+            cols = list(zip(*heap))
+            self.ht[: len(heap)] = cols[0]
+            for a, col in zip((self.hk, self.hs, self.hi, self.hv), cols[1:]):
+                a[: len(heap)] = col
+        self.done_out = np.zeros(N, np.int64)
+
+    def slots(self, idx: np.ndarray) -> np.ndarray:
+        """The pool's request slots of kernel indices ``idx``."""
+        idx = np.asarray(idx, np.int64)
+        L = self.n_live
+        if L == 0:
+            return idx + self.slot_base if self.slot_base else idx
+        out = idx - L + self.slot_base
+        low = idx < L
+        out[low] = self.live_slots[idx[low]]
+        return out
 
     def _ensure(self, t: float) -> None:
         """Truth factor tables covering every segment that starts at or before ``t`` (generated as the pool would,
@@ -812,22 +889,25 @@ class KernelState:
         self.hk, self.hs, self.hi, self.hv = (np.concatenate([a, np.zeros(new - size, np.int64)])
                                               for a in (self.hk, self.hs, self.hi, self.hv))
 
-    def _advance(self, t_end: float) -> None:
-        while self._advance_once(t_end):
+    def _advance(self, t_end: float, stop_captured: bool = False) -> None:
+        while self._advance_once(t_end, stop_captured):
             self._room(self.ht.shape[0])
 
-    def _advance_once(self, t_end: float) -> int:
-        return advance(t_end, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.rejected, self.wq, self.run,
-                self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.coc, self.gi, self.gf,
-                self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.e_dyn, self.done_out)
+    def _advance_once(self, t_end: float, stop_captured: bool) -> int:
+        return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
+                       self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
+                       self.hi, self.hv, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
+                       self.sched, self.e_dyn, self.done_out)
 
-    def advance(self, t_end: float) -> None:
-        """`Pool.run_until(t_end)`; to the end of all work when ``t_end`` is infinite (then, as the pool, the clock
-        stops at the last event)."""
+    def advance(self, t_end: float, stop_captured: bool = False) -> None:
+        """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
+        infinite (then, as the pool, the clock stops at the last event)."""
         if t_end < INF or self._truth is None:
             self._ensure(t_end)
-            self._advance(t_end)
+            self._advance(t_end, stop_captured)
             return
+        if stop_captured:
+            raise ValueError("kernel: stop_captured needs a finite end under a truth model")
         now0 = self.sf[F_NOW]
         self.sf[F_LAST] = now0
         while self.si[I_HEAP] or self.si[I_CURSOR] < self.si[I_N]:
@@ -869,15 +949,15 @@ class KernelState:
         """An independent copy (the state arrays copied; tables, profile and truth source shared, as they only grow
         or are read)."""
         c = copy.copy(self)
-        for name in ("qi", "qf", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk", "pend", "ht", "hk", "hs",
-                     "hi", "hv", "e_dyn", "done_out"):
+        for name in ("qi", "qf", "qc", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk", "pend", "ht", "hk",
+                     "hs", "hi", "hv", "e_dyn", "done_out"):
             setattr(c, name, getattr(self, name).copy())
         return c
 
     @property
     def nbytes(self) -> int:
         """Bytes of the state arrays (what `copy` duplicates)."""
-        return sum(a.nbytes for a in (self.qi, self.qf, self.ri, self.rf, self.gi, self.gf, self.si, self.sf, self.wq,
+        return sum(a.nbytes for a in (self.qi, self.qf, self.qc, self.ri, self.rf, self.gi, self.gf, self.si, self.sf, self.wq,
                                       self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi,
                                       self.hv, self.e_dyn, self.done_out))
 
@@ -892,7 +972,8 @@ class KernelState:
     def export_to(self, pool) -> None:
         """Write the kernel's state back into ``pool`` (the pool it was taken from), so the Python engine continues
         exactly where the kernel stopped: live requests as `Req` objects in the replicas' queues and segments,
-        replica, GPU and heap state, counters and the per-request results of the finished requests."""
+        replica, GPU and heap state, counters, captured completions and the per-request results of the finished
+        requests."""
         import heapq
         from collections import deque
 
@@ -901,15 +982,23 @@ class KernelState:
         qi, qf, ri, rf, gi, gf = self.qi, self.qf, self.ri, self.rf, self.gi, self.gf
         if self.si[I_PEND]:
             raise RuntimeError("kernel: export with replicas pending a start")
+        L = self.n_live
         reqs: dict[int, Req] = {}
 
-        def req(i: int) -> Req:
-            r = reqs.get(i)
+        def req(k: int) -> Req:
+            r = reqs.get(k)
             if r is None:
-                r = reqs[i] = Req(i, pool._arr[i], pool._prompt[i], pool._out[i], pool._deadline[i], pool._model[i])
-                r.computed, r.generated, r.blocks = int(qi[i, Q_COMPUTED]), int(qi[i, Q_GENERATED]), int(qi[i, Q_BLOCKS])
-                r.replica, r.started = int(qi[i, Q_REPLICA]), bool(qi[i, Q_STARTED])
-                r.first_t, r.preemptions = float(qf[i, Q_FIRST]), int(qi[i, Q_PREEMPT])
+                if k < L:
+                    r = self._live[k].copy()
+                else:
+                    i = k - L
+                    r = Req(self.slot_base + i, pool._arr[i], pool._prompt[i], pool._out[i], pool._deadline[i],
+                            pool._model[i])
+                r.computed, r.generated, r.blocks = int(qi[k, Q_COMPUTED]), int(qi[k, Q_GENERATED]), int(qi[k, Q_BLOCKS])
+                r.replica, r.started = int(qi[k, Q_REPLICA]), bool(qi[k, Q_STARTED])
+                r.first_t, r.preemptions = float(qf[k, Q_FIRST]), int(qi[k, Q_PREEMPT])
+                r.captured = bool(self.qc[k])
+                reqs[k] = r
             return r
 
         heap = [(float(self.ht[j]), int(self.hk[j]), int(self.hs[j]), int(self.hi[j]), int(self.hv[j]))
@@ -944,20 +1033,21 @@ class KernelState:
         heapq.heapify(heap)
         pool._heap = heap
         pool._seq = int(self.si[I_SEQ])
-        pool._cursor, pool.now, pool.live, pool.completed, pool.events = self.counters()
         pool._pending = []
         pool._refresh_routable(0)
-        self.results_into(self.done_out[: int(self.si[I_DONE])], pool.finish_t, pool.first_t, pool.replica_of,
-                          pool.preemptions)
-        arrived = np.arange(int(self.si[I_CURSOR]))
-        pool.finish_t[arrived[self.rejected[arrived]]] = INF
+        pool.sync_from_kernel(self)
 
-    def results_into(self, done: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:
-        """Per-request results of the finished requests ``done``, as `Pool._complete` records them."""
-        finish_t[done] = self.qf[done, Q_FINISH]
-        first_t[done] = self.qf[done, Q_FIRST]
-        replica_of[done] = self.qi[done, Q_REPLICA]
-        preemptions[done] = self.qi[done, Q_PREEMPT]
+    def finished(self, start: int) -> np.ndarray:
+        """Kernel indices of the requests the kernel finished, from its ``start``-th completion on."""
+        return self.done_out[start : int(self.si[I_DONE])]
+
+    def results_into(self, done: np.ndarray, rows: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:
+        """Per-request results of the finished requests ``done`` (kernel indices) into the pool's result arrays at
+        ``rows``, as `Pool._complete` records them."""
+        finish_t[rows] = self.qf[done, Q_FINISH]
+        first_t[rows] = self.qf[done, Q_FIRST]
+        replica_of[rows] = self.qi[done, Q_REPLICA]
+        preemptions[rows] = self.qi[done, Q_PREEMPT]
 
     def queue_counts(self) -> tuple[int, int]:
         """(waiting, running) requests over the pool."""
@@ -965,15 +1055,16 @@ class KernelState:
 
     def live_state(self) -> tuple[np.ndarray, np.ndarray]:
         """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
-        slots = _live(self.ri, self.wq, self.run)
-        q = self.qi[slots]
+        idx = _live(self.ri, self.wq, self.run)
+        q = self.qi[idx]
         left = q[:, Q_PROMPT] + q[:, Q_GENERATED] - q[:, Q_COMPUTED] - (q[:, Q_GENERATED] > 0)
-        return slots, left
+        return self.slots(idx), left
 
     def counters(self) -> tuple[int, float, int, int, int]:
-        """(arrived, now, live, completed, events), as `Pool` keeps them."""
+        """(arrived, now, live, completed, events), as `Pool` keeps them (arrived counts the workload's rows)."""
         si = self.si
-        return int(si[I_CURSOR]), float(self.sf[F_NOW]), int(si[I_LIVE]), int(si[I_DONE]), int(si[I_EVENTS])
+        return (int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]), self.done0 + int(si[I_DONE]),
+                int(si[I_EVENTS]))
 
     def settle(self, t: float) -> None:
         self._room(self.R)
@@ -986,6 +1077,10 @@ class KernelState:
     @property
     def events(self) -> int:
         return int(self.si[I_EVENTS])
+
+    @property
+    def captured_left(self) -> int:
+        return int(self.si[I_CAPLEFT])
 
     @property
     def finish_t(self) -> np.ndarray:

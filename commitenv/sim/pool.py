@@ -245,20 +245,39 @@ class Pool:
         if self._ks is not None:
             self._ks.stop_arrivals()
 
+    def use_kernel(self) -> bool:
+        """Run the event loop in the kernel from the current state on, if the kernel covers this pool (a what-if copy
+        calls it once set up); whether it does."""
+        if self._ks is None:
+            self._enter_kernel()
+        return self._ks is not None
+
     def _sync_kernel(self) -> None:
-        """Counters, completions and per-request results of the kernel's last call, as the Python loop keeps them."""
-        ks = self._ks
+        self.sync_from_kernel(self._ks)
+
+    def sync_from_kernel(self, ks) -> None:
+        """Counters, completions, captured finishes and per-request results of the kernel's last call, as the Python
+        loop keeps them."""
         c0 = self._cursor
         self._cursor, self.now, self.live, self.completed, self.events = ks.counters()
-        rej = np.flatnonzero(self.rejected[c0:self._cursor])
-        if len(rej):
-            self.finish_t[c0 + rej] = INF
-        if self.completed > self._ks_done:
-            done = ks.done_out[self._ks_done : self.completed]
-            self._ks_done = self.completed
-            ks.results_into(done, self.finish_t, self.first_t, self.replica_of, self.preemptions)
-            if self.done_slots is not None:
-                self.done_slots.extend(done.tolist())
+        if self._n_results and self._slot_base == 0:
+            rej = np.flatnonzero(self.rejected[c0:self._cursor])
+            if len(rej):
+                self.finish_t[c0 + rej] = INF
+        done = ks.finished(self._ks_done)
+        if len(done):
+            self._ks_done += len(done)
+            slots = ks.slots(done)
+            if self._n_results:
+                keep = slots < self._n_results
+                rows = slots[keep]
+                ks.results_into(done[keep], rows, self.finish_t, self.first_t, self.replica_of, self.preemptions)
+                if self.done_slots is not None:
+                    self.done_slots.extend(rows.tolist())
+            cap = ks.qc[done] != 0
+            if cap.any():  # (a captured request's finish carries no overhead: `KernelState.covers`)
+                self.captured_finish.update(zip(slots[cap].tolist(), ks.finish_t[done[cap]].tolist()))
+        self.captured_left = int(ks.captured_left)
 
     def __init__(
         self,
@@ -449,8 +468,9 @@ class Pool:
     def run_until(self, t_end: float, *, stop_when_captured_done: bool = False) -> None:
         """Advance the simulation through every event at or before ``t_end``."""
         if self._ks is not None:
-            if not stop_when_captured_done and self.opt.closed_form:  # (options a test may change after attach)
-                self._ks.advance(t_end)
+            # (options a test may change after attach; stopping at the captured ones needs an end under a truth)
+            if self.opt.closed_form and (not stop_when_captured_done or t_end < INF or self.truth is None):
+                self._ks.advance(t_end, stop_when_captured_done)
                 self._sync_kernel()
                 return
             self._leave_kernel()
