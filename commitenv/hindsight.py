@@ -104,7 +104,7 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
 
 _POOL_ATTRS = frozenset({
     "_arr", "_capture_arrivals", "_cursor", "_deadline", "_dispatch", "_gpus", "_hashes", "_heap", "_hoff", "_ks",
-    "_ks_done", "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq",
+    "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq",
     "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls",
     "dispatch_s", "done_slots", "events", "finish_t", "first_t", "layout", "live", "local_calls", "local_s", "log",
     "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise", "now", "opt",

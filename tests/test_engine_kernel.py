@@ -312,6 +312,35 @@ def test_the_environment_on_the_kernel_equals_the_python_loop(monkeypatch, snaps
     assert settle_ref == settle_got
 
 
+def test_rows_loaded_as_the_clock_nears_them_and_finished_ones_dropped(monkeypatch):
+    """With rows loaded only 20 s ahead, the state is compacted again and again (finished requests dropped, the
+    live ones re-indexed mid-segment and mid-queue) and grows as queues build: the episode still equals the Python
+    loop bit for bit, the state stays a fraction of the workload, and `counts` and `live_state` agree throughout."""
+    monkeypatch.setattr(KernelState, "LOOKAHEAD_S", 20.0)
+    ref, settle_ref, _ = _episode("bench-h200-hour-fixed-a30", 100001, False, monkeypatch)
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100001)
+    rng = np.random.default_rng(100001)
+    compactions, largest, done, k = set(), 0, False, 0
+    while not done:
+        a = {"active": int(rng.integers(1, env.n_replicas + 1)), "clock": int(rng.integers(len(env.clocks_mhz)))}
+        obs, r, done, _, info = env.step(a)
+        ks = env.pool._ks
+        assert ks is not None
+        compactions.add(ks.row0)
+        largest = max(largest, int(ks.si[kernel.I_N]))
+        o, rr, m = ref[k]
+        assert np.array_equal(obs, o) and r == rr and info["new_misses"] == m, f"step {k}"
+        slots, left = env.pool.live_state()
+        assert len(slots) == env.pool.live == env.pool.counts()["waiting"] + env.pool.counts()["running"]
+        assert (np.diff(np.sort(slots)) > 0).all() and (left >= 0).all()
+        k += 1
+    assert info["settlement"] == settle_ref
+    assert len(compactions) > 30  # compacted at most steps
+    assert largest < len(env.table) // 4
+
+
 def test_the_pool_leaves_the_kernel_at_anything_it_does_not_hold(monkeypatch):
     monkeypatch.setattr(kernel, "ENABLED", True)
     for touch in (lambda p: p.replicas, lambda p: p.gpus, lambda p: p.heap, lambda p: p.live_requests(),
@@ -360,6 +389,30 @@ def test_hindsight_forks_stay_on_the_kernel_and_equal_the_python_loop(monkeypatc
     assert np.isnan(on_kernel.finish_t[on_kernel.arrived:]).all()  # nothing arrived after the stop
     assert (pool.events, pool.energy_j()) == (before[0], before[2])
     assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(before[1], nan=-1.0))
+
+
+def test_forking_leaves_the_original_run_unchanged(monkeypatch):
+    """An environment whose pool is forked (and the forks stepped) every interval continues exactly as one never
+    forked: a fork's copy, compacted or not, writes nothing into the original's state."""
+    from commitenv.hindsight import fork_pool
+
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    monkeypatch.setattr(KernelState, "LOOKAHEAD_S", 30.0)
+    envs = [CommitServeEnv("bench-h200-hour-fixed-a30") for _ in range(2)]
+    for e in envs:
+        e.reset(seed=100002)
+    rng = np.random.default_rng(2)
+    for k in range(25):
+        a = {"active": int(rng.integers(1, envs[0].n_replicas + 1)), "clock": int(rng.integers(len(envs[0].clocks_mhz)))}
+        f = fork_pool(envs[0].pool)
+        assert f._ks is not None
+        f.set_active(f.now, 1)
+        f.run_until(f.now + 120.0)
+        outs = [e.step(a) for e in envs]
+        assert np.array_equal(outs[0][0], outs[1][0]) and outs[0][1:3] == outs[1][1:3], f"step {k}"
+    p, q = envs[0].pool, envs[1].pool
+    assert (p.events, p.completed, p.live, p.energy_j()) == (q.events, q.completed, q.live, q.energy_j())
+    assert np.array_equal(np.nan_to_num(p.finish_t, nan=-1.0), np.nan_to_num(q.finish_t, nan=-1.0))
 
 
 def test_a_large_pool_forks_on_the_python_loop(monkeypatch):

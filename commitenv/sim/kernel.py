@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -712,12 +713,42 @@ def meter(t, ri, rf, gf, e_dyn):
     return out
 
 
-class KernelState:
-    """The arrays `advance` works on, imported from a `Pool`'s state: its workload's rows still to arrive and, when
-    it has served already (a what-if copy, say), its live requests, segments in flight and pending events.
+@dataclass(frozen=True)
+class _Rows:
+    """A pool's workload rows as arrays (read only; shared by every copy of a kernel state)."""
 
-    Requests are indexed live ones first (by slot, so index order is arrival order), then the workload's rows:
-    index ``n_live + row``; `slots` maps indices back to the pool's request slots."""
+    arrival: np.ndarray
+    prompt: np.ndarray
+    out: np.ndarray  # the output length the engine runs to
+    rejected: np.ndarray
+    deadline: np.ndarray  # what `Req.deadline` carries
+    overhead: np.ndarray | None  # serving overhead added to the finish time (None: none)
+
+    @classmethod
+    def of(cls, pool) -> "_Rows":
+        n = pool._n
+        if n and pool.table is not None and pool._slot_base == 0 and len(pool.table) == n:
+            return cls(pool.table.arrival_s, pool.table.prompt_tokens, np.asarray(pool.out_tokens),
+                       np.asarray(pool.rejected, np.bool_), np.asarray(pool.deadline, np.float64), pool.overhead_s)
+        if not n:
+            e = np.zeros(0)
+            return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(np.bool_), e, None)
+        oh = pool.overhead_s if pool._slot_base == 0 else None
+        return cls(np.asarray(pool._arr[:n], np.float64), np.asarray(pool._prompt[:n], np.int64),
+                   np.asarray(pool._out[:n], np.int64), np.asarray(pool.rejected[:n], np.bool_),
+                   np.asarray(pool._deadline[:n], np.float64), oh)
+
+
+class KernelState:
+    """The arrays `advance` works on, imported from a `Pool`'s state: its live requests, segments in flight and pending
+    events when it has served already (a what-if copy, say), and its workload's rows as the clock nears them.
+
+    Requests are indexed the head first (the requests live at the import or the last compaction, by slot, so index
+    order is arrival order), then the workload's rows loaded: index ``n_live + row - row0``; `slots` maps indices
+    back to the pool's request slots. Rows are loaded ``LOOKAHEAD_S`` ahead; with ``compact`` the finished requests
+    are dropped when room is needed and on `copy`, so a state holds about the live requests and an hour of rows."""
+
+    LOOKAHEAD_S = 3600.0  # workload rows are loaded this far ahead of the engine clock
 
     @staticmethod
     def covers(pool) -> bool:
@@ -740,9 +771,12 @@ class KernelState:
 
     @classmethod
     def covering(cls, pool) -> "KernelState | None":
-        return cls(pool) if ENABLED and cls.covers(pool) else None
+        """The kernel state of ``pool`` if the kernel is on and covers it (with compaction: the pool takes results)."""
+        return cls(pool, compact=True) if ENABLED and cls.covers(pool) else None
 
-    def __init__(self, pool, heap_size: int = 0) -> None:
+    def __init__(self, pool, heap_size: int = 0, *, compact: bool = False) -> None:
+        """``compact``: finished requests may be dropped once `take_finished` handed them out (a pool records their
+        results); without it every request stays, at its index, for the caller to read."""
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors, nominal or no noise, one model, "
                              "one full-share instance per GPU, default router, no prefix cache, no local policy, no "
@@ -751,27 +785,28 @@ class KernelState:
 
         reps, gpus = pool._replicas, pool._gpus
         live = sorted((r for rep in reps for q in (rep.running, rep.waiting) for r in q), key=lambda r: r.slot)
-        L, n = len(live), pool._n
-        N = L + n
+        L = len(live)
         sch = pool.profiles[0].scheduler
         self.R = R = len(reps)
-        self.n_live = L
-        self._live = live  # the imported requests (their objects are reused by `export_to`)
-        self.live_slots = np.array([r.slot for r in live], np.int64)
+        self.src = _Rows.of(pool)
         self.slot_base = pool._slot_base
-        self.qi = np.zeros((N, 8), np.int64)
-        self.qf = np.zeros((N, 4))
-        self.qc = np.zeros(N, np.uint8)  # captured (a what-if run reports its finish)
-        if n:
-            self.qi[L:, Q_PROMPT] = pool._prompt[:n]
-            self.qi[L:, Q_OUT] = pool._out[:n]
-            self.qf[L:, Q_ARRIVAL] = pool._arr[:n]
-        self.qi[:, Q_REPLICA] = -1
-        self.qf[L:, Q_FIRST] = -1.0
-        self.qf[:, Q_FINISH] = np.nan
+        self.n_live = L  # the head: requests live at the import (or the last compaction), by slot
+        self.live_slots = np.array([r.slot for r in live], np.int64)
+        self.head_deadline = np.array([r.deadline for r in live], np.float64)
+        self.row0 = self.row_end = pool._cursor  # workload rows [row0, row_end) follow the head, index n_live + row - row0
+        self._stopped = False  # `stop_arrivals`: no row loaded or arriving any more
+        self.compact = compact
+        self.taken = 0  # completions handed out by `take_finished`
+        self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
+        self.late_dropped = 0  # requests dropped by `compact` that ended after their deadline (rejected ones too)
+        cap = L + 64
+        self.qi = np.zeros((cap, 8), np.int64)
+        self.qf = np.zeros((cap, 4))
+        self.qc = np.zeros(cap, np.uint8)  # captured (a what-if run reports its finish)
+        self.rejected = np.zeros(cap, np.bool_)
+        self.wq = np.full(cap, -1, np.int64)  # next request in its waiting queue
+        self.done_out = np.zeros(cap, np.int64)
         oh = pool.overhead_s
-        if oh is not None:
-            self.qf[L:, Q_OVERHEAD] = oh[:n] if pool._slot_base == 0 else 0.0
         index = {}
         for k, r in enumerate(live):
             index[id(r)] = k
@@ -779,9 +814,6 @@ class KernelState:
             self.qf[k] = (r.arrival, r.first_t, np.nan,
                           oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
             self.qc[k] = r.captured
-        self.rejected = np.zeros(N, np.bool_)
-        if n:
-            self.rejected[L:] = np.asarray(pool.rejected[:n], dtype=np.bool_)
         prof = pool.profiles[0]
         self.profile = prof
         self.coc = np.zeros((len(prof.clocks), 10))
@@ -789,7 +821,6 @@ class KernelState:
             c = coeffs_for(prof, ci, 1.0)
             self.coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
-        self.wq = np.full(max(N, 1), -1, np.int64)  # next request in its waiting queue
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
@@ -832,12 +863,10 @@ class KernelState:
             self.ftab = self.fetab = np.zeros((R, 0))
             self._ensure(pool.now)
         self.si = np.zeros(10, np.int64)
-        self.si[I_N] = N
-        self.si[I_CURSOR] = L + pool._cursor
+        self.si[I_N] = self.si[I_CURSOR] = L
         self.si[I_SEQ] = pool._seq
         self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
         self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
-        self.done0 = pool.completed  # completions before the import (``I_DONE`` counts the kernel's own)
         self.sf = np.array([pool.now, pool.now])
         self.pend = np.zeros(R, np.int64)
         heap = pool._heap
@@ -850,17 +879,126 @@ class KernelState:
             self.ht[: len(heap)] = cols[0]
             for a, col in zip((self.hk, self.hs, self.hi, self.hv), cols[1:]):
                 a[: len(heap)] = col
-        self.done_out = np.zeros(N, np.int64)
+        self._load(pool.now)
 
+    # ------------------------------------------------------------------------------------------ requests
     def slots(self, idx: np.ndarray) -> np.ndarray:
         """The pool's request slots of kernel indices ``idx``."""
         idx = np.asarray(idx, np.int64)
         L = self.n_live
-        if L == 0:
-            return idx + self.slot_base if self.slot_base else idx
-        out = idx - L + self.slot_base
+        out = idx - L + (self.slot_base + self.row0)
         low = idx < L
-        out[low] = self.live_slots[idx[low]]
+        if low.any():
+            out[low] = self.live_slots[idx[low]]
+        return out
+
+    def deadlines(self, idx: np.ndarray) -> np.ndarray:
+        """The deadlines the requests at kernel indices ``idx`` carry (`Req.deadline`)."""
+        idx = np.asarray(idx, np.int64)
+        L = self.n_live
+        out = np.empty(len(idx))
+        low = idx < L
+        out[low] = self.head_deadline[idx[low]]
+        out[~low] = self.src.deadline[idx[~low] - L + self.row0]
+        return out
+
+    def _load(self, t: float) -> None:
+        """Load the workload rows arriving at or before ``t`` (and those of ``LOOKAHEAD_S`` after, so that loads are
+        rare)."""
+        src = self.src
+        n = len(src.arrival)
+        if self._stopped or self.row_end >= n:
+            return
+        hi = n if t == INF else int(np.searchsorted(src.arrival, t, side="right"))
+        if hi <= self.row_end:
+            return
+        if t < INF:
+            hi = max(hi, int(np.searchsorted(src.arrival, t + self.LOOKAHEAD_S, side="right")))
+        if self.n_live + hi - self.row0 > self.qi.shape[0]:
+            self._make_room(hi)
+        lo, L = self.row_end, self.n_live
+        a, b = L + lo - self.row0, L + hi - self.row0
+        self.qi[a:b] = 0
+        self.qi[a:b, Q_PROMPT] = src.prompt[lo:hi]
+        self.qi[a:b, Q_OUT] = src.out[lo:hi]
+        self.qi[a:b, Q_REPLICA] = -1
+        self.qf[a:b, Q_ARRIVAL] = src.arrival[lo:hi]
+        self.qf[a:b, Q_FIRST] = -1.0
+        self.qf[a:b, Q_FINISH] = np.nan
+        self.qf[a:b, Q_OVERHEAD] = 0.0 if src.overhead is None else src.overhead[lo:hi]
+        self.qc[a:b] = 0
+        self.rejected[a:b] = src.rejected[lo:hi]
+        self.wq[a:b] = -1
+        self.row_end = hi
+        self.si[I_N] = b
+
+    def _make_room(self, hi: int) -> None:
+        """Room for the rows up to ``hi``: drop the finished requests when they are many (`_compact`), else grow
+        (doubling)."""
+        droppable = int(self.si[I_CURSOR]) - int(self.si[I_LIVE])  # arrived and gone (finished or rejected)
+        if self.compact and self.taken == self.si[I_DONE] and droppable >= (self.n_live + hi - self.row0) // 2:
+            self._compact()
+        need = self.n_live + hi - self.row0
+        cap = self.qi.shape[0]
+        if need <= cap:
+            return
+        new = max(2 * cap, need)
+        self.qi = np.concatenate([self.qi, np.zeros((new - cap, 8), np.int64)])
+        self.qf = np.concatenate([self.qf, np.zeros((new - cap, 4))])
+        self.qc = np.concatenate([self.qc, np.zeros(new - cap, np.uint8)])
+        self.rejected = np.concatenate([self.rejected, np.zeros(new - cap, np.bool_)])
+        self.wq = np.concatenate([self.wq, np.full(new - cap, -1, np.int64)])
+        self.done_out = np.concatenate([self.done_out, np.zeros(new - cap, np.int64)])
+
+    def _compact(self, copy_all: bool = False) -> None:
+        """Keep only the live requests (the new head) and the rows loaded but not arrived: the finished and rejected
+        ones leave (their results were taken; ``late_dropped`` counts those that missed their deadline). With
+        ``copy_all`` every state array is new afterwards (a copy shares nothing it writes with the original)."""
+        if self.taken != self.si[I_DONE]:
+            raise RuntimeError("kernel: compaction before the finished requests' results were taken")
+        if copy_all:  # (first: everything below writes into these)
+            for name in ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv",
+                         "e_dyn"):
+                setattr(self, name, getattr(self, name).copy())
+        si = self.si
+        cur, N = int(si[I_CURSOR]), int(si[I_N])
+        live = np.sort(_live(self.ri, self.wq, self.run))
+        gone = np.setdiff1d(np.arange(cur), live, assume_unique=True)
+        self.late_dropped += int(np.count_nonzero(~(self.qf[gone, Q_FINISH] <= self.deadlines(gone))))
+        keep = np.concatenate([live, np.arange(cur, N)])
+        m = np.full(self.qi.shape[0], -1, np.int64)
+        m[keep] = np.arange(len(keep))
+        cap = max(64, len(keep) + len(keep) // 2)
+        waiting = [self.waiting_ids(x) for x in range(self.R)]
+        slots, dls = self.slots(live), self.deadlines(live)
+        self.row0 += cur - self.n_live
+        self.n_live, self.live_slots, self.head_deadline = len(live), slots, dls
+        for name, fill in (("qi", 0), ("qf", 0.0), ("qc", 0), ("rejected", False), ("done_out", 0)):
+            a = getattr(self, name)
+            b = np.full((cap,) + a.shape[1:], fill, a.dtype)
+            b[: len(keep)] = a[keep]
+            setattr(self, name, b)
+        self.wq = np.full(cap, -1, np.int64)
+        self.done0 += int(si[I_DONE])
+        si[I_DONE] = 0
+        self.taken = 0
+        ri = self.ri
+        for x in range(self.R):
+            n_run, nb = ri[x, R_RUN_N], ri[x, R_BATCH_N]
+            self.run[x, :n_run] = m[self.run[x, :n_run]]
+            self.bq[x, :nb] = m[self.bq[x, :nb]]
+            ri[x, R_WLEN] = 0
+            for r in waiting[x]:
+                _wpush_back(ri, self.wq, x, int(m[r]))
+        si[I_CURSOR] = len(live)
+        si[I_N] = len(keep)
+
+    def take_finished(self) -> np.ndarray:
+        """Kernel indices of the requests finished since the last call (the caller records their results now: a
+        compaction may drop them later)."""
+        end = int(self.si[I_DONE])
+        out = self.done_out[self.taken : end].copy()
+        self.taken = end
         return out
 
     def _ensure(self, t: float) -> None:
@@ -904,15 +1042,19 @@ class KernelState:
         infinite (then, as the pool, the clock stops at the last event)."""
         if t_end < INF or self._truth is None:
             self._ensure(t_end)
+            self._load(t_end)
             self._advance(t_end, stop_captured)
             return
         if stop_captured:
             raise ValueError("kernel: stop_captured needs a finite end under a truth model")
         now0 = self.sf[F_NOW]
         self.sf[F_LAST] = now0
-        while self.si[I_HEAP] or self.si[I_CURSOR] < self.si[I_N]:
+        while self.si[I_HEAP] or self.si[I_CURSOR] < self.si[I_N] or not (self._stopped
+                                                                         or self.row_end >= len(self.src.arrival)):
             self._ensure(self.sf[F_NOW] + 3600.0)
-            self._advance((self.ftab.shape[1] - 2) * self.cell)
+            t = (self.ftab.shape[1] - 2) * self.cell
+            self._load(t)
+            self._advance(t)
         self.sf[F_NOW] = max(now0, self.sf[F_LAST])
 
     def set_active(self, t: float, count: int) -> None:
@@ -946,24 +1088,28 @@ class KernelState:
                   self.gi[g, G_VER])
 
     def copy(self) -> "KernelState":
-        """An independent copy (the state arrays copied; tables, profile and truth source shared, as they only grow
-        or are read)."""
+        """An independent copy (the state arrays copied, without the finished requests when their results were taken;
+        tables, workload rows, profile and truth source shared, as they only grow or are read)."""
         c = copy.copy(self)
-        for name in ("qi", "qf", "qc", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk", "pend", "ht", "hk",
-                     "hs", "hi", "hv", "e_dyn", "done_out"):
+        if self.compact and self.taken == self.si[I_DONE]:
+            c._compact(copy_all=True)
+            return c
+        for name in ("qi", "qf", "qc", "rejected", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk", "pend",
+                     "ht", "hk", "hs", "hi", "hv", "e_dyn", "done_out"):
             setattr(c, name, getattr(self, name).copy())
         return c
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the state arrays (what `copy` duplicates)."""
-        return sum(a.nbytes for a in (self.qi, self.qf, self.qc, self.ri, self.rf, self.gi, self.gf, self.si, self.sf, self.wq,
-                                      self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs, self.hi,
-                                      self.hv, self.e_dyn, self.done_out))
+        """Bytes of the state arrays (what `copy` duplicates at most)."""
+        return sum(a.nbytes for a in (self.qi, self.qf, self.qc, self.rejected, self.ri, self.rf, self.gi, self.gf,
+                                      self.si, self.sf, self.wq, self.run, self.bq, self.bk, self.pend, self.ht,
+                                      self.hk, self.hs, self.hi, self.hv, self.e_dyn, self.done_out))
 
     def stop_arrivals(self) -> None:
         """No request arrives after the ones already in (`Pool.stop_arrivals`)."""
         self.si[I_N] = self.si[I_CURSOR]
+        self._stopped = True
 
     def waiting_ids(self, x: int) -> list[int]:
         """The requests in replica ``x``'s waiting queue, front first."""
@@ -982,18 +1128,13 @@ class KernelState:
         qi, qf, ri, rf, gi, gf = self.qi, self.qf, self.ri, self.rf, self.gi, self.gf
         if self.si[I_PEND]:
             raise RuntimeError("kernel: export with replicas pending a start")
-        L = self.n_live
         reqs: dict[int, Req] = {}
 
         def req(k: int) -> Req:
             r = reqs.get(k)
             if r is None:
-                if k < L:
-                    r = self._live[k].copy()
-                else:
-                    i = k - L
-                    r = Req(self.slot_base + i, pool._arr[i], pool._prompt[i], pool._out[i], pool._deadline[i],
-                            pool._model[i])
+                r = Req(int(self.slots([k])[0]), float(qf[k, Q_ARRIVAL]), int(qi[k, Q_PROMPT]), int(qi[k, Q_OUT]),
+                        float(self.deadlines([k])[0]))
                 r.computed, r.generated, r.blocks = int(qi[k, Q_COMPUTED]), int(qi[k, Q_GENERATED]), int(qi[k, Q_BLOCKS])
                 r.replica, r.started = int(qi[k, Q_REPLICA]), bool(qi[k, Q_STARTED])
                 r.first_t, r.preemptions = float(qf[k, Q_FIRST]), int(qi[k, Q_PREEMPT])
@@ -1037,10 +1178,6 @@ class KernelState:
         pool._refresh_routable(0)
         pool.sync_from_kernel(self)
 
-    def finished(self, start: int) -> np.ndarray:
-        """Kernel indices of the requests the kernel finished, from its ``start``-th completion on."""
-        return self.done_out[start : int(self.si[I_DONE])]
-
     def results_into(self, done: np.ndarray, rows: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:
         """Per-request results of the finished requests ``done`` (kernel indices) into the pool's result arrays at
         ``rows``, as `Pool._complete` records them."""
@@ -1063,7 +1200,7 @@ class KernelState:
     def counters(self) -> tuple[int, float, int, int, int]:
         """(arrived, now, live, completed, events), as `Pool` keeps them (arrived counts the workload's rows)."""
         si = self.si
-        return (int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]), self.done0 + int(si[I_DONE]),
+        return (self.row0 + int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]), self.done0 + int(si[I_DONE]),
                 int(si[I_EVENTS]))
 
     def settle(self, t: float) -> None:
@@ -1084,5 +1221,6 @@ class KernelState:
 
     @property
     def finish_t(self) -> np.ndarray:
-        return self.qf[:, Q_FINISH]
+        """Finish time (client side) by kernel index of the requests loaded (nan: not finished, inf: rejected)."""
+        return self.qf[: self.si[I_N], Q_FINISH]
 

@@ -231,7 +231,6 @@ class Pool:
         from commitenv.sim.kernel import KernelState
 
         self._ks = KernelState.covering(self)
-        self._ks_done = 0
 
     def _leave_kernel(self) -> None:
         """Write the kernel's state back into the replicas, GPUs and heap; the Python loop continues from there."""
@@ -264,9 +263,8 @@ class Pool:
             rej = np.flatnonzero(self.rejected[c0:self._cursor])
             if len(rej):
                 self.finish_t[c0 + rej] = INF
-        done = ks.finished(self._ks_done)
+        done = ks.take_finished()
         if len(done):
-            self._ks_done += len(done)
             slots = ks.slots(done)
             if self._n_results:
                 keep = slots < self._n_results
