@@ -104,9 +104,9 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
 
 _POOL_ATTRS = frozenset({
     "_arr", "_capture_arrivals", "_cursor", "_deadline", "_dispatch", "_gpus", "_hashes", "_heap", "_hoff", "_ks",
-    "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq",
-    "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls",
-    "dispatch_s", "done_slots", "events", "finish_t", "first_t", "layout", "live", "local_calls", "local_s", "log",
+    "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq", "_slot_base",
+    "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls", "dispatch_s",
+    "done_slots", "events", "finish_t", "first_t", "late_done", "layout", "live", "local_calls", "local_s", "log",
     "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise", "now", "opt",
     "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected", "replica_of", "routable", "table",
     "tenant_model", "transit", "truth", "unrouted", "visible_deadline"})
@@ -191,34 +191,43 @@ def _fast_fork(pool: Pool) -> Pool:
     return c
 
 
-# Largest kernel state copied per fork: a search holds many forks, and a kernel state holds every request of the
-# workload (a day's is about 100 MiB); larger pools hand over to the Python loop, whose forks copy live requests only.
+# Largest kernel state copied per fork (a search holds many forks; a compacted state holds the live requests and an
+# hour of rows, a few MiB on the benchmark days); larger pools hand over to the Python loop, whose forks copy live
+# requests only.
 _KERNEL_FORK_BYTES = 32 << 20
 
 
-def _kernel_fork(pool: Pool) -> Pool:
+def _kernel_fork(pool: Pool, results: bool) -> Pool:
     """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
     GPU objects copied so that a later hand-over to the Python loop writes into its own, every other mutable part
-    rebuilt, the read-only parts shared."""
+    rebuilt, the read-only parts shared. Without ``results`` the copy records no per-request results, only how many
+    requests end late (`Pool.late_done`): it copies nothing in proportion to the workload."""
     c = Pool.__new__(Pool)
     d = pool.__dict__
     c.__dict__.update(d)
     rmap = _copy_devices(d["_gpus"], d["_replicas"], c, None)  # (idle objects: the kernel holds the queues)
     c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
     c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
-    for name in ("finish_t", "first_t", "replica_of", "preemptions"):
-        setattr(c, name, d[name].copy())
+    if results or pool.late_done is not None:
+        for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+            setattr(c, name, d[name] if d[name] is None else d[name].copy())
+    else:
+        n = pool.arrived  # finished (or rejected) after their deadline so far; the live ones are the kernel's
+        c.late_done = int(np.count_nonzero(pool.finish_t[:n] > pool.deadline[:n]))
+        c.finish_t = c.first_t = c.replica_of = c.preemptions = None
     c.captured_finish = dict(pool.captured_finish)
     c.tenant_model = dict(pool.tenant_model)
     c._ks = pool._ks.copy()
     return c
 
 
-def fork_pool(pool: Pool, memo: dict[int, Any] | None = None) -> Pool:
+def fork_pool(pool: Pool, memo: dict[int, Any] | None = None, *, results: bool = True) -> Pool:
     """A deep copy of ``pool`` (ground truth kept: true lengths, truth model, noise state), stepping on alone.
-    Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared."""
+    Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared.
+    ``results=False`` lets a copy on the compiled kernel keep counts instead of per-request results
+    (`Pool.late_done`), as `TruthRun` needs; other copies keep results either way."""
     if pool._ks is not None and pool._ks.nbytes <= _KERNEL_FORK_BYTES:
-        c = _kernel_fork(pool)
+        c = _kernel_fork(pool, results)
     elif _fast_forkable(pool):
         c = _fast_fork(pool)
     else:
@@ -260,7 +269,7 @@ class TruthRun:
 
     def fork(self) -> "TruthRun":
         """An independent copy of this run."""
-        return TruthRun(fork_pool(self.pool, self._memo), k=self.k, cfg=self.cfg, meter_j=self.meter_j,
+        return TruthRun(fork_pool(self.pool, self._memo, results=False), k=self.k, cfg=self.cfg, meter_j=self.meter_j,
                         hour_start_j=self.hour_start_j, closed_kwh=self.closed_kwh, terms=self.terms,
                         memo=self._memo)
 
@@ -303,6 +312,10 @@ class TruthRun:
         unfinished ones whose deadline has passed, and rejected ones that arrived. After the last interval this
         is the episode's exact miss count (the scores' ``misses``)."""
         pool = self.pool
+        if pool.late_done is not None:  # (a fork without per-request results)
+            if self.done:
+                return pool.late_done + pool.live
+            return pool.late_done + int(np.count_nonzero(pool.live_deadlines() < pool.now))
         n = pool.arrived
         fin = pool.finish_t[:n]
         dl = pool.deadline[:n]
@@ -317,12 +330,14 @@ class TruthRun:
         their misses are certain; not a bound, since vLLM scheduling has no monotone speed-up)."""
         if self.done:
             return self.misses()
-        q = fork_pool(self.pool, self._memo)
+        q = fork_pool(self.pool, self._memo, results=False)
         q.stop_arrivals()
         now = q.now
         q.set_active(now, self.terms.n_replicas)
         q.set_clock(now, max(self.terms.clocks_mhz))
         q.run_until(math.inf)
+        if q.late_done is not None:
+            return q.late_done + q.live
         n = q.arrived
         return int(np.count_nonzero(~(q.finish_t[:n] <= q.deadline[:n])))
 
@@ -369,7 +384,7 @@ class HindsightAccess:
                                "build a new one (ControllerContext.from_env(env, hindsight=True))")
         st = e.settlement
         h = e.k // e.K
-        return TruthRun(fork_pool(e.pool, self._memo), k=e.k, cfg=tuple(e.cfg), meter_j=float(st.e_prev),
+        return TruthRun(fork_pool(e.pool, self._memo, results=False), k=e.k, cfg=tuple(e.cfg), meter_j=float(st.e_prev),
                         hour_start_j=float(st.e_hour_start), closed_kwh=float(np.sum(st.cost_kwh[:h])), terms=self,
                         memo=self._memo)
 

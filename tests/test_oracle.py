@@ -144,7 +144,8 @@ def test_forks_meter_what_the_environment_meters(tiny, realism, generic, monkeyp
         assert r.meter_j == env.settlement.energy_j.sum()
         assert r.closed_kwh == env.settlement.cost_kwh.sum()
         assert r.misses() == env.misses
-        assert np.array_equal(r.pool.finish_t, env.pool.finish_t, equal_nan=True)
+        if r.pool.late_done is None:  # (a fork on the compiled kernel keeps counts, not per-request results)
+            assert np.array_equal(r.pool.finish_t, env.pool.finish_t, equal_nan=True)
     with pytest.raises(RuntimeError, match="already run"):
         run.step(1, 500)
 
@@ -160,6 +161,70 @@ def test_fork_is_exact_on_the_benchmark_pool():
         run.step(a, c)
         env.step({"active": a, "clock": env.clocks_mhz.index(c)})
         assert run.meter_j == env.settlement.e_prev
+
+
+def test_forks_without_results_count_the_misses_of_forks_with_them(monkeypatch):
+    """A ground-truth fork on the compiled kernel keeps counts instead of per-request results; its certain misses,
+    optimistic estimates, energies and final misses equal those of forks on the Python loop, which keep every result,
+    over a chain of forks stepped with random configurations on the H200 benchmark hour (late and live requests,
+    rejected prompts)."""
+    from commitenv.sim import kernel
+
+    runs = {}
+    for on in (True, False):
+        monkeypatch.setattr(kernel, "ENABLED", on)
+        env = CommitServeEnv("bench-h200-hour-fixed-a30")
+        env.reset(seed=100001)
+        runs[on] = ControllerContext.from_env(env, hindsight=True).hindsight.fork()
+    assert runs[True].pool.late_done is not None and runs[False].pool.late_done is None
+    rng = np.random.default_rng(7)
+    seen = set()
+    for k in range(60):
+        a, c = int(rng.integers(1, 33)), int(rng.choice([1035, 1380, 1710]))
+        out = []
+        for on in (True, False):
+            monkeypatch.setattr(kernel, "ENABLED", on)
+            runs[on] = runs[on].fork()
+            e = runs[on].step(a, c)
+            est = runs[on].optimistic_misses() if k % 6 == 5 else None
+            out.append((e, runs[on].misses(), est))
+        assert out[0] == out[1], f"interval {k}"
+        seen.add(out[0][1] > 0)
+    assert runs[True].done and runs[True].misses() == runs[False].misses() > 0
+
+
+def test_forks_without_results_count_rejected_and_late_requests(tmp_path, monkeypatch):
+    """The same on the toy pool forked mid-episode, after an interval at the lowest configuration (late requests
+    already finished: the fork's starting count comes from the environment's results), with prompts over the context
+    limit arriving in every interval (rejected: always missed): every count equals the Python loop's and, at the end,
+    the environment's own."""
+    from commitenv.sim import kernel
+
+    rng = np.random.default_rng(11)
+    t = np.sort(np.concatenate([[0.0], rng.uniform(1, 3590, 70), np.full(10, 100.0), np.full(10, 1500.0)]))
+    prompts = rng.integers(4, 30, len(t))
+    prompts[rng.choice(len(t), 9, replace=False)] = 80  # over the toy profile's context limit (64)
+    trace = write_trace(tmp_path / "rej.csv", t, prompts, rng.integers(2, 30, len(t)))
+    path = write_scenario(tmp_path, "toy-rejections", workload={"trace": str(trace)}, horizon_hours=1,
+                          interval_s=1200, alpha=4.0, epsilon=0.25, commitment={"mj": [0.3]}, realism="paper")
+    out, final = {}, {}
+    for on in (True, False):
+        monkeypatch.setattr(kernel, "ENABLED", on)
+        env = CommitServeEnv(str(path))
+        env.reset(seed=1)
+        env.step({"active": 1, "clock": 0})
+        assert env.misses > 0
+        run = ControllerContext.from_env(env, hindsight=True).hindsight.fork()
+        assert (run.pool.late_done is not None) == on
+        out[on] = [run.misses()]
+        for a, c in ((1, 500), (2, 1000)):
+            run = run.fork()
+            run.step(a, c)
+            out[on].append((run.misses(), run.optimistic_misses() if not run.done else None))
+            env.step({"active": a, "clock": env.clocks_mhz.index(c)})
+        final[on] = (run.misses(), env.misses, int(env.pool.rejected.sum()))
+    assert out[True] == out[False]
+    assert final[True] == final[False] and final[True][0] == final[True][1] and final[True][2] == 9
 
 
 # ------------------------------------------------------------------------------------------ engine vs brute force

@@ -1197,6 +1197,10 @@ class KernelState:
         left = q[:, Q_PROMPT] + q[:, Q_GENERATED] - q[:, Q_COMPUTED] - (q[:, Q_GENERATED] > 0)
         return self.slots(idx), left
 
+    def live_deadlines(self) -> np.ndarray:
+        """`Pool.live_deadlines`."""
+        return self.deadlines(_live(self.ri, self.wq, self.run))
+
     def counters(self) -> tuple[int, float, int, int, int]:
         """(arrived, now, live, completed, events), as `Pool` keeps them (arrived counts the workload's rows)."""
         si = self.si

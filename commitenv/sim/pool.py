@@ -220,6 +220,9 @@ class Pool:
     the kernel's state back into these objects and the Python loop below continues, with identical results."""
 
     _ks = None  # the kernel's state while the kernel runs this pool (`_enter_kernel`, `_leave_kernel`)
+    # a copy that keeps no per-request results (a hindsight fork) counts here the requests that finished after their
+    # deadline or were rejected; None: results are recorded per request (`finish_t`, ...)
+    late_done: int | None = None
     replicas: list[Replica] = _PythonLoopState()
     gpus: list[GPU] = _PythonLoopState()
     heap: list[tuple] = _PythonLoopState()
@@ -259,14 +262,18 @@ class Pool:
         loop keeps them."""
         c0 = self._cursor
         self._cursor, self.now, self.live, self.completed, self.events = ks.counters()
-        if self._n_results and self._slot_base == 0:
+        if self.late_done is not None:
+            self.late_done += int(np.count_nonzero(self.rejected[c0:self._cursor]))
+        elif self._n_results and self._slot_base == 0:
             rej = np.flatnonzero(self.rejected[c0:self._cursor])
             if len(rej):
                 self.finish_t[c0 + rej] = INF
         done = ks.take_finished()
         if len(done):
             slots = ks.slots(done)
-            if self._n_results:
+            if self.late_done is not None:
+                self.late_done += int(np.count_nonzero(~(ks.finish_t[done] <= ks.deadlines(done))))
+            elif self._n_results:
                 keep = slots < self._n_results
                 rows = slots[keep]
                 ks.results_into(done[keep], rows, self.finish_t, self.first_t, self.replica_of, self.preemptions)
@@ -537,7 +544,9 @@ class Pool:
 
     def _arrive(self, i: int, t: float) -> None:
         if self.rejected[i]:
-            if self._slot_base == 0:
+            if self.late_done is not None:
+                self.late_done += 1
+            elif self._slot_base == 0:
                 self.finish_t[i] = INF
             return
         r = Req(self._slot_base + i, t, self._prompt[i], self._out[i], self._deadline[i], self._model[i])
@@ -586,7 +595,11 @@ class Pool:
         self.live -= 1
         self.completed += 1
         s = r.slot
-        if s < self._n_results:
+        if self.late_done is not None:
+            oh = self.overhead_s[s] if self.overhead_s is not None else 0.0
+            if not t + oh <= r.deadline:
+                self.late_done += 1
+        elif s < self._n_results:
             oh = self.overhead_s[s] if self.overhead_s is not None else 0.0
             self.finish_t[s] = t + oh  # as the client sees it: serving overheads outside the engine included
             self.first_t[s] = r.first_t + oh
@@ -1184,6 +1197,12 @@ class Pool:
         if self._ks is not None:
             return self._ks.live_state()
         return live_state(self.live_requests())
+
+    def live_deadlines(self) -> np.ndarray:
+        """Deadlines of the live requests (`Req.deadline`: the true ones in the ground truth), in no set order."""
+        if self._ks is not None:
+            return self._ks.live_deadlines()
+        return np.array([r.deadline for r in self.live_requests()], dtype=np.float64)
 
     def live_requests(self) -> list[Req]:
         out: list[Req] = []
