@@ -43,6 +43,8 @@ Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 G_CLOCK, G_PENDING, G_VER = range(3)
 GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
 EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
+# scheduler limits and the truth table's first cell (``sched``: int64)
+S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0 = range(5)
 # coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
 C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
 
@@ -305,7 +307,7 @@ def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
 @njit(cache=True)
 def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
     """`Replica.start` without a local policy: schedule, then a closed-form decode run or a single step."""
-    budget, max_seqs, bs, reserve_full = sched[0], sched[1], sched[2], sched[3]
+    budget, max_seqs, bs, reserve_full = sched[S_BUDGET], sched[S_MAX_SEQS], sched[S_BLOCK], sched[S_RESERVE]
     nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
     ri[rep, R_BATCH_N] = nb
     if nb == 0:
@@ -322,10 +324,11 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
             P += k
             A += k * qi[r, Q_COMPUTED] + k * (k + 1) // 2
     c = int(t // cell)
-    if c >= ftab.shape[1]:
-        raise RuntimeError("kernel: truth factor table too short")
-    ft = ftab[rep, c]
-    fe = fetab[rep, c]
+    j = c - sched[S_CELL0]  # (the tables start at cell S_CELL0)
+    if j < 0 or j >= ftab.shape[1]:
+        raise RuntimeError("kernel: truth factor table does not cover the segment's start")
+    ft = ftab[rep, j]
+    fe = fetab[rep, j]
     t_next = (c + 1) * cell
     rf[rep, R_FT] = ft
     rf[rep, R_FE] = fe
@@ -622,7 +625,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                 continue
             if ri[rep, R_VER] != ver:
                 continue
-            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched[2], done_out, si)
+            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched[S_BLOCK], done_out, si)
             if stop_captured and si[I_CAPLEFT] == 0:
                 sf[F_NOW] = t
                 return 0
@@ -659,7 +662,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
 def settle(t, ri, rf, qi, bq, e_dyn, sched, si, ht, hk, hs, hi, hv):
     """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter) the steps that
     ended before, leaving one step in flight."""
-    bs = sched[2]
+    bs = sched[S_BLOCK]
     for g in range(ri.shape[0]):
         if ri[g, R_SEG] != SEG_RUN:
             continue
@@ -820,7 +823,8 @@ class KernelState:
         for ci in range(len(prof.clocks)):
             c = coeffs_for(prof, ci, 1.0)
             self.coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
-        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence)], np.int64)
+        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0],
+                              np.int64)
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
@@ -861,13 +865,13 @@ class KernelState:
         else:
             self.cell = float(pool.truth._cell)
             self.ftab = self.fetab = np.zeros((R, 0))
-            self._ensure(pool.now)
         self.si = np.zeros(10, np.int64)
         self.si[I_N] = self.si[I_CURSOR] = L
         self.si[I_SEQ] = pool._seq
         self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
         self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
         self.sf = np.array([pool.now, pool.now])
+        self._ensure(pool.now)
         self.pend = np.zeros(R, np.int64)
         heap = pool._heap
         size = max(heap_size, 2 * R + 8, 2 * len(heap)) if heap_size else 8 * R + 64 + 2 * len(heap)
@@ -1002,20 +1006,25 @@ class KernelState:
         return out
 
     def _ensure(self, t: float) -> None:
-        """Truth factor tables covering every segment that starts at or before ``t`` (generated as the pool would,
-        in `TruthSource`'s blocks; grown by at least an hour at a time)."""
+        """Truth factor tables covering every segment that starts from the engine clock to ``t`` (generated as the
+        pool would, in `TruthSource`'s blocks; grown by at least an hour at a time, the cells before the clock left
+        out)."""
         if self._truth is None:
             return
-        need = int(t // self.cell) + 2
-        have = self.ftab.shape[1]
-        if need <= have:
+        cell = self.cell
+        need = int(t // cell) + 2
+        c0, have = int(self.sched[S_CELL0]), self.ftab.shape[1]
+        if need <= c0 + have:
             return
-        need = max(need, have + int(3600 // self.cell))
+        need = max(need, c0 + have + int(3600 // cell))
+        c0 = max(0, int((self.sf[F_NOW] - 1.0) // cell))  # (1 s back: a change may be applied just before the clock)
         tr = self._truth
         for g in range(self.R):
             tr._extend(g, need)
-        self.ftab = np.array([tr._ft[g][:need] for g in range(self.R)])
-        self.fetab = np.array([tr._fe[g][:need] for g in range(self.R)])
+        self.ftab = np.array([tr._ft[g][c0:need] for g in range(self.R)])
+        self.fetab = np.array([tr._fe[g][c0:need] for g in range(self.R)])
+        self.sched = self.sched.copy()  # (copies share it until one of them moves its tables)
+        self.sched[S_CELL0] = c0
 
     def _room(self, k: int) -> None:
         """Grow the event heap (doubling) until ``k`` more entries fit."""
@@ -1052,7 +1061,7 @@ class KernelState:
         while self.si[I_HEAP] or self.si[I_CURSOR] < self.si[I_N] or not (self._stopped
                                                                          or self.row_end >= len(self.src.arrival)):
             self._ensure(self.sf[F_NOW] + 3600.0)
-            t = (self.ftab.shape[1] - 2) * self.cell
+            t = (self.sched[S_CELL0] + self.ftab.shape[1] - 2) * self.cell
             self._load(t)
             self._advance(t)
         self.sf[F_NOW] = max(now0, self.sf[F_LAST])
