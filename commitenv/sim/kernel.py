@@ -169,6 +169,17 @@ def _live(ri, wq, run):
 
 
 @njit(cache=True)
+def _left(idx, qi):
+    """Tokens left to compute before each request's next output token (`commitenv.sim.request.live_state`)."""
+    out = np.empty(idx.shape[0], np.int64)
+    for j in range(idx.shape[0]):
+        r = idx[j]
+        g = qi[r, Q_GENERATED]
+        out[j] = qi[r, Q_PROMPT] + g - qi[r, Q_COMPUTED] - (1 if g > 0 else 0)
+    return out
+
+
+@njit(cache=True)
 def _run_steps_done_by(rf, ri, x_t, rep):
     x = (x_t - rf[rep, R_T0]) / rf[rep, R_FT]
     if x <= 0:
@@ -483,6 +494,52 @@ def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
+def _route_in_order(t, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
+    """`_route` of every request in ``moved``, in index (arrival) order: the order by marking (linear in the index
+    range), the least-loaded replica from a heap of (unfinished, index) over the active ones (log R per request)."""
+    lo, hi_ = moved.min(), moved.max()
+    mark = np.zeros(hi_ - lo + 1, np.bool_)
+    for r in moved:
+        mark[r - lo] = True
+    R = ri.shape[0]
+    heap = np.empty(R, np.int64)  # active replicas, a binary heap on (unfinished, index)
+    n = 0
+    for x in range(R):
+        if ri[x, R_STATE] == ACTIVE:
+            heap[n] = x
+            n += 1
+    if n == 0:
+        raise RuntimeError("kernel: no active replica to route to")
+    for j in range(n // 2 - 1, -1, -1):
+        _sift_down(heap, n, j, ri)
+    for k in range(hi_ - lo + 1):
+        if not mark[k]:
+            continue
+        r = lo + k
+        best = heap[0]
+        qi[r, Q_REPLICA] = best
+        _wpush_back(ri, wq, best, r)
+        ri[best, R_UNF] += 1
+        _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+        _sift_down(heap, n, 0, ri)
+
+
+@njit(cache=True)
+def _sift_down(heap, n, j, ri):
+    while True:
+        c = 2 * j + 1
+        if c >= n:
+            return
+        if c + 1 < n and (ri[heap[c + 1], R_UNF], heap[c + 1]) < (ri[heap[c], R_UNF], heap[c]):
+            c += 1
+        if (ri[heap[c], R_UNF], heap[c]) < (ri[heap[j], R_UNF], heap[j]):
+            heap[c], heap[j] = heap[j], heap[c]
+            j = c
+        else:
+            return
+
+
+@njit(cache=True)
 def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab):
     """`Pool._redistribute`: every queued request that has not started is routed again, in arrival order, to the
     active replicas; draining replicas left without work go to standby."""
@@ -505,9 +562,8 @@ def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor
                 nm += 1
             r = nxt
         ri[x, R_UNF] = ri[x, R_RUN_N] + ri[x, R_WLEN]
-    moved = np.sort(moved[:nm])  # slots are request indices: arrival order
-    for j in range(nm):
-        _route(t, moved[j], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+    if nm:
+        _route_in_order(t, moved[:nm], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
     for x in range(R):
         if ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0 and ri[x, R_STATE] == DRAINING:
             ri[x, R_STATE] = STANDBY
@@ -1202,9 +1258,7 @@ class KernelState:
     def live_state(self) -> tuple[np.ndarray, np.ndarray]:
         """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
         idx = _live(self.ri, self.wq, self.run)
-        q = self.qi[idx]
-        left = q[:, Q_PROMPT] + q[:, Q_GENERATED] - q[:, Q_COMPUTED] - (q[:, Q_GENERATED] > 0)
-        return self.slots(idx), left
+        return self.slots(idx), _left(idx, self.qi)
 
     def live_deadlines(self) -> np.ndarray:
         """`Pool.live_deadlines`."""
