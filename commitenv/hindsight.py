@@ -26,7 +26,6 @@ import copy
 import io
 import math
 import pickle
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +33,8 @@ import numpy as np
 
 from commitenv.metrics import deviation_cost_kwh
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.gpu import GPU
 from commitenv.sim.interval import run_interval
-from commitenv.sim.pool import Pool
-from commitenv.sim.replica import Replica
+from commitenv.sim.pool import Pool, copy_devices
 from commitenv.sim.request import Req
 from commitenv.sim.truth import TruthSource
 from commitenv.workload.table import RequestTable
@@ -103,7 +100,7 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
 
 
 _POOL_ATTRS = frozenset({
-    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_dispatch", "_gpus", "_hashes", "_heap", "_hoff", "_ks",
+    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_devices_shared", "_dispatch", "_gpus", "_hashes", "_heap", "_hoff", "_ks",
     "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq", "_slot_base",
     "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls", "dispatch_s",
     "done_slots", "events", "finish_t", "first_t", "late_done", "layout", "live", "local_calls", "local_s", "log",
@@ -133,35 +130,6 @@ def _fast_forkable(pool: Pool) -> bool:
     return all(not (set(vars(r)) - _REPLICA_ATTRS) and r.pcache is None and r.local is None for r in pool.replicas)
 
 
-def _copy_devices(gpus: list[GPU], replicas: list[Replica], c: Pool, cr) -> dict[int, Replica]:
-    """Copies of ``gpus`` and ``replicas``, linked to each other, installed in ``c``; each replica's queues and
-    segment members copied with ``cr`` (None: new empty ones). Returns the map from old replica ids to copies."""
-    gmap: dict[int, GPU] = {}
-    for g in gpus:
-        ng = GPU.__new__(GPU)
-        ng.__dict__.update(g.__dict__)
-        gmap[id(g)] = ng
-    rmap: dict[int, Replica] = {}
-    for rep in replicas:
-        nr = Replica.__new__(Replica)
-        nr.__dict__.update(rep.__dict__)
-        nr.gpu = gmap[id(rep.gpu)]
-        if cr is None:
-            nr.running, nr.waiting, nr.batch, nr.run_reqs = [], deque(), [], []
-        else:
-            nr.running = [cr(r) for r in rep.running]
-            nr.waiting = deque(cr(r) for r in rep.waiting)
-            nr.batch = [(cr(r), k) for r, k in rep.batch]
-            nr.run_reqs = [cr(r) for r in rep.run_reqs]
-        nr.dest = None if rep.dest is None else gmap[id(rep.dest)]
-        rmap[id(rep)] = nr
-    for g in gpus:
-        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
-    c.gpus = [gmap[id(g)] for g in gpus]
-    c.replicas = [rmap[id(r)] for r in replicas]
-    return rmap
-
-
 def _fast_fork(pool: Pool) -> Pool:
     """The deep copy of `fork_pool`, written out for the engine's known attributes (about 10x faster than
     ``copy.deepcopy``): scalars, tuples and the read-only parts are shared, every mutable container is rebuilt."""
@@ -175,7 +143,7 @@ def _fast_fork(pool: Pool) -> Pool:
             x = reqs[id(r)] = r.copy()
         return x
 
-    rmap = _copy_devices(pool.gpus, pool.replicas, c, cr)
+    rmap = copy_devices(pool.gpus, pool.replicas, c, cr)
     c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
     c.unrouted = [cr(r) for r in pool.unrouted]
     c._pending = [rmap[id(r)] for r in pool._pending]
@@ -199,14 +167,13 @@ _KERNEL_FORK_BYTES = 32 << 20
 
 def _kernel_fork(pool: Pool, results: bool) -> Pool:
     """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
-    GPU objects copied so that a later hand-over to the Python loop writes into its own, every other mutable part
-    rebuilt, the read-only parts shared. Without ``results`` the copy records no per-request results, only how many
+    GPU objects shared until a hand-over to the Python loop gives it its own (`Pool._leave_kernel`), every other
+    mutable part rebuilt, the read-only parts shared. Without ``results`` the copy records no per-request results, only how many
     requests end late (`Pool.late_done`): it copies nothing in proportion to the workload."""
     c = Pool.__new__(Pool)
     d = pool.__dict__
     c.__dict__.update(d)
-    rmap = _copy_devices(d["_gpus"], d["_replicas"], c, None)  # (idle objects: the kernel holds the queues)
-    c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
+    c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)
     c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
     if results or pool.late_done is not None:
         for name in ("finish_t", "first_t", "replica_of", "preemptions"):

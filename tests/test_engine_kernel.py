@@ -392,8 +392,9 @@ def test_hindsight_forks_stay_on_the_kernel_and_equal_the_python_loop(monkeypatc
 
 
 def test_forking_leaves_the_original_run_unchanged(monkeypatch):
-    """An environment whose pool is forked (and the forks stepped) every interval continues exactly as one never
-    forked: a fork's copy, compacted or not, writes nothing into the original's state."""
+    """An environment whose pool is forked (and the forks stepped, some handed over to the Python loop) every interval
+    continues exactly as one never forked: a fork's copy writes nothing into the original's state, and a fork that
+    leaves the kernel gets its own replica and GPU objects."""
     from commitenv.hindsight import fork_pool
 
     monkeypatch.setattr(kernel, "ENABLED", True)
@@ -406,6 +407,9 @@ def test_forking_leaves_the_original_run_unchanged(monkeypatch):
         a = {"active": int(rng.integers(1, envs[0].n_replicas + 1)), "clock": int(rng.integers(len(envs[0].clocks_mhz)))}
         f = fork_pool(envs[0].pool)
         assert f._ks is not None
+        if k % 5 == 4:
+            f.replicas  # this fork leaves the kernel (taking copies of the replica and GPU objects it shared)
+            assert f._ks is None and envs[0].pool._ks is not None
         f.set_active(f.now, 1)
         f.run_until(f.now + 120.0)
         outs = [e.step(a) for e in envs]
@@ -413,6 +417,33 @@ def test_forking_leaves_the_original_run_unchanged(monkeypatch):
     p, q = envs[0].pool, envs[1].pool
     assert (p.events, p.completed, p.live, p.energy_j()) == (q.events, q.completed, q.live, q.energy_j())
     assert np.array_equal(np.nan_to_num(p.finish_t, nan=-1.0), np.nan_to_num(q.finish_t, nan=-1.0))
+
+
+def test_a_fork_on_the_python_loop_and_its_original_do_not_share_objects(monkeypatch):
+    """A fork handed over to the Python loop, then its original handed over too: each runs on its own replica and GPU
+    objects, so the fork still equals a twin fork that stayed on the kernel, and the original equals an environment
+    never forked."""
+    from commitenv.hindsight import fork_pool
+
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    envs = [CommitServeEnv("bench-h200-hour-fixed-a30") for _ in range(2)]
+    for e in envs:
+        e.reset(seed=100004)
+    for e in envs:
+        e.step({"active": 20, "clock": 1})
+    left, twin = fork_pool(envs[0].pool), fork_pool(envs[0].pool)
+    left.replicas  # hands this fork over to the Python loop
+    envs[0].snapshot()  # and the original (a controller's snapshot)
+    assert left._ks is None and twin._ks is not None and envs[0].pool._ks is None
+    for k in range(2, 12):
+        for p in (left, twin):
+            p.set_active(60.0 * k, 10 + k)
+            p.run_until(60.0 * (k + 1))
+            p.settle(60.0 * (k + 1))
+        assert left.energy_j() == twin.energy_j(), f"interval {k}"
+        outs = [e.step({"active": 30 - k, "clock": 2}) for e in envs]
+        assert outs[0][1:3] == outs[1][1:3]
+    assert left.events == twin.events and left.completed == twin.completed
 
 
 def test_a_large_pool_forks_on_the_python_loop(monkeypatch):

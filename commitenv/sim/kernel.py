@@ -619,6 +619,23 @@ def set_active(t, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, fl
 
 
 @njit(cache=True)
+def _set_clock(t, idx, latency_s, gi, gf, si, ht, hk, hs, hi, hv):
+    """`Pool.set_clock` on every GPU: clock level ``idx`` from ``t + latency_s`` (a pending change superseded, one
+    back to the current clock cancelled)."""
+    for g in range(gi.shape[0]):
+        target = gi[g, G_PENDING] if gi[g, G_PENDING] >= 0 else gi[g, G_CLOCK]
+        if idx == target:
+            continue
+        gi[g, G_VER] += 1
+        if idx == gi[g, G_CLOCK]:
+            gi[g, G_PENDING] = -1
+            continue
+        gi[g, G_PENDING] = idx
+        gf[g, GF_PENDING_T] = t + latency_s
+        _push(si, ht, hk, hs, hi, hv, gf[g, GF_PENDING_T], EV_CLOCK, g, gi[g, G_VER])
+
+
+@njit(cache=True)
 def _set_floor(t, g, power_w, ri, rf, gf):
     """`GPU.set_floor` (one instance per GPU): close the floor meter at ``t``; a segment in flight is charged the
     new floor from ``t`` on."""
@@ -772,6 +789,62 @@ def meter(t, ri, rf, gf, e_dyn):
     return out
 
 
+@njit(cache=True)
+def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, head_deadline, head_slots, row_deadline, row0, L,
+                  slot_base):
+    """`KernelState._compact`'s work: new request arrays holding the live requests (in index order) then the rows
+    loaded but not arrived; queues, batches and running lists re-indexed in place. Returns the new arrays, the new
+    head's deadlines and slots, and how many of the requests dropped ended after their deadline."""
+    cur, N = si[I_CURSOR], si[I_N]
+    live = np.sort(_live(ri, wq, run))
+    nl = live.shape[0]
+    late = 0
+    j = 0
+    for k in range(cur):  # the arrived ones that leave: finished or rejected
+        if j < nl and live[j] == k:
+            j += 1
+            continue
+        dl = head_deadline[k] if k < L else row_deadline[row0 + k - L]
+        if not qf[k, Q_FINISH] <= dl:
+            late += 1
+    n_keep = nl + N - cur
+    cap = max(64, n_keep + n_keep // 2)
+    qi2 = np.zeros((cap, qi.shape[1]), np.int64)
+    qf2 = np.zeros((cap, qf.shape[1]))
+    qc2 = np.zeros(cap, np.uint8)
+    rej2 = np.zeros(cap, np.bool_)
+    wq2 = np.full(cap, -1, np.int64)
+    dl2 = np.empty(nl)
+    sl2 = np.empty(nl, np.int64)
+    for j in range(n_keep):
+        k = live[j] if j < nl else cur + j - nl
+        qi2[j] = qi[k]
+        qf2[j] = qf[k]
+        qc2[j] = qc[k]
+        rej2[j] = rejected[k]
+        if j < nl:
+            if k < L:
+                dl2[j], sl2[j] = head_deadline[k], head_slots[k]
+            else:
+                dl2[j], sl2[j] = row_deadline[row0 + k - L], slot_base + row0 + k - L
+    for x in range(ri.shape[0]):
+        for i in range(ri[x, R_RUN_N]):
+            run[x, i] = np.searchsorted(live, run[x, i])  # (live ones are arrived: below the cursor)
+        for i in range(ri[x, R_BATCH_N]):
+            bq[x, i] = np.searchsorted(live, bq[x, i])
+        n = ri[x, R_WLEN]
+        r = ri[x, R_WHEAD]
+        ri[x, R_WLEN] = 0
+        for _ in range(n):
+            nxt = wq[r]
+            _wpush_back(ri, wq2, x, np.searchsorted(live, r))
+            r = nxt
+    si[I_CURSOR] = nl
+    si[I_N] = n_keep
+    si[I_DONE] = 0
+    return qi2, qf2, qc2, rej2, wq2, dl2, sl2, late
+
+
 @dataclass(frozen=True)
 class _Rows:
     """A pool's workload rows as arrays (read only; shared by every copy of a kernel state)."""
@@ -808,6 +881,7 @@ class KernelState:
     are dropped when room is needed and on `copy`, so a state holds about the live requests and an hour of rows."""
 
     LOOKAHEAD_S = 3600.0  # workload rows are loaded this far ahead of the engine clock
+    COPY_LOOKAHEAD_S = 300.0  # ... and in a copy (a fork runs short stretches; it keeps only these rows, and loads on)
 
     @staticmethod
     def covers(pool) -> bool:
@@ -854,6 +928,7 @@ class KernelState:
         self.head_deadline = np.array([r.deadline for r in live], np.float64)
         self.row0 = self.row_end = pool._cursor  # workload rows [row0, row_end) follow the head, index n_live + row - row0
         self._stopped = False  # `stop_arrivals`: no row loaded or arriving any more
+        self.lookahead_s = self.LOOKAHEAD_S
         self.compact = compact
         self.taken = 0  # completions handed out by `take_finished`
         self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
@@ -963,7 +1038,7 @@ class KernelState:
         return out
 
     def _load(self, t: float) -> None:
-        """Load the workload rows arriving at or before ``t`` (and those of ``LOOKAHEAD_S`` after, so that loads are
+        """Load the workload rows arriving at or before ``t`` (and those of ``lookahead_s`` after, so that loads are
         rare)."""
         src = self.src
         n = len(src.arrival)
@@ -973,7 +1048,7 @@ class KernelState:
         if hi <= self.row_end:
             return
         if t < INF:
-            hi = max(hi, int(np.searchsorted(src.arrival, t + self.LOOKAHEAD_S, side="right")))
+            hi = max(hi, int(np.searchsorted(src.arrival, t + self.lookahead_s, side="right")))
         if self.n_live + hi - self.row0 > self.qi.shape[0]:
             self._make_room(hi)
         lo, L = self.row_end, self.n_live
@@ -1010,48 +1085,34 @@ class KernelState:
         self.wq = np.concatenate([self.wq, np.full(new - cap, -1, np.int64)])
         self.done_out = np.concatenate([self.done_out, np.zeros(new - cap, np.int64)])
 
-    def _compact(self, copy_all: bool = False) -> None:
-        """Keep only the live requests (the new head) and the rows loaded but not arrived: the finished and rejected
-        ones leave (their results were taken; ``late_dropped`` counts those that missed their deadline). With
-        ``copy_all`` every state array is new afterwards (a copy shares nothing it writes with the original)."""
+    def _compact(self, copy_all: bool = False, ahead_s: float | None = None) -> None:
+        """Keep only the live requests (the new head) and the rows loaded but not arrived (with ``ahead_s``, those
+        arriving within that many seconds; the rest are loaded again when needed): the finished and rejected ones
+        leave (their results were taken; ``late_dropped`` counts those that missed their deadline). With ``copy_all``
+        every state array is new afterwards (a copy shares nothing it writes with the original)."""
         if self.taken != self.si[I_DONE]:
             raise RuntimeError("kernel: compaction before the finished requests' results were taken")
-        if copy_all:  # (first: everything below writes into these)
+        if copy_all:  # (first: the compaction writes into these)
             for name in ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv",
                          "e_dyn"):
                 setattr(self, name, getattr(self, name).copy())
-        si = self.si
-        cur, N = int(si[I_CURSOR]), int(si[I_N])
-        live = np.sort(_live(self.ri, self.wq, self.run))
-        gone = np.setdiff1d(np.arange(cur), live, assume_unique=True)
-        self.late_dropped += int(np.count_nonzero(~(self.qf[gone, Q_FINISH] <= self.deadlines(gone))))
-        keep = np.concatenate([live, np.arange(cur, N)])
-        m = np.full(self.qi.shape[0], -1, np.int64)
-        m[keep] = np.arange(len(keep))
-        cap = max(64, len(keep) + len(keep) // 2)
-        waiting = [self.waiting_ids(x) for x in range(self.R)]
-        slots, dls = self.slots(live), self.deadlines(live)
-        self.row0 += cur - self.n_live
-        self.n_live, self.live_slots, self.head_deadline = len(live), slots, dls
-        for name, fill in (("qi", 0), ("qf", 0.0), ("qc", 0), ("rejected", False), ("done_out", 0)):
-            a = getattr(self, name)
-            b = np.full((cap,) + a.shape[1:], fill, a.dtype)
-            b[: len(keep)] = a[keep]
-            setattr(self, name, b)
-        self.wq = np.full(cap, -1, np.int64)
-        self.done0 += int(si[I_DONE])
-        si[I_DONE] = 0
+        cur, L = int(self.si[I_CURSOR]), self.n_live
+        if ahead_s is not None and not self._stopped:
+            row_cur = self.row0 + cur - L
+            hi = row_cur + int(np.searchsorted(self.src.arrival[row_cur:self.row_end], self.sf[F_NOW] + ahead_s,
+                                               side="right"))
+            if hi < self.row_end:
+                self.row_end = hi
+                self.si[I_N] = cur + hi - row_cur
+        self.done0 += int(self.si[I_DONE])
+        (self.qi, self.qf, self.qc, self.rejected, self.wq, self.head_deadline, self.live_slots,
+         late) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc, self.rejected, self.si,
+                               self.head_deadline, self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
+        self.done_out = np.zeros(self.qi.shape[0], np.int64)
+        self.late_dropped += int(late)
+        self.row0 += cur - L
+        self.n_live = len(self.live_slots)
         self.taken = 0
-        ri = self.ri
-        for x in range(self.R):
-            n_run, nb = ri[x, R_RUN_N], ri[x, R_BATCH_N]
-            self.run[x, :n_run] = m[self.run[x, :n_run]]
-            self.bq[x, :nb] = m[self.bq[x, :nb]]
-            ri[x, R_WLEN] = 0
-            for r in waiting[x]:
-                _wpush_back(ri, self.wq, x, int(m[r]))
-        si[I_CURSOR] = len(live)
-        si[I_N] = len(keep)
 
     def take_finished(self) -> np.ndarray:
         """Kernel indices of the requests finished since the last call (the caller records their results now: a
@@ -1074,11 +1135,8 @@ class KernelState:
             return
         need = max(need, c0 + have + int(3600 // cell))
         c0 = max(0, int((self.sf[F_NOW] - 1.0) // cell))  # (1 s back: a change may be applied just before the clock)
-        tr = self._truth
-        for g in range(self.R):
-            tr._extend(g, need)
-        self.ftab = np.array([tr._ft[g][c0:need] for g in range(self.R)])
-        self.fetab = np.array([tr._fe[g][c0:need] for g in range(self.R)])
+        ft, fe = self._truth.factor_tables(need)
+        self.ftab, self.fetab = ft[:, c0:need], fe[:, c0:need]  # (views of the truth's shared tables)
         self.sched = self.sched.copy()  # (copies share it until one of them moves its tables)
         self.sched[S_CELL0] = c0
 
@@ -1138,26 +1196,18 @@ class KernelState:
         if t < self.sf[F_NOW] - 1e-9:
             raise ValueError(f"set_clock at t={t} precedes the engine clock {self.sf[F_NOW]}")
         idx = self.profile.clock_index(mhz)
-        for g in range(self.R):
-            target = self.gi[g, G_PENDING] if self.gi[g, G_PENDING] >= 0 else self.gi[g, G_CLOCK]
-            if idx == target:
-                continue
-            self.gi[g, G_VER] += 1
-            if idx == self.gi[g, G_CLOCK]:
-                self.gi[g, G_PENDING] = -1
-                continue
-            self.gi[g, G_PENDING] = idx
-            self.gf[g, GF_PENDING_T] = t + self.profile.latencies.clock_change_s
-            self._room(1)
-            _push(self.si, self.ht, self.hk, self.hs, self.hi, self.hv, self.gf[g, GF_PENDING_T], EV_CLOCK, g,
-                  self.gi[g, G_VER])
+        self._room(self.R)
+        _set_clock(t, idx, self.profile.latencies.clock_change_s, self.gi, self.gf, self.si, self.ht, self.hk, self.hs,
+                   self.hi, self.hv)
 
     def copy(self) -> "KernelState":
-        """An independent copy (the state arrays copied, without the finished requests when their results were taken;
-        tables, workload rows, profile and truth source shared, as they only grow or are read)."""
+        """An independent copy (the state arrays copied; without the finished requests when their results were taken,
+        and then with only ``COPY_LOOKAHEAD_S`` of rows ahead; tables, workload rows, profile and truth source shared,
+        as they only grow or are read)."""
         c = copy.copy(self)
         if self.compact and self.taken == self.si[I_DONE]:
-            c._compact(copy_all=True)
+            c.lookahead_s = min(self.lookahead_s, self.COPY_LOOKAHEAD_S)
+            c._compact(copy_all=True, ahead_s=c.lookahead_s)
             return c
         for name in ("qi", "qf", "qc", "rejected", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk", "pend",
                      "ht", "hk", "hs", "hi", "hv", "e_dyn", "done_out"):

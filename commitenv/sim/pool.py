@@ -11,6 +11,7 @@ import bisect
 import heapq
 import math
 import time
+from collections import deque
 from itertools import compress
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -182,6 +183,35 @@ def _token_loads(rep: Replica) -> tuple[int, int]:
     return pre, dec
 
 
+def copy_devices(gpus: list[GPU], replicas: list[Replica], c: "Pool", cr) -> dict[int, Replica]:
+    """Copies of ``gpus`` and ``replicas``, linked to each other, installed in ``c``; each replica's queues and
+    segment members copied with ``cr`` (None: new empty ones). Returns the map from old replica ids to copies."""
+    gmap: dict[int, GPU] = {}
+    for g in gpus:
+        ng = GPU.__new__(GPU)
+        ng.__dict__.update(g.__dict__)
+        gmap[id(g)] = ng
+    rmap: dict[int, Replica] = {}
+    for rep in replicas:
+        nr = Replica.__new__(Replica)
+        nr.__dict__.update(rep.__dict__)
+        nr.gpu = gmap[id(rep.gpu)]
+        if cr is None:
+            nr.running, nr.waiting, nr.batch, nr.run_reqs = [], deque(), [], []
+        else:
+            nr.running = [cr(r) for r in rep.running]
+            nr.waiting = deque(cr(r) for r in rep.waiting)
+            nr.batch = [(cr(r), k) for r, k in rep.batch]
+            nr.run_reqs = [cr(r) for r in rep.run_reqs]
+        nr.dest = None if rep.dest is None else gmap[id(rep.dest)]
+        rmap[id(rep)] = nr
+    for g in gpus:
+        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
+    c.gpus = [gmap[id(g)] for g in gpus]
+    c.replicas = [rmap[id(r)] for r in replicas]
+    return rmap
+
+
 class _PythonLoopState:
     """State only the Python loop keeps: reading it makes a pool the kernel runs hand over to the Python loop."""
 
@@ -238,6 +268,9 @@ class Pool:
     def _leave_kernel(self) -> None:
         """Write the kernel's state back into the replicas, GPUs and heap; the Python loop continues from there."""
         ks, self._ks = self._ks, None
+        if self.__dict__.pop("_devices_shared", False):  # (a fork shares its original's idle objects until now)
+            rmap = copy_devices(self._gpus, self._replicas, self, None)
+            self.routable = [[rmap[id(r)] for r in lst] for lst in self.routable]
         ks.export_to(self)
 
     def stop_arrivals(self) -> None:

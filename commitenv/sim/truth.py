@@ -102,6 +102,8 @@ class TruthSource:
         self._ft: list[list[float]] = [[] for _ in range(n_gpus)]  # Python floats: read once per segment
         self._fe: list[list[float]] = [[] for _ in range(n_gpus)]
         self._cell = float(spec.cell_s)
+        self._tab: np.ndarray | None = None  # (2, GPUs, capacity): `factor_tables`' cache, cells [0, _tab_n) filled
+        self._tab_n = 0
         self._x = np.zeros(n_gpus)  # latent drift state at the end of the generated cells (stationary start)
         if spec.drift_time_sigma > 0 or spec.drift_energy_sigma > 0:
             self._x = np.random.default_rng(drift_ss).standard_normal(n_gpus)
@@ -124,6 +126,25 @@ class TruthSource:
                 ft = np.where(u < sp.straggler_prob, ft * sp.straggler_factor, ft)
             self._ft[g].extend((ft * self.speed[g]).tolist())
             self._fe[g].extend((fe * self.speed[g] * self.power[g]).tolist())
+
+    def factor_tables(self, upto: int) -> tuple[np.ndarray, np.ndarray]:
+        """(time, energy) factors of cells [0, ``upto``) of every GPU as (GPUs, cells) arrays, the compiled engine's
+        tables: views of one growing cache that every copy of a pool shares (cells never change once drawn)."""
+        n = len(self._ft)
+        have = self._tab_n
+        if upto > have:
+            for g in range(n):
+                self._extend(g, upto)
+            tab = self._tab
+            if tab is None or upto > tab.shape[2]:
+                new = np.empty((2, n, max(upto, 2 * (0 if tab is None else tab.shape[2]))))
+                if have:
+                    new[:, :, :have] = tab[:, :, :have]
+                tab = self._tab = new
+            tab[0, :, have:upto] = [f[have:upto] for f in self._ft]
+            tab[1, :, have:upto] = [f[have:upto] for f in self._fe]
+            self._tab_n = upto
+        return self._tab[0, :, :upto], self._tab[1, :, :upto]
 
     def draw(self, stream: int, t: float) -> tuple[float, float, float]:
         """(time factor, energy factor, end of the cell) for a segment of GPU ``stream`` starting at ``t``.
