@@ -82,8 +82,8 @@ def main() -> None:
     t_snap = busiest * 3600.0 + 1800.0
     whatif, n_cands, live, replayed, warm = whatif_wall(prof, table, args.gpus, t_snap, args.candidates, args.horizon)
     long_table = long_context_table(3600.0, args.long_rate, prof.scheduler.context_limit)
-    long_wall, _, long_live, long_replayed, long_warm = whatif_wall(prof, long_table, args.gpus, 1800.0, args.candidates,
-                                                         args.horizon)
+    long_wall, _, long_live, long_replayed, long_warm = whatif_wall(prof, long_table, args.gpus, 1800.0,
+                                                                    args.candidates, args.horizon)
     print(f"day: {len(table)} requests, {day_wall:.1f} s wall, {events} events, peak RSS {rss_mb:.0f} MB")
     print(f"what-if: {n_cands} candidates x {args.horizon:.0f} s horizon from t={t_snap:.0f} s "
           f"({live} live, {replayed} replayed arrivals): {whatif:.3f} s (target 0.2 s); first run {warm:.2f} s")

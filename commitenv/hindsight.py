@@ -100,13 +100,13 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
 
 
 _POOL_ATTRS = frozenset({
-    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_devices_shared", "_dispatch", "_gpus", "_hashes", "_heap", "_hoff", "_ks",
-    "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq", "_slot_base",
-    "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls", "dispatch_s",
-    "done_slots", "events", "finish_t", "first_t", "late_done", "layout", "live", "local_calls", "local_s", "log",
-    "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise", "now", "opt",
-    "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected", "replica_of", "routable", "table",
-    "tenant_model", "transit", "truth", "unrouted", "visible_deadline"})
+    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_devices_shared", "_dispatch", "_gpus", "_hashes", "_heap",
+    "_hoff", "_ks", "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq",
+    "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls",
+    "dispatch_s", "done_slots", "events", "finish_t", "first_t", "late_done", "layout", "live", "local_calls",
+    "local_s", "log", "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise",
+    "now", "opt", "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected", "replica_of",
+    "routable", "table", "tenant_model", "transit", "truth", "unrouted", "visible_deadline"})
 _GPU_ATTRS = frozenset({"clock_idx", "e_dyn", "e_floor", "floor_w", "index", "pending_clock", "pending_t",
                         "power_factor", "profile", "replicas", "t_floor", "version"})
 _REPLICA_ATTRS = frozenset({
@@ -168,8 +168,8 @@ _KERNEL_FORK_BYTES = 32 << 20
 def _kernel_fork(pool: Pool, results: bool) -> Pool:
     """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
     GPU objects shared until a hand-over to the Python loop gives it its own (`Pool._leave_kernel`), every other
-    mutable part rebuilt, the read-only parts shared. Without ``results`` the copy records no per-request results, only how many
-    requests end late (`Pool.late_done`): it copies nothing in proportion to the workload."""
+    mutable part rebuilt, the read-only parts shared. Without ``results`` the copy records no per-request results,
+    only how many requests end late (`Pool.late_done`): it copies nothing in proportion to the workload."""
     c = Pool.__new__(Pool)
     d = pool.__dict__
     c.__dict__.update(d)
@@ -236,9 +236,9 @@ class TruthRun:
 
     def fork(self) -> "TruthRun":
         """An independent copy of this run."""
-        return TruthRun(fork_pool(self.pool, self._memo, results=False), k=self.k, cfg=self.cfg, meter_j=self.meter_j,
-                        hour_start_j=self.hour_start_j, closed_kwh=self.closed_kwh, terms=self.terms,
-                        memo=self._memo)
+        return TruthRun(fork_pool(self.pool, self._memo, results=False), k=self.k, cfg=self.cfg,
+                        meter_j=self.meter_j, hour_start_j=self.hour_start_j, closed_kwh=self.closed_kwh,
+                        terms=self.terms, memo=self._memo)
 
     # ------------------------------------------------------------------------------------------ stepping
     def step(self, active: int, clock_mhz: int, planning_delay_s: float = 0.0) -> float:
@@ -351,9 +351,9 @@ class HindsightAccess:
                                "build a new one (ControllerContext.from_env(env, hindsight=True))")
         st = e.settlement
         h = e.k // e.K
-        return TruthRun(fork_pool(e.pool, self._memo, results=False), k=e.k, cfg=tuple(e.cfg), meter_j=float(st.e_prev),
-                        hour_start_j=float(st.e_hour_start), closed_kwh=float(np.sum(st.cost_kwh[:h])), terms=self,
-                        memo=self._memo)
+        return TruthRun(fork_pool(e.pool, self._memo, results=False), k=e.k, cfg=tuple(e.cfg),
+                        meter_j=float(st.e_prev), hour_start_j=float(st.e_hour_start),
+                        closed_kwh=float(np.sum(st.cost_kwh[:h])), terms=self, memo=self._memo)
 
     # ------------------------------------------------------------------------------------------ transfer
     def dumps(self, run: TruthRun) -> bytes:

@@ -404,7 +404,8 @@ def test_forking_leaves_the_original_run_unchanged(monkeypatch):
         e.reset(seed=100002)
     rng = np.random.default_rng(2)
     for k in range(25):
-        a = {"active": int(rng.integers(1, envs[0].n_replicas + 1)), "clock": int(rng.integers(len(envs[0].clocks_mhz)))}
+        e0 = envs[0]
+        a = {"active": int(rng.integers(1, e0.n_replicas + 1)), "clock": int(rng.integers(len(e0.clocks_mhz)))}
         f = fork_pool(envs[0].pool)
         assert f._ks is not None
         if k % 5 == 4:

@@ -793,20 +793,11 @@ def meter(t, ri, rf, gf, e_dyn):
 def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, head_deadline, head_slots, row_deadline, row0, L,
                   slot_base):
     """`KernelState._compact`'s work: new request arrays holding the live requests (in index order) then the rows
-    loaded but not arrived; queues, batches and running lists re-indexed in place. Returns the new arrays, the new
-    head's deadlines and slots, and how many of the requests dropped ended after their deadline."""
+    loaded but not arrived; queues, batches and running lists re-indexed in place. Returns the new arrays and the
+    new head's deadlines and slots."""
     cur, N = si[I_CURSOR], si[I_N]
     live = np.sort(_live(ri, wq, run))
     nl = live.shape[0]
-    late = 0
-    j = 0
-    for k in range(cur):  # the arrived ones that leave: finished or rejected
-        if j < nl and live[j] == k:
-            j += 1
-            continue
-        dl = head_deadline[k] if k < L else row_deadline[row0 + k - L]
-        if not qf[k, Q_FINISH] <= dl:
-            late += 1
     n_keep = nl + N - cur
     cap = max(64, n_keep + n_keep // 2)
     qi2 = np.zeros((cap, qi.shape[1]), np.int64)
@@ -842,7 +833,7 @@ def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, head_deadline, head
     si[I_CURSOR] = nl
     si[I_N] = n_keep
     si[I_DONE] = 0
-    return qi2, qf2, qc2, rej2, wq2, dl2, sl2, late
+    return qi2, qf2, qc2, rej2, wq2, dl2, sl2
 
 
 @dataclass(frozen=True)
@@ -926,13 +917,13 @@ class KernelState:
         self.n_live = L  # the head: requests live at the import (or the last compaction), by slot
         self.live_slots = np.array([r.slot for r in live], np.int64)
         self.head_deadline = np.array([r.deadline for r in live], np.float64)
-        self.row0 = self.row_end = pool._cursor  # workload rows [row0, row_end) follow the head, index n_live + row - row0
+        # workload rows [row0, row_end) follow the head, at index n_live + row - row0
+        self.row0 = self.row_end = pool._cursor
         self._stopped = False  # `stop_arrivals`: no row loaded or arriving any more
         self.lookahead_s = self.LOOKAHEAD_S
         self.compact = compact
         self.taken = 0  # completions handed out by `take_finished`
         self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
-        self.late_dropped = 0  # requests dropped by `compact` that ended after their deadline (rejected ones too)
         cap = L + 64
         self.qi = np.zeros((cap, 8), np.int64)
         self.qf = np.zeros((cap, 4))
@@ -1088,8 +1079,8 @@ class KernelState:
     def _compact(self, copy_all: bool = False, ahead_s: float | None = None) -> None:
         """Keep only the live requests (the new head) and the rows loaded but not arrived (with ``ahead_s``, those
         arriving within that many seconds; the rest are loaded again when needed): the finished and rejected ones
-        leave (their results were taken; ``late_dropped`` counts those that missed their deadline). With ``copy_all``
-        every state array is new afterwards (a copy shares nothing it writes with the original)."""
+        leave (their results were taken). With ``copy_all`` every state array is new afterwards (a copy shares
+        nothing it writes with the original)."""
         if self.taken != self.si[I_DONE]:
             raise RuntimeError("kernel: compaction before the finished requests' results were taken")
         if copy_all:  # (first: the compaction writes into these)
@@ -1105,11 +1096,10 @@ class KernelState:
                 self.row_end = hi
                 self.si[I_N] = cur + hi - row_cur
         self.done0 += int(self.si[I_DONE])
-        (self.qi, self.qf, self.qc, self.rejected, self.wq, self.head_deadline, self.live_slots,
-         late) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc, self.rejected, self.si,
+        (self.qi, self.qf, self.qc, self.rejected, self.wq, self.head_deadline,
+         self.live_slots) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc, self.rejected, self.si,
                                self.head_deadline, self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
         self.done_out = np.zeros(self.qi.shape[0], np.int64)
-        self.late_dropped += int(late)
         self.row0 += cur - L
         self.n_live = len(self.live_slots)
         self.taken = 0
@@ -1250,7 +1240,8 @@ class KernelState:
             if r is None:
                 r = Req(int(self.slots([k])[0]), float(qf[k, Q_ARRIVAL]), int(qi[k, Q_PROMPT]), int(qi[k, Q_OUT]),
                         float(self.deadlines([k])[0]))
-                r.computed, r.generated, r.blocks = int(qi[k, Q_COMPUTED]), int(qi[k, Q_GENERATED]), int(qi[k, Q_BLOCKS])
+                r.computed, r.generated = int(qi[k, Q_COMPUTED]), int(qi[k, Q_GENERATED])
+                r.blocks = int(qi[k, Q_BLOCKS])
                 r.replica, r.started = int(qi[k, Q_REPLICA]), bool(qi[k, Q_STARTED])
                 r.first_t, r.preemptions = float(qf[k, Q_FIRST]), int(qi[k, Q_PREEMPT])
                 r.captured = bool(self.qc[k])
@@ -1317,8 +1308,8 @@ class KernelState:
     def counters(self) -> tuple[int, float, int, int, int]:
         """(arrived, now, live, completed, events), as `Pool` keeps them (arrived counts the workload's rows)."""
         si = self.si
-        return (self.row0 + int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]), self.done0 + int(si[I_DONE]),
-                int(si[I_EVENTS]))
+        return (self.row0 + int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]),
+                self.done0 + int(si[I_DONE]), int(si[I_EVENTS]))
 
     def settle(self, t: float) -> None:
         self._room(self.R)
