@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -836,6 +837,23 @@ def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, head_deadline, head
     return qi2, qf2, qc2, rej2, wq2, dl2, sl2
 
 
+_COEFFS: dict[int, np.ndarray] = {}  # id(profile) -> coefficients, dropped with the profile (as `coeffs_for`'s)
+
+
+def _clock_coefficients(prof) -> np.ndarray:
+    """The step laws' coefficients at each clock level of ``prof`` (``coc``; read only, cached per profile object as
+    `coeffs_for` caches them: a profile is not changed once an engine used it)."""
+    coc = _COEFFS.get(id(prof))
+    if coc is None:
+        coc = np.zeros((len(prof.clocks), 10))
+        for ci in range(len(prof.clocks)):
+            c = coeffs_for(prof, ci, 1.0)
+            coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
+        _COEFFS[id(prof)] = coc
+        weakref.finalize(prof, _COEFFS.pop, id(prof), None)
+    return coc
+
+
 @dataclass(frozen=True)
 class _Rows:
     """A pool's workload rows as arrays (read only; shared by every copy of a kernel state)."""
@@ -941,10 +959,7 @@ class KernelState:
             self.qc[k] = r.captured
         prof = pool.profiles[0]
         self.profile = prof
-        self.coc = np.zeros((len(prof.clocks), 10))
-        for ci in range(len(prof.clocks)):
-            c = coeffs_for(prof, ci, 1.0)
-            self.coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
+        self.coc = _clock_coefficients(prof)
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0],
                               np.int64)
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
@@ -952,32 +967,47 @@ class KernelState:
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.ri = np.zeros((R, 12), np.int64)
         self.rf = np.zeros((R, 12))
+        ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
+        ri[:, R_UNF] = [rep.unf for rep in reps]
+        ri[:, R_FREE] = [rep.free_blocks for rep in reps]
+        ri[:, R_STATE] = [rep.state for rep in reps]
+        ri[:, R_VER] = [rep.version for rep in reps]
+        ri[:, R_SEG] = [rep.seg for rep in reps]
+        ri[:, R_K] = [rep.run_k for rep in reps]
+        for col, name in ((R_T0, "t0"), (R_T1, "t1"), (R_BT0, "T0"), (R_D, "D"), (R_E0, "E0"), (R_F, "F"),
+                          (R_FT, "ft"), (R_FE, "fe"), (R_ENERGY, "seg_energy"), (R_FLOOR_W, "seg_floor_w"),
+                          (R_FLOOR_T, "seg_floor_t"), (R_FLOOR_ACC, "seg_floor_acc")):
+            rf[:, col] = [getattr(rep, name) for rep in reps]
         for x, rep in enumerate(reps):
-            if len(rep.running) > sch.max_seqs:
-                raise ValueError(f"kernel: replica {x} runs {len(rep.running)} requests, above max_seqs {sch.max_seqs}")
-            ri, rf = self.ri[x], self.rf[x]
-            ri[R_UNF], ri[R_FREE], ri[R_STATE], ri[R_VER] = rep.unf, rep.free_blocks, rep.state, rep.version
-            ri[R_RUN_N] = len(rep.running)
-            self.run[x, : len(rep.running)] = [index[id(r)] for r in rep.running]
-            for r in rep.waiting:
-                _wpush_back(self.ri, self.wq, x, index[id(r)])
-            ri[R_SEG], ri[R_K] = rep.seg, rep.run_k
-            members = [r for r, _ in rep.batch] if rep.seg == SEG_STEP else (rep.run_reqs if rep.seg == SEG_RUN else [])
-            ri[R_BATCH_N] = len(members)
-            self.bq[x, : len(members)] = [index[id(r)] for r in members]
+            if rep.running:
+                if len(rep.running) > sch.max_seqs:
+                    raise ValueError(f"kernel: replica {x} runs {len(rep.running)} requests, above max_seqs "
+                                     f"{sch.max_seqs}")
+                ri[x, R_RUN_N] = len(rep.running)
+                self.run[x, : len(rep.running)] = [index[id(r)] for r in rep.running]
+            if rep.waiting:  # (the linked list of `_wpush_back`, written at once)
+                w = [index[id(r)] for r in rep.waiting]
+                self.wq[w[:-1]] = w[1:]
+                ri[x, R_WHEAD], ri[x, R_WTAIL], ri[x, R_WLEN] = w[0], w[-1], len(w)
             if rep.seg == SEG_STEP:
-                self.bk[x, : len(members)] = [k for _, k in rep.batch]
-            rf[R_T0], rf[R_T1], rf[R_BT0], rf[R_D], rf[R_E0], rf[R_F] = rep.t0, rep.t1, rep.T0, rep.D, rep.E0, rep.F
-            rf[R_FT], rf[R_FE], rf[R_ENERGY] = rep.ft, rep.fe, rep.seg_energy
-            rf[R_FLOOR_W], rf[R_FLOOR_T], rf[R_FLOOR_ACC] = rep.seg_floor_w, rep.seg_floor_t, rep.seg_floor_acc
+                ri[x, R_BATCH_N] = len(rep.batch)
+                self.bq[x, : len(rep.batch)] = [index[id(r)] for r, _ in rep.batch]
+                self.bk[x, : len(rep.batch)] = [k for _, k in rep.batch]
+            elif rep.seg == SEG_RUN:
+                ri[x, R_BATCH_N] = len(rep.run_reqs)
+                self.bq[x, : len(rep.run_reqs)] = [index[id(r)] for r in rep.run_reqs]
         self.gi = np.zeros((R, 3), np.int64)
         self.gf = np.zeros((R, 4))
         # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
-        self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
-                                     prof.standby_w * g.power_factor] for lvl in prof.clocks] for g in gpus])
-        for g, gpu in enumerate(gpus):
-            self.gi[g] = (gpu.clock_idx, -1 if gpu.pending_clock is None else gpu.pending_clock, gpu.version)
-            self.gf[g] = (gpu.pending_t, gpu.floor_w, gpu.t_floor, gpu.e_floor)
+        levels = np.array([[lvl.active_idle_w, lvl.draining_idle_w, prof.standby_w] for lvl in prof.clocks])
+        self.floor_tab = np.array([g.power_factor for g in gpus])[:, None, None] * levels[None]
+        self.gi[:, G_CLOCK] = [gpu.clock_idx for gpu in gpus]
+        self.gi[:, G_PENDING] = [-1 if gpu.pending_clock is None else gpu.pending_clock for gpu in gpus]
+        self.gi[:, G_VER] = [gpu.version for gpu in gpus]
+        self.gf[:, GF_PENDING_T] = [gpu.pending_t for gpu in gpus]
+        self.gf[:, GF_FLOOR_W] = [gpu.floor_w for gpu in gpus]
+        self.gf[:, GF_T_FLOOR] = [gpu.t_floor for gpu in gpus]
+        self.gf[:, GF_E_FLOOR] = [gpu.e_floor for gpu in gpus]
         self.e_dyn = np.array([gpu.e_dyn for gpu in gpus], dtype=np.float64)
         self._truth = pool.truth
         if pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
