@@ -15,6 +15,7 @@ def run_interval(pool: Pool, cfg: tuple[int, int], new: tuple[int, int], t_apply
     ``t_apply``; a change due at or after ``t1`` is stale and not applied. Returns the configuration in force at
     ``t1`` and the changes made, as ("active" | "clock", time, value)."""
     changes: list[tuple[str, float, int]] = []
+    pool.use_kernel()  # back on the compiled loop if a controller's snapshot handed it over (identical results)
     if new != cfg and not t_apply >= t1:
         pool.run_until(t_apply)
         if new[0] != cfg[0]:
