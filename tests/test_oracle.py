@@ -19,7 +19,7 @@ from commitenv.evaluation import evaluate, refuses_hindsight, run_episode
 from commitenv.hindsight import HindsightAccess, uses_hindsight
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.truth import TruthSource
-from commitenv_controllers.oracle import OracleController, PlanTerms, miss_budget, plan_table, replay
+from commitenv_controllers.oracle import OracleController, PlanTerms, miss_budget, miss_pace, plan_table, replay
 from commitenv_controllers.vllm import VLLMController
 from test_env import write_scenario, write_trace
 
@@ -100,6 +100,20 @@ def test_miss_budget_rules():
     assert miss_budget(18, 97, 0.25, "vllm_minus_epsilon") == 42  # attainment >= vLLM's - epsilon
     with pytest.raises(ValueError, match="slo_rule"):
         miss_budget(18, 97, 0.25, "median")
+
+
+def test_miss_pace_by_hand():
+    """The budget in proportion to the requests arrived by each interval's end, raised to a reference's certain
+    misses, capped at the budget, and the whole budget at the end."""
+    arrivals = np.array([0.5, 1.5, 1.6, 2.5, 3.5])  # by the ends of 1-s intervals: 1, 3, 4, 5 arrived
+    assert miss_pace(10, arrivals, 1.0, 4) == (2, 6, 8, 10)  # ceil(10 x [1, 3, 4, 5] / 5)
+    assert miss_pace(10, arrivals, 1.0, 4, (3, 3, 9, 12)) == (3, 6, 9, 10)
+    assert miss_pace(10, arrivals, 1.0, 3) == (2, 6, 10)  # (the last interval gets the whole budget)
+    terms = PlanTerms(2, (1.0, 1.0), max_misses=4, miss_pace=(1, 2, 3, 4))
+    assert not terms.feasible_by(1, 2) and terms.feasible_by(2, 2) and terms.feasible_by(4, 4)
+    assert not terms.feasible_by(4, 5) and not terms.feasible_by(0, 5) and terms.feasible_by(0, 4)
+    with pytest.raises(ValueError, match="miss_pace: expected one allowance per interval"):
+        PlanTerms(2, (1.0, 1.0), max_misses=4, miss_pace=(1, 2))
 
 
 def test_table_dp_rejects_bad_tables():
@@ -287,6 +301,19 @@ def test_default_search_equals_brute_force(tiny, every_schedule, weight):
     while not done:
         obs, _, done, _, info = env.step(ctrl.act(obs, info))
     assert env.settlement.cost_kwh.sum() == ctrl.plan.cost_kwh and env.misses == ctrl.plan.misses
+
+
+def test_a_paced_search_stays_exact_and_within_the_budget(tiny, every_schedule):
+    """Pacing is off on a one-hour episode by default; forced on, the plan is still an exact, feasible schedule no
+    costlier than vLLM's, and the environment settles what it predicts."""
+    outcomes, budget = every_schedule
+    assert _plan(tiny, workers=0).stats()["miss_paced"] == 0.0
+    ctrl = _plan(tiny, workers=0, pace_misses=True)
+    assert ctrl.stats()["miss_paced"] == 1.0
+    by_schedule = {p.schedule: p for p in outcomes}
+    ref = by_schedule[ctrl.plan.schedule]
+    assert (ctrl.plan.cost_kwh, ctrl.plan.misses) == (ref.cost_kwh, ref.misses) and ref.misses <= budget
+    assert ctrl.plan.cost_kwh <= by_schedule[(3, 3, 3)].cost_kwh
 
 
 # ------------------------------------------------------------------------------------------ against the others

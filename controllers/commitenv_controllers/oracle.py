@@ -26,9 +26,12 @@ the (J, misses) Pareto set is kept, in practice the child with the fewest estima
 nodes survive: one per stratum of the hour-energy band that can still reach E*_h (E*_h - R e_max .. E*_h - R e_min,
 R intervals left in the hour; ties broken towards the even pace E*_h k/K), the rest by J. Before their misses are
 certain, children are ranked by an estimate: the misses if from now no request arrived and every replica ran at
-the top clock (`TruthRun.optimistic_misses`), at least the misses already certain. Configurations over the miss
-budget from every state for two intervals in a row are skipped for ten (re-tried then, and in every hour's last
-interval). The last interval runs the completion tail, so every leaf's J and misses are exact; the plan is the
+the top clock (`TruthRun.optimistic_misses`), at least the misses already certain. On episodes of more than one
+hour the budget is paced (`miss_pace`): a state counts as feasible while its estimate is within the budget's share
+of the requests arrived so far (or vLLM's own misses by then): the estimate never sees future arrivals, so an
+unpaced search can spend a day's whole budget in its first hours (docs/baselines.md). Configurations over the
+miss budget from every state for two intervals in a row are skipped for ten (re-tried then, and in every hour's
+last interval). The last interval runs the completion tail, so every leaf's J and misses are exact; the plan is the
 best feasible leaf, or vLLM's schedule (replayed as an incumbent) when that is better.
 
 What is exact and what is not:
@@ -73,15 +76,17 @@ from commitenv_controllers.base import Controller, ControllerContext
 from commitenv_controllers.epact.search import Catalog
 from commitenv_controllers.registry import register
 
-__all__ = ["Node", "OracleController", "Plan", "PlanTerms", "miss_budget", "plan_engine", "plan_table", "replay",
-           "search"]
+__all__ = ["Node", "OracleController", "Plan", "PlanTerms", "miss_budget", "miss_pace", "plan_engine", "plan_table",
+           "replay", "search"]
 
 
 # ============================================================================================ the DP core
 @dataclass(frozen=True)
 class PlanTerms:
     """The objective: hourly settlement against ``commitments_j`` + ``miss_weight_kwh`` x misses, subject to
-    misses <= ``max_misses`` (None: no constraint)."""
+    misses <= ``max_misses`` (None: no constraint). ``miss_pace`` (one entry per interval of the episode) paces the
+    budget: a state ``k`` intervals in counts as feasible while its estimated misses are within ``miss_pace[k - 1]``
+    (and ``max_misses``), so that a long episode's search does not spend the whole budget in its first hours."""
 
     intervals_per_hour: int
     commitments_j: tuple[float, ...]
@@ -89,6 +94,7 @@ class PlanTerms:
     lambda_minus: float = 1.0
     miss_weight_kwh: float = 0.0
     max_misses: int | None = None
+    miss_pace: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.intervals_per_hour < 1:
@@ -100,6 +106,9 @@ class PlanTerms:
             raise ValueError(f"miss_weight_kwh: expected a finite weight >= 0, got {self.miss_weight_kwh}")
         if self.max_misses is not None and self.max_misses < 0:
             raise ValueError(f"max_misses: expected >= 0 or None, got {self.max_misses}")
+        if self.miss_pace is not None and len(self.miss_pace) != self.steps:
+            raise ValueError(f"miss_pace: expected one allowance per interval ({self.steps}), got "
+                             f"{len(self.miss_pace)}")
 
     @property
     def steps(self) -> int:
@@ -110,6 +119,12 @@ class PlanTerms:
 
     def feasible(self, misses: int) -> bool:
         return self.max_misses is None or misses <= self.max_misses
+
+    def feasible_by(self, k: int, misses: int) -> bool:
+        """Within the budget as paced ``k`` intervals into the episode (`feasible` without a pace)."""
+        if self.miss_pace is not None and 0 < k <= len(self.miss_pace) and misses > self.miss_pace[k - 1]:
+            return False
+        return self.feasible(misses)
 
 
 @dataclass
@@ -145,6 +160,7 @@ class Plan:
     feasible: bool  # misses <= max_misses
     interval_j: tuple[float, ...] = ()  # energy of every interval (settlement meter)
     stats: dict[str, float] = field(default_factory=dict)
+    certain_misses: tuple[int, ...] = ()  # misses certain after each interval (`replay` only)
 
 
 Expand = Callable[[list[Node]], list[Node]]  # every kept node's children, node by node in order
@@ -168,7 +184,7 @@ def _thin(nodes: list[Node], terms: PlanTerms, beam: int, e_lo: float, e_hi: flo
     an hour's close the best by J."""
     w = terms.miss_weight_kwh
     if terms.max_misses is not None:
-        feas = [n for n in nodes if n.est_misses <= terms.max_misses]
+        feas = [n for n in nodes if terms.feasible_by(n.k, n.est_misses)]
         if feas:
             nodes = feas
     if len(nodes) <= beam:
@@ -468,7 +484,7 @@ def plan_engine(root: Any, configs: Sequence[tuple[int, int]], terms: PlanTerms,
         step = children[0].k - 1
         hopeless = {ch.path[-1] for ch in children}
         for ch in children:
-            if terms.feasible(ch.est_misses):
+            if terms.feasible_by(ch.k, ch.est_misses):
                 hopeless.discard(ch.path[-1])
         for c in {ch.path[-1] for ch in children}:
             streak[c] = streak[c] + 1 if c in hopeless else 0
@@ -505,17 +521,34 @@ def plan_engine(root: Any, configs: Sequence[tuple[int, int]], terms: PlanTerms,
 def replay(root: Any, configs: Sequence[tuple[int, int]], schedule: Sequence[int], terms: PlanTerms) -> Plan:
     """The exact outcome of ``schedule`` (config indices for the remaining intervals) on a fork of ``root``."""
     run = root.fork()
-    es = []
+    es, ms = [], []
     for c in schedule:
         es.append(run.step(*configs[c]))
+        ms.append(run.misses())
     if not run.done:
         raise ValueError(f"replay: the schedule covers {len(schedule)} intervals, the run needs more")
     mi = run.misses()
     return Plan(tuple(schedule), run.closed_kwh, mi, run.closed_kwh + terms.miss_weight_kwh * mi,
-                terms.feasible(mi), tuple(es))
+                terms.feasible(mi), tuple(es), certain_misses=tuple(ms))
 
 
 # ============================================================================================ the controller
+def miss_pace(budget: int, arrivals_s: np.ndarray, interval_s: float, steps: int,
+              reference: Sequence[int] = ()) -> tuple[int, ...]:
+    """Cumulative miss allowance after each of ``steps`` intervals: the budget in proportion to the requests arrived
+    by then (``arrivals_s``: the episode's true arrival times), never below a reference schedule's certain misses at
+    that interval (``reference``: vLLM's, whose misses may set the budget), never above the budget."""
+    arrivals_s = np.asarray(arrivals_s)
+    n = max(len(arrivals_s), 1)
+    ends = interval_s * np.arange(1, steps + 1)
+    arrived = np.searchsorted(arrivals_s, ends, side="right")
+    pace = np.ceil(budget * arrived / n).astype(np.int64)
+    if len(reference):
+        pace = np.maximum(pace, np.asarray(reference, dtype=np.int64)[:steps])
+    pace[-1] = budget
+    return tuple(int(x) for x in np.minimum(pace, budget))
+
+
 def miss_budget(vllm_misses: int, requests: int, epsilon: float, rule: str = "gate") -> int:
     """The most misses a plan may have. ``"gate"``: the scenario's SLO gate (at most floor(epsilon x requests),
     pooled), or vLLM's own misses where vLLM itself misses more; ``"vllm_minus_epsilon"``: the issue's literal
@@ -544,7 +577,10 @@ class OracleController(Controller):
     constraint and as tie-break; None: the scenario's ``miss_penalty_kwh``), ``slo_rule`` and ``slo_slack`` (the
     miss budget, see `miss_budget`; ``slo_slack`` replaces the scenario's epsilon there), ``max_misses`` (overrides
     the budget), ``configs`` (the catalog as (active, clock MHz) pairs; None: ePACT's catalog of
-    ``replica_levels`` x ``clock_levels``), ``include_vllm`` (keep vLLM's schedule as an incumbent), ``workers``
+    ``replica_levels`` x ``clock_levels``), ``include_vllm`` (keep vLLM's schedule as an incumbent), ``pace_misses``
+    (pace the miss budget over the episode, `miss_pace`: a state is kept as feasible while its estimated misses are
+    within the budget's share of the requests arrived so far, or vLLM's misses by then; None: on for episodes of
+    more than one hour, where an unpaced search spends the whole budget in the first hours), ``workers``
     (processes expanding the DP; None: one per core; 0: this process; the plan does not depend on it),
     ``progress`` (print each planned interval)."""
 
@@ -555,7 +591,7 @@ class OracleController(Controller):
                  slo_rule: Literal["gate", "vllm_minus_epsilon"] = "gate", slo_slack: float | None = None,
                  max_misses: int | None = None, configs: list[tuple[int, int]] | None = None,
                  replica_levels: int = 8, clock_levels: int = 5, include_vllm: bool = True,
-                 workers: int | None = None, progress: bool = False) -> None:
+                 pace_misses: bool | None = None, workers: int | None = None, progress: bool = False) -> None:
         if beam < 1:
             raise ValueError(f"beam: expected at least 1 state per interval, got {beam}")
         if not (energy_grid >= 0 and math.isfinite(energy_grid)):
@@ -590,6 +626,7 @@ class OracleController(Controller):
         self.replica_levels = replica_levels
         self.clock_levels = clock_levels
         self.include_vllm = include_vllm
+        self.pace_misses = pace_misses
         self.workers = (os.cpu_count() or 1) if workers is None else workers
         self.progress = progress
         self.plan: Plan | None = None
@@ -621,7 +658,13 @@ class OracleController(Controller):
         budget = (self.max_misses if self.max_misses is not None
                   else miss_budget(vllm.misses, len(access.workload), eps, self.slo_rule))
         w = access.miss_penalty_kwh if self.miss_weight_kwh is None else self.miss_weight_kwh
-        terms = PlanTerms(ctx.intervals_per_hour, ctx.commitments_j, ctx.lambda_plus, ctx.lambda_minus, w, budget)
+        pace = None
+        if self.pace_misses or (self.pace_misses is None and ctx.horizon_hours > 1):
+            total = ctx.horizon_hours * ctx.intervals_per_hour
+            pace = miss_pace(budget, access.workload.table.arrival_s, ctx.interval_s, total,
+                             (0,) * root.k + vllm.certain_misses)
+        terms = PlanTerms(ctx.intervals_per_hour, ctx.commitments_j, ctx.lambda_plus, ctx.lambda_minus, w, budget,
+                          pace)
         incumbents = []
         if self.include_vllm:
             if vllm_cfg not in self.configs:
@@ -656,6 +699,7 @@ class OracleController(Controller):
             "plan_workers": self.plan.stats.get("workers", 0.0),
             "incumbent_won": self.plan.stats.get("incumbent_won", 0.0),
             "catalog_size": float(len(self.configs)),
+            "miss_paced": float(pace is not None),
         }
 
     def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:
