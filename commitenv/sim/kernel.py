@@ -1263,20 +1263,16 @@ class KernelState:
         qi, qf, ri, rf, gi, gf = self.qi, self.qf, self.ri, self.rf, self.gi, self.gf
         if self.si[I_PEND]:
             raise RuntimeError("kernel: export with replicas pending a start")
+        live = _live(ri, self.wq, self.run)  # (every request a queue or segment holds)
         reqs: dict[int, Req] = {}
-
-        def req(k: int) -> Req:
-            r = reqs.get(k)
-            if r is None:
-                r = Req(int(self.slots([k])[0]), float(qf[k, Q_ARRIVAL]), int(qi[k, Q_PROMPT]), int(qi[k, Q_OUT]),
-                        float(self.deadlines([k])[0]))
-                r.computed, r.generated = int(qi[k, Q_COMPUTED]), int(qi[k, Q_GENERATED])
-                r.blocks = int(qi[k, Q_BLOCKS])
-                r.replica, r.started = int(qi[k, Q_REPLICA]), bool(qi[k, Q_STARTED])
-                r.first_t, r.preemptions = float(qf[k, Q_FIRST]), int(qi[k, Q_PREEMPT])
-                r.captured = bool(self.qc[k])
-                reqs[k] = r
-            return r
+        for k, slot, dl, q, f, cap in zip(live.tolist(), self.slots(live).tolist(), self.deadlines(live).tolist(),
+                                          qi[live].tolist(), qf[live].tolist(), self.qc[live].tolist()):
+            r = Req(slot, f[Q_ARRIVAL], q[Q_PROMPT], q[Q_OUT], dl)
+            r.computed, r.generated, r.blocks = q[Q_COMPUTED], q[Q_GENERATED], q[Q_BLOCKS]
+            r.replica, r.started = q[Q_REPLICA], bool(q[Q_STARTED])
+            r.first_t, r.preemptions, r.captured = f[Q_FIRST], q[Q_PREEMPT], bool(cap)
+            reqs[k] = r
+        req = reqs.__getitem__
 
         heap = [(float(self.ht[j]), int(self.hk[j]), int(self.hs[j]), int(self.hi[j]), int(self.hv[j]))
                 for j in range(int(self.si[I_HEAP]))]
