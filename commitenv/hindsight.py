@@ -148,7 +148,7 @@ def _fast_fork(pool: Pool) -> Pool:
     c.unrouted = [cr(r) for r in pool.unrouted]
     c._pending = [rmap[id(r)] for r in pool._pending]
     c.heap = list(pool.heap)  # entries are tuples of numbers
-    for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+    for name in ("finish_t", "first_t", "replica_of", "preemptions", "late_done"):
         if getattr(pool, name, None) is not None:
             setattr(c, name, getattr(pool, name).copy())
     c.captured_finish = dict(pool.captured_finish)
@@ -175,12 +175,15 @@ def _kernel_fork(pool: Pool, results: bool) -> Pool:
     c.__dict__.update(d)
     c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)
     c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
-    if results or pool.late_done is not None:
+    if pool.late_done is not None:
+        c.late_done = pool.late_done.copy()
+    elif results:
         for name in ("finish_t", "first_t", "replica_of", "preemptions"):
             setattr(c, name, d[name] if d[name] is None else d[name].copy())
     else:
         n = pool.arrived  # finished (or rejected) after their deadline so far; the live ones are the kernel's
-        c.late_done = int(np.count_nonzero(pool.finish_t[:n] > pool.deadline[:n]))
+        c.late_done = np.zeros(pool.late_hours(), dtype=np.int64)
+        c.count_late(np.flatnonzero(pool.finish_t[:n] > pool.deadline[:n]))
         c.finish_t = c.first_t = c.replica_of = c.preemptions = None
     c.captured_finish = dict(pool.captured_finish)
     c.tenant_model = dict(pool.tenant_model)
@@ -278,35 +281,55 @@ class TruthRun:
         """Misses certain by now: requests that finished (as the client sees it) after their true deadline,
         unfinished ones whose deadline has passed, and rejected ones that arrived. After the last interval this
         is the episode's exact miss count (the scores' ``misses``)."""
-        pool = self.pool
-        if pool.late_done is not None:  # (a fork without per-request results)
-            if self.done:
-                return pool.late_done + pool.live
-            return pool.late_done + int(np.count_nonzero(pool.live_deadlines() < pool.now))
-        n = pool.arrived
-        fin = pool.finish_t[:n]
-        dl = pool.deadline[:n]
-        late = int(np.count_nonzero(fin > dl))
-        if self.done:
-            return int(np.count_nonzero(~(pool.finish_t <= pool.deadline)))
-        return late + int(np.count_nonzero(np.isnan(fin) & (dl < pool.now)))
+        return int(self.misses_by_hour().sum())
+
+    def misses_by_hour(self) -> np.ndarray:
+        """`misses` by arrival hour (int64, one entry per hour of the horizon; arrivals at or after its end count
+        in the last hour, as the scores' `commitenv.metrics.slo_outcome` counts them): what the SLO gate checks."""
+        return _misses_by_hour(self.pool, self.done, self.terms.horizon_hours)
 
     def optimistic_misses(self) -> int:
         """Misses if, from now, no request arrived any more and every replica ran at the top clock until the
         requests in the pool finish: what the state already commits to (an estimate, used to rank plans before
         their misses are certain; not a bound, since vLLM scheduling has no monotone speed-up)."""
+        return int(self.optimistic_misses_by_hour().sum())
+
+    def optimistic_misses_by_hour(self) -> np.ndarray:
+        """`optimistic_misses` by arrival hour (as `misses_by_hour`)."""
         if self.done:
-            return self.misses()
+            return self.misses_by_hour()
         q = fork_pool(self.pool, self._memo, results=False)
         q.stop_arrivals()
         now = q.now
         q.set_active(now, self.terms.n_replicas)
         q.set_clock(now, max(self.terms.clocks_mhz))
         q.run_until(math.inf)
-        if q.late_done is not None:
-            return q.late_done + q.live
-        n = q.arrived
-        return int(np.count_nonzero(~(q.finish_t[:n] <= q.deadline[:n])))
+        return _misses_by_hour(q, True, self.terms.horizon_hours)
+
+
+def _by_hour(hours: np.ndarray, H: int) -> np.ndarray:
+    """Counts of ``hours`` (arrival hours) in ``H`` bins, the later ones folded into the last."""
+    return np.bincount(np.minimum(hours, H - 1), minlength=H)[:H].astype(np.int64)
+
+
+def _misses_by_hour(pool: Pool, done: bool, H: int) -> np.ndarray:
+    """Misses certain in ``pool`` by arrival hour: late or rejected requests, and live ones past their deadline
+    (every live one once the horizon is ``done``: they never finish)."""
+    arr = pool.table.arrival_s
+    if pool.late_done is not None:  # (a fork without per-request results)
+        late = pool.late_done
+        out = np.zeros(H, dtype=np.int64)
+        out[: min(H, len(late))] += late[:H]
+        out[H - 1] += late[H:].sum()
+        rows, dl = pool.live_deadlines()
+        if not done:
+            rows = rows[dl < pool.now]
+        return out + _by_hour((arr[rows] // 3600.0).astype(np.int64), H)
+    n = pool.arrived
+    fin = pool.finish_t[:n]
+    dl = pool.deadline[:n]
+    miss = ~(fin <= dl) if done else (fin > dl) | (np.isnan(fin) & (dl < pool.now))
+    return _by_hour((arr[np.flatnonzero(miss)] // 3600.0).astype(np.int64), H)
 
 
 class HindsightAccess:

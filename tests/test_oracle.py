@@ -19,7 +19,9 @@ from commitenv.evaluation import evaluate, refuses_hindsight, run_episode
 from commitenv.hindsight import HindsightAccess, uses_hindsight
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.truth import TruthSource
-from commitenv_controllers.oracle import OracleController, PlanTerms, miss_budget, miss_pace, plan_table, replay
+from commitenv.metrics import slo_outcome
+from commitenv_controllers.oracle import (OracleController, PlanTerms, hour_miss_pace, miss_budget, miss_pace,
+                                          plan_table, replay)
 from commitenv_controllers.vllm import VLLMController
 from test_env import write_scenario, write_trace
 
@@ -39,6 +41,23 @@ def tiny(tmp_path_factory) -> Path:
     trace = write_trace(folder / "tiny.csv", t, rng.integers(4, 30, len(t)), rng.integers(2, 30, len(t)))
     return write_scenario(folder, "toy-oracle", workload={"trace": str(trace)}, horizon_hours=1, interval_s=1200,
                           alpha=8.0, epsilon=0.25, commitment={"mj": [0.3]}, miss_penalty_kwh=0.01, realism="paper")
+
+
+@pytest.fixture(scope="module")
+def two_hours(tmp_path_factory) -> Path:
+    """Two hours of two 1800 s intervals on the 2-GPU toy pool at realism ``paper``: bursts in both hours (one just
+    before the first hour ends, so that some of its requests finish in the second) and prompts over the context
+    limit (rejected, always missed) in both; alpha 8, epsilon 0.2."""
+    folder = tmp_path_factory.mktemp("oracle2h")
+    rng = np.random.default_rng(5)
+    t = np.sort(np.concatenate([[0.0], rng.uniform(1, 7190, 90), np.full(14, 900.0), np.full(16, 3550.0),
+                                np.full(10, 5400.0)]))
+    prompts = rng.integers(4, 30, len(t))
+    prompts[[3, len(t) - 4]] = 80  # over the toy profile's context limit (64)
+    trace = write_trace(folder / "two.csv", t, prompts, rng.integers(2, 30, len(t)))
+    return write_scenario(folder, "toy-oracle-2h", workload={"trace": str(trace)}, horizon_hours=2,
+                          interval_s=1800, alpha=8.0, epsilon=0.2, commitment={"mj": [0.25, 0.25]},
+                          miss_penalty_kwh=0.01, realism="paper")
 
 
 def _access(path: Path, seed: int = 0) -> tuple[CommitServeEnv, HindsightAccess]:
@@ -94,6 +113,19 @@ def test_table_dp_by_hand():
     assert p.schedule == (1, 1) and p.cost_kwh == pytest.approx(4.0) and p.misses == 0
 
 
+def test_narrow_beam_keeps_the_states_nearest_an_unreachable_commitment():
+    """An hour whose commitment no schedule reaches (10 kWh against at most 6): with one state kept per interval the
+    search must keep the state that can still come nearest it (the open hour's floor), not the one with the fewest
+    misses (which would end at 3 kWh, cost 7); the exact DP agrees."""
+    j = 3.6e6
+    e = np.array([[1 * j, 2 * j]] * 3)
+    m = np.array([[0, 1]] * 3)
+    terms = PlanTerms(3, (10 * j,), 2.0, 1.0, 0.0, 10)
+    narrow = plan_table(e, m, terms, beam=1)
+    assert narrow.schedule == (1, 1, 1) and narrow.cost_kwh == pytest.approx(4.0)
+    assert plan_table(e, m, terms).cost_kwh == pytest.approx(4.0)
+
+
 def test_miss_budget_rules():
     assert miss_budget(18, 97, 0.25) == 24  # the scenario's gate: floor(0.25 x 97)
     assert miss_budget(30, 97, 0.25) == 30  # vLLM fails the gate: no worse than vLLM
@@ -114,6 +146,26 @@ def test_miss_pace_by_hand():
     assert not terms.feasible_by(4, 5) and not terms.feasible_by(0, 5) and terms.feasible_by(0, 4)
     with pytest.raises(ValueError, match="miss_pace: expected one allowance per interval"):
         PlanTerms(2, (1.0, 1.0), max_misses=4, miss_pace=(1, 2))
+
+
+def test_hour_miss_pace_and_budgets_by_hand():
+    """Each interval's allowance for its own arrival hour: that hour's budget in proportion to the hour's requests
+    arrived by the interval's end, raised to a reference's certain misses of that hour, the whole budget at the
+    hour's last interval; arrivals at or after the horizon count in the last hour."""
+    arrivals = np.array([100.0, 1000.0, 2000.0, 3000.0, 3700.0, 5000.0, 7300.0])  # hour 0: 4, hour 1: 3 (one late)
+    # ceil(8 x [2, 3] / 4), 8; ceil(6 x [1, 2] / 3), 6
+    assert hour_miss_pace((8, 6), arrivals, 1200.0, 3) == (4, 6, 8, 2, 4, 6)
+    ref = ((5, 0), (3, 0), (3, 0), (9, 5), (9, 5), (9, 9))  # (only the open hour's entry counts; capped at budget)
+    assert hour_miss_pace((8, 6), arrivals, 1200.0, 3, ref) == (5, 6, 8, 5, 5, 6)
+    terms = PlanTerms(3, (1.0, 1.0), max_misses=14, hour_budgets=(8, 6), hour_pace=(4, 6, 8, 2, 4, 6))
+    assert terms.feasible(14, (8, 6)) and not terms.feasible(14, (9, 5)) and not terms.feasible(15, None)
+    assert terms.feasible_by(1, 4, (4, 0)) and not terms.feasible_by(1, 5, (5, 0))  # the open hour is paced
+    assert terms.feasible_by(4, 10, (8, 2)) and not terms.feasible_by(4, 10, (7, 3))  # a closed hour is not
+    assert not terms.feasible_by(5, 9, (9, 0))  # ... but its budget still holds
+    with pytest.raises(ValueError, match="hour_budgets: expected one budget"):
+        PlanTerms(3, (1.0, 1.0), hour_budgets=(8,))
+    with pytest.raises(ValueError, match="hour_pace: expected hour_budgets"):
+        PlanTerms(3, (1.0, 1.0), hour_pace=(1,) * 6)
 
 
 def test_table_dp_rejects_bad_tables():
@@ -241,6 +293,37 @@ def test_forks_without_results_count_rejected_and_late_requests(tmp_path, monkey
     assert final[True] == final[False] and final[True][0] == final[True][1] and final[True][2] == 9
 
 
+def test_misses_by_hour_are_the_scores_misses_by_arrival_hour(two_hours, monkeypatch):
+    """A fork's misses by arrival hour sum to its certain misses after every interval of a chain of forks and are
+    the same on the compiled kernel (counts by hour) and on the Python loop (per-request results); after the last
+    interval they equal the scores' misses by hour (`slo_outcome`: arrivals - met), with late requests of both
+    hours and a rejected prompt in each."""
+    from commitenv.sim import kernel
+
+    seen = {}
+    for on in (True, False):
+        monkeypatch.setattr(kernel, "ENABLED", on)
+        env, access = _access(two_hours, seed=2)
+        run = access.fork()
+        assert (run.pool.late_done is not None) == on
+        seen[on] = []
+        for a, c in [(1, 500), (1, 1000), (2, 500), (1, 500)]:
+            run = run.fork()
+            run.step(a, c)
+            env.step({"active": a, "clock": env.clocks_mhz.index(c)})
+            by_hour = run.misses_by_hour()
+            assert by_hour.shape == (2,) and int(by_hour.sum()) == run.misses()
+            opt = run.optimistic_misses_by_hour()
+            assert int(opt.sum()) == run.optimistic_misses()
+            seen[on].append((by_hour.tolist(), opt.tolist()))
+        pool = env.pool
+        slo = slo_outcome(env.table.arrival_s, pool.finish_t, pool.deadline, 2, rejected=pool.rejected)
+        expected = slo.arrivals - slo.met
+        assert np.all(expected > 1) and np.array_equal(run.misses_by_hour(), expected)
+        assert run.misses() == env.misses
+    assert seen[True] == seen[False]
+
+
 # ------------------------------------------------------------------------------------------ engine vs brute force
 @pytest.fixture(scope="module")
 def every_schedule(tiny):
@@ -282,7 +365,7 @@ def test_exhaustive_search_equals_brute_force(tiny, every_schedule, weight):
 
 @pytest.mark.parametrize("weight", [0.0, 0.01])
 def test_default_search_equals_brute_force(tiny, every_schedule, weight):
-    """With the default search knobs (beam 4, energy cells of 2 % of E*/K, screening) the plan is brute force's too
+    """With the default search knobs (beam 6, energy cells of 2 % of E*/K, screening) the plan is brute force's too
     on this case (in general merging within a cell can cost up to its settlement value: with epsilon 0.1 the
     cost-only plan was 19 J short of the best); two worker processes plan the same as one process; and the
     environment settles what the plan predicts."""
@@ -314,6 +397,40 @@ def test_a_paced_search_stays_exact_and_within_the_budget(tiny, every_schedule):
     ref = by_schedule[ctrl.plan.schedule]
     assert (ctrl.plan.cost_kwh, ctrl.plan.misses) == (ref.cost_kwh, ref.misses) and ref.misses <= budget
     assert ctrl.plan.cost_kwh <= by_schedule[(3, 3, 3)].cost_kwh
+
+
+@pytest.mark.parametrize("exhaustive", [True, False])
+def test_search_keeps_the_budget_of_every_arrival_hour(two_hours, exhaustive):
+    """Budgets per arrival hour (the SLO gate's form, floor(epsilon x the hour's requests) or vLLM's misses in that
+    hour where more): brute force over all 4^4 schedules of two hours finds that the cheapest schedule within the
+    pooled budget breaks the first hour's, and the oracle, exhaustive or with its default knobs, returns the
+    cheapest schedule within every hour's budget; the environment then settles its cost and misses by hour."""
+    env, access = _access(two_hours)
+    root = access.fork()
+    free = PlanTerms(2, access.commitments_j, access.lambda_plus, access.lambda_minus)
+    outcomes = [replay(root, TINY_CONFIGS, s, free) for s in itertools.product(range(4), repeat=4)]
+    vllm = {p.schedule: p for p in outcomes}[(3, 3, 3, 3)]
+    n_h = np.bincount((access.workload.table.arrival_s // 3600).astype(np.int64).clip(max=1), minlength=2)
+    budgets = [max(v, int(0.2 * n)) for v, n in zip(vllm.misses_by_hour, n_h)]
+    by_hour = [p for p in outcomes if all(m <= b for m, b in zip(p.misses_by_hour, budgets))]
+    pooled = [p for p in outcomes if p.misses <= sum(budgets)]
+    best = min(by_hour, key=lambda p: (p.cost_kwh, p.misses))
+    best_pooled = min(pooled, key=lambda p: (p.cost_kwh, p.misses))
+    assert best_pooled.cost_kwh < best.cost_kwh < vllm.cost_kwh
+    assert best_pooled.misses_by_hour[0] > budgets[0]  # the hour budgets bind here
+    kw = {"beam": 256, "energy_grid": 0.0, "screen_after": 0} if exhaustive else {}
+    ctrl = OracleController(workers=0, **kw)
+    ctrl.reset(ControllerContext.from_env(env, hindsight=True), 0)
+    assert ctrl.stats()["max_misses"] == sum(budgets)
+    assert (ctrl.plan.schedule, ctrl.plan.cost_kwh, ctrl.plan.misses_by_hour) == (best.schedule, best.cost_kwh,
+                                                                                  best.misses_by_hour)
+    obs, info = env.reset(seed=0)
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(ctrl.act(obs, info))
+    slo = slo_outcome(env.table.arrival_s, env.pool.finish_t, env.pool.deadline, 2, rejected=env.pool.rejected)
+    assert env.settlement.cost_kwh.sum() == best.cost_kwh
+    assert tuple((slo.arrivals - slo.met).tolist()) == best.misses_by_hour
 
 
 # ------------------------------------------------------------------------------------------ against the others

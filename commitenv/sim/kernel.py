@@ -1327,9 +1327,10 @@ class KernelState:
         idx = _live(self.ri, self.wq, self.run)
         return self.slots(idx), _left(idx, self.qi)
 
-    def live_deadlines(self) -> np.ndarray:
-        """`Pool.live_deadlines`."""
-        return self.deadlines(_live(self.ri, self.wq, self.run))
+    def live_deadlines(self) -> tuple[np.ndarray, np.ndarray]:
+        """The live requests' pool slots and deadlines (`Pool.live_deadlines`)."""
+        idx = _live(self.ri, self.wq, self.run)
+        return self.slots(idx), self.deadlines(idx)
 
     def counters(self) -> tuple[int, float, int, int, int]:
         """(arrived, now, live, completed, events), as `Pool` keeps them (arrived counts the workload's rows)."""

@@ -250,9 +250,10 @@ class Pool:
     the kernel's state back into these objects and the Python loop below continues, with identical results."""
 
     _ks = None  # the kernel's state while the kernel runs this pool (`_enter_kernel`, `_leave_kernel`)
-    # a copy that keeps no per-request results (a hindsight fork) counts here the requests that finished after their
-    # deadline or were rejected; None: results are recorded per request (`finish_t`, ...)
-    late_done: int | None = None
+    # a copy that keeps no per-request results (a hindsight fork) counts here, by arrival hour (int64, one entry per
+    # hour of the workload, `late_hours`), the requests that finished after their deadline or were rejected; None:
+    # results are recorded per request (`finish_t`, ...)
+    late_done: np.ndarray | None = None
     replicas: list[Replica] = _PythonLoopState()
     gpus: list[GPU] = _PythonLoopState()
     heap: list[tuple] = _PythonLoopState()
@@ -296,7 +297,7 @@ class Pool:
         c0 = self._cursor
         self._cursor, self.now, self.live, self.completed, self.events = ks.counters()
         if self.late_done is not None:
-            self.late_done += int(np.count_nonzero(self.rejected[c0:self._cursor]))
+            self.count_late(c0 + np.flatnonzero(self.rejected[c0:self._cursor]))
         elif self._n_results and self._slot_base == 0:
             rej = np.flatnonzero(self.rejected[c0:self._cursor])
             if len(rej):
@@ -305,7 +306,7 @@ class Pool:
         if len(done):
             slots = ks.slots(done)
             if self.late_done is not None:
-                self.late_done += int(np.count_nonzero(~(ks.finish_t[done] <= ks.deadlines(done))))
+                self.count_late(slots[~(ks.finish_t[done] <= ks.deadlines(done))] - self._slot_base)
             elif self._n_results:
                 keep = slots < self._n_results
                 rows = slots[keep]
@@ -578,7 +579,7 @@ class Pool:
     def _arrive(self, i: int, t: float) -> None:
         if self.rejected[i]:
             if self.late_done is not None:
-                self.late_done += 1
+                self.late_done[self.arrival_hour(i)] += 1
             elif self._slot_base == 0:
                 self.finish_t[i] = INF
             return
@@ -631,7 +632,7 @@ class Pool:
         if self.late_done is not None:
             oh = self.overhead_s[s] if self.overhead_s is not None else 0.0
             if not t + oh <= r.deadline:
-                self.late_done += 1
+                self.late_done[self.arrival_hour(s - self._slot_base)] += 1
         elif s < self._n_results:
             oh = self.overhead_s[s] if self.overhead_s is not None else 0.0
             self.finish_t[s] = t + oh  # as the client sees it: serving overheads outside the engine included
@@ -1231,11 +1232,30 @@ class Pool:
             return self._ks.live_state()
         return live_state(self.live_requests())
 
-    def live_deadlines(self) -> np.ndarray:
-        """Deadlines of the live requests (`Req.deadline`: the true ones in the ground truth), in no set order."""
+    def live_deadlines(self) -> tuple[np.ndarray, np.ndarray]:
+        """The live requests' workload rows and deadlines (`Req.deadline`: the true ones in the ground truth), in no
+        set order."""
         if self._ks is not None:
-            return self._ks.live_deadlines()
-        return np.array([r.deadline for r in self.live_requests()], dtype=np.float64)
+            rows, dl = self._ks.live_deadlines()
+            return rows - self._slot_base, dl
+        live = self.live_requests()
+        return (np.array([r.slot - self._slot_base for r in live], dtype=np.int64),
+                np.array([r.deadline for r in live], dtype=np.float64))
+
+    def late_hours(self) -> int:
+        """Entries of `late_done`: one per hour of the workload's arrivals (hour = arrival // 3600 s)."""
+        arr = self.table.arrival_s
+        return int(arr[-1] // 3600.0) + 1 if len(arr) else 1
+
+    def arrival_hour(self, row: int) -> int:
+        """The hour (arrival // 3600 s) in which workload row ``row`` arrives."""
+        return int(self._arr[row] // 3600.0)
+
+    def count_late(self, rows: np.ndarray) -> None:
+        """Add workload ``rows`` (late or rejected) to `late_done` by arrival hour."""
+        if len(rows):
+            self.late_done += np.bincount((self.table.arrival_s[rows] // 3600.0).astype(np.int64),
+                                          minlength=len(self.late_done))
 
     def live_requests(self) -> list[Req]:
         out: list[Req] = []
