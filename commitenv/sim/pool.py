@@ -1245,7 +1245,7 @@ class Pool:
     def late_hours(self) -> int:
         """Entries of `late_done`: one per hour of the workload's arrivals (hour = arrival // 3600 s)."""
         arr = self.table.arrival_s
-        return int(arr[-1] // 3600.0) + 1 if len(arr) else 1
+        return int(arr.max() // 3600.0) + 1 if len(arr) else 1
 
     def arrival_hour(self, row: int) -> int:
         """The hour (arrival // 3600 s) in which workload row ``row`` arrives."""
