@@ -504,6 +504,7 @@ def plan_engine(root: Any, configs: Sequence[tuple[int, int]], terms: PlanTerms,
     indices) replayed through the truth and returned instead when better (e.g. vLLM's). ``workers`` > 0 expands
     in that many forked processes (needs ``access``, the `HindsightAccess` that made ``root``, the ``fork`` start
     method and a non-daemon process; otherwise it plans in this process); the plan does not depend on it.
+    ``reach_j``: an estimate of the most energy each interval can draw (`search`).
 
     Screening (``screen_after`` > 0; 0 expands every configuration always): a configuration that was *hopeless*
     (its child over the miss budget by the estimate) from every kept state for ``screen_after`` intervals in a
