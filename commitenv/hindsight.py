@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from commitenv.metrics import deviation_cost_kwh
+from commitenv.metrics import arrival_hours, deviation_cost_kwh
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.interval import run_interval
 from commitenv.sim.pool import Pool, copy_devices
@@ -307,9 +307,9 @@ class TruthRun:
         return _misses_by_hour(q, True, self.terms.horizon_hours)
 
 
-def _by_hour(hours: np.ndarray, H: int) -> np.ndarray:
-    """Counts of ``hours`` (arrival hours) in ``H`` bins, the later ones folded into the last."""
-    return np.bincount(np.minimum(hours, H - 1), minlength=H)[:H].astype(np.int64)
+def _by_hour(arrival_s: np.ndarray, H: int) -> np.ndarray:
+    """Requests per arrival hour (`commitenv.metrics.arrival_hours`) of the horizon's ``H`` hours."""
+    return np.bincount(arrival_hours(arrival_s, H), minlength=H).astype(np.int64)
 
 
 def _misses_by_hour(pool: Pool, done: bool, H: int) -> np.ndarray:
@@ -324,12 +324,12 @@ def _misses_by_hour(pool: Pool, done: bool, H: int) -> np.ndarray:
         rows, dl = pool.live_deadlines()
         if not done:
             rows = rows[dl < pool.now]
-        return out + _by_hour((arr[rows] // 3600.0).astype(np.int64), H)
+        return out + _by_hour(arr[rows], H)
     n = pool.arrived
     fin = pool.finish_t[:n]
     dl = pool.deadline[:n]
     miss = ~(fin <= dl) if done else (fin > dl) | (np.isnan(fin) & (dl < pool.now))
-    return _by_hour((arr[np.flatnonzero(miss)] // 3600.0).astype(np.int64), H)
+    return _by_hour(arr[np.flatnonzero(miss)], H)
 
 
 class HindsightAccess:

@@ -71,13 +71,19 @@ class SloOutcome:
         return int(np.sum(self.arrivals) - np.sum(self.met))
 
 
+def arrival_hours(arrival_s: np.ndarray, hours: int) -> np.ndarray:
+    """Each request's arrival hour (int64, arrival // 3600 s), those at or after the horizon in the last hour: the
+    hour the SLO gate counts a request in."""
+    return np.minimum((np.asarray(arrival_s) // 3600.0).astype(np.int64), hours - 1)
+
+
 def slo_outcome(arrival_s: np.ndarray, finish_s: np.ndarray, deadline_s: np.ndarray, hours: int,
                 rejected: np.ndarray | None = None) -> SloOutcome:
     """A request meets its SLO when it finishes at or before its deadline; unfinished (NaN) or rejected
     requests miss. ``rejected`` (bool, aligned with the requests) marks the requests the engine refused; without
     it a request whose finish time is +inf counts as rejected (the engine's mark). Requests arriving at or after
     the horizon are counted in the last hour."""
-    hour = np.minimum((np.asarray(arrival_s) // 3600.0).astype(np.int64), hours - 1)
+    hour = arrival_hours(arrival_s, hours)
     finish = np.asarray(finish_s, dtype=np.float64)
     deadline = np.asarray(deadline_s, dtype=np.float64)
     rej = np.isposinf(finish) if rejected is None else np.asarray(rejected, dtype=bool)

@@ -74,7 +74,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from commitenv.metrics import deviation_cost_kwh
+from commitenv.metrics import arrival_hours, deviation_cost_kwh
 from commitenv_controllers.base import Controller, ControllerContext
 from commitenv_controllers.epact.search import Catalog
 from commitenv_controllers.registry import register
@@ -642,8 +642,7 @@ def hour_miss_pace(budgets: Sequence[int], arrivals_s: np.ndarray, interval_s: f
     interval."""
     H, K = len(budgets), intervals_per_hour
     arrivals_s = np.asarray(arrivals_s)
-    hour = np.minimum((arrivals_s // 3600.0).astype(np.int64), H - 1)
-    n_h = np.bincount(hour, minlength=H)[:H]
+    n_h = np.bincount(arrival_hours(arrivals_s, H), minlength=H)
     out = []
     for i in range(H * K):
         h = i // K
@@ -778,7 +777,7 @@ class OracleController(Controller):
                 pace = miss_pace(budget, arrivals, ctx.interval_s, H * ctx.intervals_per_hour,
                                  (0,) * root.k + vllm.certain_misses)
         else:  # the gate's form: a budget per arrival hour
-            n_h = np.bincount(np.minimum((arrivals // 3600.0).astype(np.int64), H - 1), minlength=H)[:H]
+            n_h = np.bincount(arrival_hours(arrivals, H), minlength=H)
             hour_budgets = tuple(miss_budget(v, int(n), eps, self.slo_rule) for v, n in zip(vllm.misses_by_hour, n_h))
             budget = sum(hour_budgets)
             if paced:
