@@ -69,15 +69,6 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _copy_noise(noise: NoiseSource) -> NoiseSource:
-    """A legacy per-segment noise source with the same future draws (generator states and buffers copied)."""
-    c = NoiseSource.__new__(NoiseSource)
-    c.spec = noise.spec
-    c._rngs = [copy.deepcopy(r) for r in noise._rngs]
-    c._buf = [list(b) for b in noise._buf]
-    return c
-
-
 def _read_only_parts(pool: Pool) -> dict[int, Any]:
     """A deepcopy memo that makes every fork share what the engine never writes (trace, profiles, options, the
     per-request arrays fixed at attach) and the order-independent truth model, and drops what a fork must not
@@ -155,7 +146,7 @@ def _fast_fork(pool: Pool) -> Pool:
     c.transit = {slot: (land, cr(r)) for slot, (land, r) in pool.transit.items()}
     c.tenant_model = dict(pool.tenant_model)
     if isinstance(pool.noise, NoiseSource):
-        c.noise = _copy_noise(pool.noise)
+        c.noise = pool.noise.copy()
     return c
 
 
@@ -188,6 +179,8 @@ def _kernel_fork(pool: Pool, results: bool) -> Pool:
     c.captured_finish = dict(pool.captured_finish)
     c.tenant_model = dict(pool.tenant_model)
     c._ks = pool._ks.copy()
+    if c._ks.noise is not None:
+        c.noise = c._ks.noise  # (its own copy of the legacy noise source)
     return c
 
 
@@ -203,7 +196,7 @@ def fork_pool(pool: Pool, memo: dict[int, Any] | None = None, *, results: bool =
     else:
         m = dict(memo if memo is not None else _read_only_parts(pool))
         if isinstance(pool.noise, NoiseSource) and id(pool.noise) not in m:
-            m[id(pool.noise)] = _copy_noise(pool.noise)
+            m[id(pool.noise)] = pool.noise.copy()
         c = copy.deepcopy(pool, m)
     c.log = None
     c.on_step = None

@@ -175,16 +175,59 @@ def test_export_hands_the_state_back_to_the_python_engine(case):
 
 
 def test_kernel_refuses_what_it_does_not_cover():
-    """The legacy per-segment noise draws in a different order than the kernel's truth tables: such a pool stays on
-    the Python loop."""
+    """A pool that records its step log (StepSplit's input) stays on the Python loop."""
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)
-    pool = Pool(env.profiles, PoolLayout.single(4), EngineOptions(seed=0))
+    pool = Pool(env.profiles, PoolLayout.single(4), EngineOptions(seed=0, log_steps=True))
     pool.attach(env.table)
-    assert pool.noise is not None and pool.truth is None
+    assert pool.log is not None
     assert not KernelState.covers(pool)
     with pytest.raises(ValueError, match="covered subset"):
         KernelState(pool)
+
+
+@pytest.mark.parametrize("block", [4096, 7], ids=["block-4096", "block-7"])
+def test_kernel_equals_the_pool_under_the_legacy_noise(monkeypatch, block):
+    """The legacy per-segment noise (the ``ideal`` level): each replica's stream of draws is consumed in the
+    Python loop's order, a segment at a time, so the kernel equals the pool bit for bit; with blocks of 7 draws the
+    kernel runs out and refills between events thousands of times. A hand-back mid-run returns the unused draws
+    to the source, and the Python loop continues with them."""
+    from commitenv.sim.noise import NoiseSource
+
+    monkeypatch.setattr(NoiseSource, "_BLOCK", block)
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100001)
+    pools = [Pool(env.profiles, PoolLayout.single(4), EngineOptions(seed=5)) for _ in range(3)]
+    for p in pools:
+        p.attach(env.table)
+        assert isinstance(p.noise, NoiseSource) and p.truth is None
+    a, b, c = pools
+    for p in (a, b, c):  # (a minute on the Python loop: the kernel takes over part-used buffers)
+        p.run_until(60.0)
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    assert b.use_kernel() and c.use_kernel()
+    refills = 0
+    rng = np.random.default_rng(1)
+    for k in range(2, 62):
+        t = 60.0 * k
+        _drive((a, b, c), rng, 4, [lvl.mhz for lvl in a.profiles[0].clocks], t - 59.5)
+        ends = b._ks.ri[:, kernel.R_NEND].copy()
+        for p in (a, b, c):
+            p.run_until(t)
+            p.settle(t)
+        refills += int((b._ks.ri[:, kernel.R_NEND] != ends).any())
+        if k == 30:
+            c.replicas  # hands c back to the Python loop
+            assert c._ks is None
+        assert a.energy_j() == b.energy_j() == c.energy_j(), f"meters at t={t}"
+    assert b._ks is not None
+    for p in pools:
+        p.run_until(math.inf)
+    assert _results(a) == _results(b) == _results(c)
+    assert refills >= (30 if block == 7 else 0)
+    # the sources continue identically: the kernel took nothing it did not use or give back
+    b.replicas
+    assert [a.noise.draw(x) for x in range(4) for _ in range(3)] == [b.noise.draw(x) for x in range(4) for _ in range(3)]
 
 
 def _drive(pools, rng, R, mhz, t):
@@ -300,12 +343,14 @@ def _episode(scenario: str, seed: int, enabled: bool, monkeypatch, snapshot_at: 
 
 
 @pytest.mark.parametrize("snapshot_at", [None, 20, -1], ids=["no-snapshot", "snapshot-at-20", "snapshot-every-step"])
-def test_the_environment_on_the_kernel_equals_the_python_loop(monkeypatch, snapshot_at):
+@pytest.mark.parametrize("scenario", ["bench-h200-hour-fixed-a30", "epact-h200-hour-fixed-a30"], ids=["paper", "ideal"])
+def test_the_environment_on_the_kernel_equals_the_python_loop(monkeypatch, scenario, snapshot_at):
     """The env's observations, rewards, misses and settlement with the kernel on equal those of the Python loop,
     bit for bit, with random actions every interval; a snapshot hands over to the Python loop, and the next interval
-    imports the state back into the kernel (once, or at every step)."""
-    ref, settle_ref, modes_ref = _episode("bench-h200-hour-fixed-a30", 100003, False, monkeypatch, snapshot_at)
-    got, settle_got, modes = _episode("bench-h200-hour-fixed-a30", 100003, True, monkeypatch, snapshot_at)
+    imports the state back into the kernel (once, or at every step). At ``ideal`` (the legacy per-segment noise) each
+    hand-over returns the unused noise draws to the source and each import takes them again."""
+    ref, settle_ref, modes_ref = _episode(scenario, 100003, False, monkeypatch, snapshot_at)
+    got, settle_got, modes = _episode(scenario, 100003, True, monkeypatch, snapshot_at)
     assert not any(modes_ref)
     assert all(modes)  # (a snapshot hands the pool over; the next step's interval takes it back)
     assert len(ref) == len(got)
@@ -358,15 +403,16 @@ def test_the_pool_leaves_the_kernel_at_anything_it_does_not_hold(monkeypatch):
         assert pool.now == 240.0
 
 
-def test_hindsight_forks_stay_on_the_kernel_and_equal_the_python_loop(monkeypatch):
+@pytest.mark.parametrize("scenario", ["bench-h200-hour-fixed-a30", "epact-h200-hour-fixed-a30"], ids=["paper", "ideal"])
+def test_hindsight_forks_stay_on_the_kernel_and_equal_the_python_loop(monkeypatch, scenario):
     """A fork of a pool the kernel runs stays on the kernel; stepped with the environment's calls it equals a fork
     handed over to the Python loop, both leave the original untouched, and `stop_arrivals` (the oracle's optimistic
-    estimate) acts alike on both."""
+    estimate) acts alike on both. At ``ideal`` each fork draws the legacy noise from its own copy of the source."""
     from commitenv.hindsight import fork_pool
     from commitenv.sim.interval import run_interval
 
     monkeypatch.setattr(kernel, "ENABLED", True)
-    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env = CommitServeEnv(scenario)
     env.reset(seed=100004)
     rng = np.random.default_rng(4)
     for _ in range(10):
@@ -393,15 +439,16 @@ def test_hindsight_forks_stay_on_the_kernel_and_equal_the_python_loop(monkeypatc
     assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(before[1], nan=-1.0))
 
 
-def test_forking_leaves_the_original_run_unchanged(monkeypatch):
+@pytest.mark.parametrize("scenario", ["bench-h200-hour-fixed-a30", "epact-h200-hour-fixed-a30"], ids=["paper", "ideal"])
+def test_forking_leaves_the_original_run_unchanged(monkeypatch, scenario):
     """An environment whose pool is forked (and the forks stepped, some handed over to the Python loop) every interval
-    continues exactly as one never forked: a fork's copy writes nothing into the original's state, and a fork that
-    leaves the kernel gets its own replica and GPU objects."""
+    continues exactly as one never forked: a fork's copy writes nothing into the original's state (nor draws from its
+    legacy noise source), and a fork that leaves the kernel gets its own replica and GPU objects."""
     from commitenv.hindsight import fork_pool
 
     monkeypatch.setattr(kernel, "ENABLED", True)
     monkeypatch.setattr(KernelState, "LOOKAHEAD_S", 30.0)
-    envs = [CommitServeEnv("bench-h200-hour-fixed-a30") for _ in range(2)]
+    envs = [CommitServeEnv(scenario) for _ in range(2)]
     for e in envs:
         e.reset(seed=100002)
     rng = np.random.default_rng(2)

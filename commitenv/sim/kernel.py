@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from commitenv.sim.coeffs import coeffs_for
+from commitenv.sim.noise import NoiseSource
 
 SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 INF = math.inf
@@ -34,7 +35,8 @@ F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (
 # per-replica float64 columns (``rf``)
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
 # per-replica int64 columns (``ri``)
-R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL = range(12)
+R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND = range(14)
+# R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables
 ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
@@ -44,8 +46,8 @@ Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 G_CLOCK, G_PENDING, G_VER = range(3)
 GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
 EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
-# scheduler limits and the truth table's first cell (``sched``: int64)
-S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0 = range(5)
+# scheduler limits, the truth table's first cell and whether the tables hold legacy noise draws (``sched``: int64)
+S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE = range(6)
 # coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
 C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
 
@@ -335,13 +337,20 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
         else:
             P += k
             A += k * qi[r, Q_COMPUTED] + k * (k + 1) // 2
-    c = int(t // cell)
-    j = c - sched[S_CELL0]  # (the tables start at cell S_CELL0)
-    if j < 0 or j >= ftab.shape[1]:
-        raise RuntimeError("kernel: truth factor table does not cover the segment's start")
+    if sched[S_NOISE]:  # `NoiseSource.draw_for`: the replica's next draw, for the whole segment
+        j = ri[rep, R_NPOS]
+        if j >= ri[rep, R_NEND]:
+            raise RuntimeError("kernel: legacy noise draws exhausted (the caller refills before each event)")
+        ri[rep, R_NPOS] = j + 1
+        t_next = INF
+    else:
+        c = int(t // cell)
+        j = c - sched[S_CELL0]  # (the tables start at cell S_CELL0)
+        if j < 0 or j >= ftab.shape[1]:
+            raise RuntimeError("kernel: truth factor table does not cover the segment's start")
+        t_next = (c + 1) * cell
     ft = ftab[rep, j]
     fe = fetab[rep, j]
-    t_next = (c + 1) * cell
     rf[rep, R_FT] = ft
     rf[rep, R_FE] = fe
     rf[rep, R_T0] = t
@@ -651,6 +660,14 @@ def _set_floor(t, g, power_w, ri, rf, gf):
 
 
 @njit(cache=True)
+def _noise_low(ri):
+    for x in range(ri.shape[0]):
+        if ri[x, R_NPOS] >= ri[x, R_NEND]:
+            return True
+    return False
+
+
+@njit(cache=True)
 def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
             coc, gi, gf, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
@@ -662,6 +679,9 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
         if si[I_HEAP] + room > ht.shape[0]:
             sf[F_NOW] = max(sf[F_NOW], last)
             return 1  # the caller grows the heap and calls again (nothing of the next event is done yet)
+        if sched[S_NOISE] and _noise_low(ri):
+            sf[F_NOW] = max(sf[F_NOW], last)
+            return 2  # the caller refills the noise draws and calls again (one event starts one segment per replica)
         cur = si[I_CURSOR]
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
@@ -895,13 +915,13 @@ class KernelState:
     @staticmethod
     def covers(pool) -> bool:
         """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU
-        without a prefix cache or local policy, the truth model, a what-if copy's nominal model or no noise (not the
-        legacy per-segment noise), the default router, no step log or hook, closed-form runs, no request unrouted
+        without a prefix cache or local policy, the truth model, the legacy per-segment noise, a what-if copy's
+        nominal model or no noise, the default router, no step log or hook, closed-form runs, no request unrouted
         or migrating and no replica loading or moving."""
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
-        noise_ok = pool.noise is pool.truth or (pool.truth is None and isinstance(pool.noise, NominalModel))
+        noise_ok = pool.noise is pool.truth or (pool.truth is None and isinstance(pool.noise, (NominalModel, NoiseSource)))
         return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.log is None
                 and pool.on_step is None and pool.n_models == 1 and len(reps) == len(gpus) and pool.opt.closed_form
                 and not pool.unrouted and not pool.transit and not pool._pending
@@ -920,7 +940,7 @@ class KernelState:
         """``compact``: finished requests may be dropped once `take_finished` handed them out (a pool records their
         results); without it every request stays, at its index, for the caller to read."""
         if not self.covers(pool):
-            raise ValueError("kernel: pool outside the covered subset (truth factors, nominal or no noise, one model, "
+            raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, one model, "
                              "one full-share instance per GPU, default router, no prefix cache, no local policy, no "
                              "step log or hook, nothing unrouted, migrating, loading or moving)")
         from commitenv.sim.truth import NominalModel
@@ -960,12 +980,12 @@ class KernelState:
         prof = pool.profiles[0]
         self.profile = prof
         self.coc = _clock_coefficients(prof)
-        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0],
+        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0, 0],
                               np.int64)
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.ri = np.zeros((R, 12), np.int64)
+        self.ri = np.zeros((R, 14), np.int64)
         self.rf = np.zeros((R, 12))
         ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
         ri[:, R_UNF] = [rep.unf for rep in reps]
@@ -1010,7 +1030,12 @@ class KernelState:
         self.gf[:, GF_E_FLOOR] = [gpu.e_floor for gpu in gpus]
         self.e_dyn = np.array([gpu.e_dyn for gpu in gpus], dtype=np.float64)
         self._truth = pool.truth
-        if pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
+        self.noise = pool.noise if isinstance(pool.noise, NoiseSource) else None
+        if self.noise is not None:  # the legacy noise: each replica's stream of draws, taken over from the source
+            self.cell = INF
+            self.sched[S_NOISE] = 1
+            self._set_draws([self.noise.take(x) for x in range(R)])
+        elif pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
             self.cell = INF
             fe = pool.noise.energy_factor if isinstance(pool.noise, NominalModel) else 1.0
             self.ftab, self.fetab = np.ones((R, 1)), np.full((R, 1), fe)
@@ -1160,6 +1185,27 @@ class KernelState:
         self.sched = self.sched.copy()  # (copies share it until one of them moves its tables)
         self.sched[S_CELL0] = c0
 
+    def _set_draws(self, draws: list[np.ndarray]) -> None:
+        """Tables of each replica's unconsumed legacy noise draws (``draws[x]``: rows of (time, energy) factors in
+        order), padded to one width; new arrays, so that copies sharing the old tables keep them."""
+        w = max([1] + [len(d) for d in draws])
+        self.ftab, self.fetab = np.full((self.R, w), np.nan), np.full((self.R, w), np.nan)
+        for x, d in enumerate(draws):
+            self.ftab[x, : len(d)], self.fetab[x, : len(d)] = d[:, 0], d[:, 1]
+        self.ri[:, R_NPOS] = 0
+        self.ri[:, R_NEND] = [len(d) for d in draws]
+
+    def _draws(self, x: int) -> np.ndarray:
+        """Replica ``x``'s unconsumed legacy noise draws, in order (rows of (time, energy) factors)."""
+        a, b = self.ri[x, R_NPOS], self.ri[x, R_NEND]
+        return np.column_stack((self.ftab[x, a:b], self.fetab[x, a:b]))
+
+    def _refill(self) -> None:
+        """Under the legacy noise, a draw left for every replica: an exhausted stream gets its source's next block
+        (the sequence the Python loop would draw)."""
+        if self.noise is not None and _noise_low(self.ri):
+            self._set_draws([d if len(d) else self.noise.block(x) for x, d in enumerate(map(self._draws, range(self.R)))])
+
     def _room(self, k: int) -> None:
         """Grow the event heap (doubling) until ``k`` more entries fit."""
         size = self.ht.shape[0]
@@ -1171,8 +1217,11 @@ class KernelState:
                                               for a in (self.hk, self.hs, self.hi, self.hv))
 
     def _advance(self, t_end: float, stop_captured: bool = False) -> None:
-        while self._advance_once(t_end, stop_captured):
-            self._room(self.ht.shape[0])
+        while code := self._advance_once(t_end, stop_captured):
+            if code == 1:
+                self._room(self.ht.shape[0])
+            else:
+                self._refill()
 
     def _advance_once(self, t_end: float, stop_captured: bool) -> int:
         return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
@@ -1207,6 +1256,7 @@ class KernelState:
         if t < self.sf[F_NOW] - 1e-9:
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
         self._room(3 * self.R + 8)
+        self._refill()
         set_active(t, count, self.profile.latencies.activation_s, self.ri, self.rf, self.qi, self.wq, self.run,
                    self.bq, self.bk, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
                    self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
@@ -1225,6 +1275,8 @@ class KernelState:
         and then with only ``COPY_LOOKAHEAD_S`` of rows ahead; tables, workload rows, profile and truth source shared,
         as they only grow or are read)."""
         c = copy.copy(self)
+        if self.noise is not None:
+            c.noise = self.noise.copy()
         if self.compact and self.taken == self.si[I_DONE]:
             c.lookahead_s = min(self.lookahead_s, self.COPY_LOOKAHEAD_S)
             c._compact(copy_all=True, ahead_s=c.lookahead_s)
@@ -1308,6 +1360,10 @@ class KernelState:
         pool._seq = int(self.si[I_SEQ])
         pool._pending = []
         pool._refresh_routable(0)
+        if self.noise is not None:  # (the source continues with the draws the kernel took and did not use)
+            for x in range(self.R):
+                self.noise.put_back(x, self._draws(x))
+            pool.noise = self.noise
         pool.sync_from_kernel(self)
 
     def results_into(self, done: np.ndarray, rows: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,24 +32,46 @@ class NoiseSpec:
 
 
 class NoiseSource:
-    """Per-replica streams of (time factor, energy factor), deterministic from the seed."""
+    """Per-replica streams of (time factor, energy factor), deterministic from the seed.
+
+    Each stream's generator yields the factors in blocks of `_BLOCK`; a stream's sequence is the same whoever
+    consumes it (the Python loop by `draw`, the compiled kernel by `take` / `block` / `put_back`)."""
 
     _BLOCK = 4096
 
     def __init__(self, spec: NoiseSpec, seed: int, n_streams: int) -> None:
         self.spec = spec
         self._rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n_streams)]
-        self._buf: list[list[tuple[float, float]]] = [[] for _ in range(n_streams)]
+        self._buf: list[list[tuple[float, float]]] = [[] for _ in range(n_streams)]  # next draw last
+
+    def block(self, stream: int) -> np.ndarray:
+        """The stream's next `_BLOCK` draws from its generator, in order: column 0 time, column 1 energy factors."""
+        z = self._rngs[stream].standard_normal((self._BLOCK, 2))
+        st, se = self.spec.time_sigma, self.spec.energy_sigma
+        return np.column_stack((np.exp(st * z[:, 0] - 0.5 * st * st), np.exp(se * z[:, 1] - 0.5 * se * se)))
 
     def draw(self, stream: int) -> tuple[float, float]:
         buf = self._buf[stream]
         if not buf:
-            z = self._rngs[stream].standard_normal((self._BLOCK, 2))
-            st, se = self.spec.time_sigma, self.spec.energy_sigma
-            ft = np.exp(st * z[:, 0] - 0.5 * st * st)
-            fe = np.exp(se * z[:, 1] - 0.5 * se * se)
-            buf.extend(zip(ft[::-1].tolist(), fe[::-1].tolist()))
+            buf.extend(map(tuple, self.block(stream)[::-1].tolist()))
         return buf.pop()
+
+    def take(self, stream: int) -> np.ndarray:
+        """The stream's drawn but unconsumed factors, in order (as `block`), handed over: the buffer is left empty."""
+        buf, self._buf[stream] = self._buf[stream], []
+        return np.array(buf[::-1], dtype=np.float64).reshape(-1, 2)
+
+    def put_back(self, stream: int, draws: np.ndarray) -> None:
+        """Factors (in order, as `block`) that the stream yields next, before any it still buffers."""
+        self._buf[stream].extend(map(tuple, np.asarray(draws, np.float64)[::-1].tolist()))
+
+    def copy(self) -> "NoiseSource":
+        """A source with the same future draws (generator states and buffers copied)."""
+        c = NoiseSource.__new__(NoiseSource)
+        c.spec = self.spec
+        c._rngs = [copy.deepcopy(r) for r in self._rngs]
+        c._buf = [list(b) for b in self._buf]
+        return c
 
     def draw_for(self, rep, t: float) -> tuple[float, float, float]:
         """Factors of a segment of replica ``rep`` starting at ``t``; they never change mid-segment (inf)."""
