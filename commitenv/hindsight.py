@@ -179,6 +179,8 @@ def _kernel_fork(pool: Pool, results: bool) -> Pool:
     c.captured_finish = dict(pool.captured_finish)
     c.tenant_model = dict(pool.tenant_model)
     c._ks = pool._ks.copy()
+    if c._ks.logging:
+        c._ks.stop_logging()  # (a fork keeps no step log)
     if c._ks.noise is not None:
         c.noise = c._ks.noise  # (its own copy of the legacy noise source)
     return c

@@ -175,12 +175,14 @@ def test_export_hands_the_state_back_to_the_python_engine(case):
 
 
 def test_kernel_refuses_what_it_does_not_cover():
-    """A pool that records its step log (StepSplit's input) stays on the Python loop."""
+    """A pool with a dispatch policy (a Python call at every arrival) stays on the Python loop."""
+    from commitenv.sim.dispatch import LeastUnfinished
+
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)
-    pool = Pool(env.profiles, PoolLayout.single(4), EngineOptions(seed=0, log_steps=True))
+    pool = Pool(env.profiles, PoolLayout.single(4), EngineOptions(seed=0))
+    pool.dispatch = LeastUnfinished()
     pool.attach(env.table)
-    assert pool.log is not None
     assert not KernelState.covers(pool)
     with pytest.raises(ValueError, match="covered subset"):
         KernelState(pool)
@@ -509,3 +511,78 @@ def test_a_large_pool_forks_on_the_python_loop(monkeypatch):
     monkeypatch.setattr(hindsight, "_KERNEL_FORK_BYTES", env.pool._ks.nbytes - 1)
     c = hindsight.fork_pool(env.pool)
     assert c._ks is None and env.pool._ks is None
+
+
+@pytest.mark.parametrize("case", ["h20-hour-8gpu-lowest-clock", "h200-hour-3gpu-kv-pressure"])
+def test_the_step_log_on_the_kernel_equals_the_python_loop(monkeypatch, case):
+    """With a step log (StepSplit's input) and an `on_step` hook, the kernel books the same entries as the Python
+    loop, field for field and in order: single steps, decode runs cut by clock changes, arrivals and `settle` (the
+    finished part of a run booked alone), recompute preemptions; a pool handed back mid-run continues the log
+    seamlessly (its segments in flight carry their entries, `Replica.seg_log`), and one that starts logging with
+    segments in flight stays on the Python loop until they end."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    a, b, c = (_pool(scenario, seed, gpus, clock, kv_extra) for _ in range(3))
+    hooked: list = []
+    for p in (a, b, c):
+        p.log = []
+    b.on_step = hooked.append
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    monkeypatch.setattr(KernelState, "LOG_ENTRIES", 64)  # (drained between events many times)
+    assert b.use_kernel() and c.use_kernel()
+    R = len(a.replicas)
+    mhz = [lvl.mhz for lvl in a.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 5)
+    for k in range(1, 61):
+        t = 60.0 * k
+        _drive((a, b, c), rng, R, mhz, t - 59.5)
+        for p in (a, b, c):
+            p.run_until(t - 30.0)
+        for p in (a, b, c):  # (a second clock change mid-interval cuts the decode runs in flight)
+            p.set_clock(t - 30.0, mhz[(k * 7) % len(mhz)])
+            p.run_until(t)
+            p.settle(t)
+        if k == 30:
+            c.replicas  # hands c back to the Python loop with segments in flight
+            assert c._ks is None and any(r.seg != 0 for r in c.replicas)
+        assert len(a.log) == len(b.log) == len(c.log), f"t={t}"
+    assert b._ks is not None
+    for p in (a, b, c):
+        p.run_until(math.inf)
+    assert _results(a) == _results(b) == _results(c)
+    assert a.log == b.log == c.log == hooked
+    runs = [e for e in a.log if e.n_steps > 1]
+    assert len(runs) > 100 and len(a.log) - len(runs) > 100
+    assert len({e.clock_mhz for e in a.log}) > 1 and any(not all(e.decode) for e in a.log)
+    if case.endswith("kv-pressure"):
+        assert int(a.preemptions.sum()) > 1000
+    # a hook set with segments in flight: those end unlogged, as on the Python loop, and the pool stays there
+    d = _pool(scenario, seed, gpus, clock, kv_extra)
+    d.use_kernel()
+    d.run_until(100.0)
+    d.on_step = lambda e: None
+    assert d._ks is None and not d.use_kernel()
+
+
+def test_stepsplit_replays_run_on_the_kernel_and_equal_the_python_loop(monkeypatch):
+    """The scheduler-replay game's coalition runs (StepSplit: fresh engines with a step log, a controller's clock
+    and active-set changes replayed) run on the kernel and log the same steps as on the Python loop, so every
+    coalition value is the same."""
+    from commitenv.attribution import ReplayGame
+
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100000)
+    window = env.table.take(np.arange(2000, 2160))
+    mhz = env.clocks_mhz
+    game = ReplayGame(window, env.profiles, PoolLayout.single(3), clock_mhz=mhz[-1],
+                      actions=[("clock", window.arrival_s[40], mhz[0]), ("active", window.arrival_s[90], 1),
+                               ("active", window.arrival_s[120], 3)])
+    rng = np.random.default_rng(0)
+    coalitions = [np.arange(160)] + [np.flatnonzero(rng.random(160) < p) for p in (0.2, 0.5, 0.8)]
+    for members in coalitions:
+        monkeypatch.setattr(kernel, "ENABLED", False)
+        ref = game.serve(members)
+        monkeypatch.setattr(kernel, "ENABLED", True)
+        got = game.serve(members)
+        assert ref._ks is None and got._ks is not None
+        assert got.log == ref.log and len(ref.log) > 50
+        assert any(e.n_steps > 1 for e in ref.log) and len({e.clock_mhz for e in ref.log}) == 2

@@ -1,11 +1,11 @@
 """The engine's event loop compiled: a pool serving one model with the vLLM scheduler, on arrays.
 
-Requests, replica queues, the segment in flight, the event heap, the truth factors and the GPU meters live in
-numpy arrays; `KernelState.advance` runs every arrival and segment end up to a time in one numba call, and
-`set_active`, `set_clock` and `settle` act as the pool's. It follows `commitenv.sim.pool.Pool` and
-`commitenv.sim.replica.Replica` line for line for the pools it covers (`KernelState.covers`); `Pool` runs here
-while it can and `export_to` hands the state back to the Python loop for everything else (tests/test_engine_kernel.py
-holds both to bit-identical results).
+Requests, replica queues, the segment in flight, the event heap, the truth factors (or legacy noise draws), the GPU
+meters and the step log live in numpy arrays; `KernelState.advance` runs every arrival and segment end up to a time
+in one numba call, and `set_active`, `set_clock` and `settle` act as the pool's. It follows
+`commitenv.sim.pool.Pool` and `commitenv.sim.replica.Replica` line for line for the pools it covers
+(`KernelState.covers`); `Pool` runs here while it can and `export_to` hands the state back to the Python loop for
+everything else (tests/test_engine_kernel.py holds both to bit-identical results).
 """
 
 from __future__ import annotations
@@ -28,15 +28,18 @@ INF = math.inf
 ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
 
 # int64 scalars of the state (``si``)
-I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR = range(10)
-# I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured
+I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR, I_LOG, I_LOGM = range(12)
+# I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured;
+# I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`
 # float64 scalars (``sf``)
 F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (heap or arrival)
 # per-replica float64 columns (``rf``)
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
 # per-replica int64 columns (``ri``)
-R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND = range(14)
-# R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables
+(R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND,
+ R_SCLK) = range(15)
+# R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables;
+# R_SCLK: the clock level its segment started at (the step log's clock)
 ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
@@ -47,7 +50,11 @@ G_CLOCK, G_PENDING, G_VER = range(3)
 GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
 EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
 # scheduler limits, the truth table's first cell and whether the tables hold legacy noise draws (``sched``: int64)
-S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE = range(6)
+S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE, S_LOG = range(7)
+# the step log: per entry int64 (``lgi``) and float64 (``lgf``) columns, per member int64 columns (``lgm``)
+LG_REP, LG_STEPS, LG_CLOCK, LG_N = range(4)
+LF_T0, LF_T1, LF_ENERGY, LF_FLOOR = range(4)
+LM_REQ, LM_NEW, LM_COMPUTED, LM_DECODE = range(4)
 # coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
 C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
 
@@ -356,6 +363,7 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
     rf[rep, R_T0] = t
     rf[rep, R_FLOOR_W] = gf[rep, GF_FLOOR_W]
     cl = gi[rep, G_CLOCK]
+    ri[rep, R_SCLK] = cl
     rf[rep, R_FLOOR_T] = t
     rf[rep, R_FLOOR_ACC] = 0.0
     if P == 0 and not preempted:
@@ -406,10 +414,35 @@ def _decode(ri, qi, bq, rep, m, bs):
 
 
 @njit(cache=True)
-def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, bs, done_out, si):
-    """Book the segment's energy above its floor, apply its progress, complete finished requests."""
-    e_dyn[rep] += rf[rep, R_ENERGY] - (rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T]))
+def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm):
+    """`Pool._book`'s step log entry of ``rep``'s segment (or its finished part), written before its progress is
+    applied: members with their new tokens, computed tokens before and decode flags (`batch_terms`)."""
+    e, mo, nb = si[I_LOG], si[I_LOGM], ri[rep, R_BATCH_N]
+    if e >= lgi.shape[0] or mo + nb > lgm.shape[0]:
+        raise RuntimeError("kernel: step log full (the caller drains it before each event)")
+    lgi[e, LG_REP], lgi[e, LG_STEPS], lgi[e, LG_CLOCK], lgi[e, LG_N] = rep, n_steps, ri[rep, R_SCLK], nb
+    lgf[e, LF_T0], lgf[e, LF_T1], lgf[e, LF_ENERGY], lgf[e, LF_FLOOR] = t0, t1, energy, floor_j
+    run = ri[rep, R_SEG] == SEG_RUN
+    for j in range(nb):
+        r = bq[rep, j]
+        k = 1 if run else bk[rep, j]
+        lgm[mo + j, LM_REQ], lgm[mo + j, LM_NEW], lgm[mo + j, LM_COMPUTED] = r, k, qi[r, Q_COMPUTED]
+        lgm[mo + j, LM_DECODE] = (k == 1 and qi[r, Q_GENERATED] >= 1
+                                  and qi[r, Q_COMPUTED] + 1 == qi[r, Q_PROMPT] + qi[r, Q_GENERATED])
+    si[I_LOG], si[I_LOGM] = e + 1, mo + nb
+
+
+@njit(cache=True)
+def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm):
+    """Book the segment's energy above its floor (and its step log entry), apply its progress, complete finished
+    requests."""
+    bs = sched[S_BLOCK]
+    floor_j = rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T])
+    e_dyn[rep] += rf[rep, R_ENERGY] - floor_j
     seg = ri[rep, R_SEG]
+    if sched[S_LOG]:
+        _log_segment(rep, rf[rep, R_T0], rf[rep, R_T1], ri[rep, R_K] if seg == SEG_RUN else 1, rf[rep, R_ENERGY],
+                     floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
     ndone = 0
     if seg == SEG_STEP:
         for j in range(ri[rep, R_BATCH_N]):
@@ -669,7 +702,7 @@ def _noise_low(ri):
 
 @njit(cache=True)
 def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
-            coc, gi, gf, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out):
+            coc, gi, gf, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
     ``stop_captured``, stop at the segment end that finishes the last captured request."""
     n = si[I_N]
@@ -682,6 +715,9 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
         if sched[S_NOISE] and _noise_low(ri):
             sf[F_NOW] = max(sf[F_NOW], last)
             return 2  # the caller refills the noise draws and calls again (one event starts one segment per replica)
+        if sched[S_LOG] and (si[I_LOG] >= lgi.shape[0] or si[I_LOGM] + sched[S_MAX_SEQS] + 1 > lgm.shape[0]):
+            sf[F_NOW] = max(sf[F_NOW], last)
+            return 3  # the caller drains the step log and calls again (one event books at most one segment)
         cur = si[I_CURSOR]
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
@@ -719,7 +755,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                 continue
             if ri[rep, R_VER] != ver:
                 continue
-            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched[S_BLOCK], done_out, si)
+            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm)
             if stop_captured and si[I_CAPLEFT] == 0:
                 sf[F_NOW] = t
                 return 0
@@ -753,9 +789,9 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
 
 
 @njit(cache=True)
-def settle(t, ri, rf, qi, bq, e_dyn, sched, si, ht, hk, hs, hi, hv):
-    """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter) the steps that
-    ended before, leaving one step in flight."""
+def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf, lgm):
+    """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter, and log) the steps
+    that ended before, leaving one step in flight."""
     bs = sched[S_BLOCK]
     for g in range(ri.shape[0]):
         if ri[g, R_SEG] != SEG_RUN:
@@ -770,9 +806,11 @@ def settle(t, ri, rf, qi, bq, e_dyn, sched, si, ht, hk, hs, hi, hv):
             continue
         dt = _run_time(rf, g, m)
         de = _run_energy(rf, g, m)
-        _decode(ri, qi, bq, g, m, bs)
         t_mid = rf[g, R_T0] + dt
         floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
+        if sched[S_LOG]:
+            _log_segment(g, rf[g, R_T0], t_mid, m, de, floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
+        _decode(ri, qi, bq, g, m, bs)
         rf[g, R_BT0] += rf[g, R_D] * m
         rf[g, R_E0] += rf[g, R_F] * m
         ri[g, R_K] -= m
@@ -916,20 +954,23 @@ class KernelState:
     def covers(pool) -> bool:
         """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU
         without a prefix cache or local policy, the truth model, the legacy per-segment noise, a what-if copy's
-        nominal model or no noise, the default router, no step log or hook, closed-form runs, no request unrouted
-        or migrating and no replica loading or moving."""
+        nominal model or no noise, the default router, closed-form runs, no request unrouted or migrating, no
+        replica loading or moving, and with a step log or hook no segment in flight started without its entry."""
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         noise_ok = pool.noise is pool.truth or (pool.truth is None and isinstance(pool.noise, (NominalModel, NoiseSource)))
-        return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.log is None
-                and pool.on_step is None and pool.n_models == 1 and len(reps) == len(gpus) and pool.opt.closed_form
+        logging = pool.log is not None or pool.on_step is not None
+        return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.n_models == 1
+                and len(reps) == len(gpus) and pool.opt.closed_form
                 and not pool.unrouted and not pool.transit and not pool._pending
                 and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
                 and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
                 and all(g.replicas == [r] and g.index == r.index == x for x, (g, r) in enumerate(zip(gpus, reps)))
                 and all(r.local is None and r.pcache is None and r.share == 1.0 and not r.pending_start
-                        and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps))
+                        and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps)
+                # (with a step log, a segment in flight must have been started with its entry recorded)
+                and not (logging and any(r.seg != SEG_NONE and r.seg_log is None for r in reps)))
 
     @classmethod
     def covering(cls, pool) -> "KernelState | None":
@@ -940,9 +981,9 @@ class KernelState:
         """``compact``: finished requests may be dropped once `take_finished` handed them out (a pool records their
         results); without it every request stays, at its index, for the caller to read."""
         if not self.covers(pool):
-            raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, one model, "
-                             "one full-share instance per GPU, default router, no prefix cache, no local policy, no "
-                             "step log or hook, nothing unrouted, migrating, loading or moving)")
+            raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
+                             "one model, one full-share instance per GPU, default router, no prefix cache, no local "
+                             "policy, nothing unrouted, migrating, loading or moving, no segment in flight unlogged)")
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
@@ -980,12 +1021,12 @@ class KernelState:
         prof = pool.profiles[0]
         self.profile = prof
         self.coc = _clock_coefficients(prof)
-        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0, 0],
-                              np.int64)
+        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0, 0,
+                               int(pool.log is not None or pool.on_step is not None)], np.int64)
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.ri = np.zeros((R, 14), np.int64)
+        self.ri = np.zeros((R, 15), np.int64)
         self.rf = np.zeros((R, 12))
         ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
         ri[:, R_UNF] = [rep.unf for rep in reps]
@@ -994,6 +1035,7 @@ class KernelState:
         ri[:, R_VER] = [rep.version for rep in reps]
         ri[:, R_SEG] = [rep.seg for rep in reps]
         ri[:, R_K] = [rep.run_k for rep in reps]
+        ri[:, R_SCLK] = [rep.gpu.clock_idx if rep.seg_log is None else prof.clock_index(rep.seg_log[4]) for rep in reps]
         for col, name in ((R_T0, "t0"), (R_T1, "t1"), (R_BT0, "T0"), (R_D, "D"), (R_E0, "E0"), (R_F, "F"),
                           (R_FT, "ft"), (R_FE, "fe"), (R_ENERGY, "seg_energy"), (R_FLOOR_W, "seg_floor_w"),
                           (R_FLOOR_T, "seg_floor_t"), (R_FLOOR_ACC, "seg_floor_acc")):
@@ -1042,7 +1084,7 @@ class KernelState:
         else:
             self.cell = float(pool.truth._cell)
             self.ftab = self.fetab = np.zeros((R, 0))
-        self.si = np.zeros(10, np.int64)
+        self.si = np.zeros(12, np.int64)
         self.si[I_N] = self.si[I_CURSOR] = L
         self.si[I_SEQ] = pool._seq
         self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
@@ -1061,6 +1103,67 @@ class KernelState:
             for a, col in zip((self.hk, self.hs, self.hi, self.hv), cols[1:]):
                 a[: len(heap)] = col
         self._load(pool.now)
+        # the step log (`Pool.log`, `Pool.on_step`): written by the compiled loop, drained into `StepLogEntry`s after
+        # every call (`take_log`)
+        self._mhz = np.array([lvl.mhz for lvl in prof.clocks], np.int64)
+        self._log_out: list = []
+        n_ent, n_mem = (max(self.LOG_ENTRIES, R + 1), max(self.LOG_MEMBERS, (R + 1) * (sch.max_seqs + 1))) \
+            if self.sched[S_LOG] else (0, 0)
+        self.lgi, self.lgf = np.zeros((n_ent, 4), np.int64), np.zeros((n_ent, 4))
+        self.lgm = np.zeros((n_mem, 4), np.int64)
+
+    # ------------------------------------------------------------------------------------------ step log
+    LOG_ENTRIES = 4096  # step log entries, and their members, the compiled loop writes between two drains
+    LOG_MEMBERS = 1 << 16
+
+    @property
+    def logging(self) -> bool:
+        """Whether the compiled loop writes the step log."""
+        return bool(self.sched[S_LOG])
+
+    def _drain_log(self) -> None:
+        """The entries written since the last drain, as `StepLogEntry`s (request slots, clock in MHz), into the list
+        `take_log` hands out; the arrays are empty again."""
+        from commitenv.sim.pool import StepLogEntry
+
+        n, nm = int(self.si[I_LOG]), int(self.si[I_LOGM])
+        if n == 0:
+            return
+        lgi, lgf, lgm = self.lgi[:n].tolist(), self.lgf[:n].tolist(), self.lgm[:nm]
+        slots = self.slots(lgm[:, LM_REQ]).tolist()
+        new, comp, dec = lgm[:, LM_NEW].tolist(), lgm[:, LM_COMPUTED].tolist(), (lgm[:, LM_DECODE] != 0).tolist()
+        mhz = self._mhz.tolist()
+        out, a = self._log_out, 0
+        for (x, steps, clk, nb), (t0, t1, e, floor_j) in zip(lgi, lgf):
+            b = a + nb
+            out.append(StepLogEntry(x, x, t0, t1, steps, e, tuple(slots[a:b]), tuple(new[a:b]), tuple(comp[a:b]),
+                                    tuple(dec[a:b]), mhz[clk], 1.0, floor_j))
+            a = b
+        self.si[I_LOG] = self.si[I_LOGM] = 0
+
+    def take_log(self) -> list:
+        """The step log entries booked since the last call, in booking order."""
+        out, self._log_out = self._log_out, []
+        return out
+
+    def stop_logging(self) -> None:
+        """Write no step log from here on (a fork keeps none); entries not taken are dropped."""
+        self.sched = self.sched.copy()  # (copies share it)
+        self.sched[S_LOG] = 0
+        self.si[I_LOG] = self.si[I_LOGM] = 0
+        self._log_out = []
+
+    def _seg_log(self, x: int) -> tuple:
+        """`Replica.seg_log` of replica ``x``'s segment in flight, as the Python loop records it at its start (a run's
+        computed tokens advanced by the steps already booked, as `Pool.settle` advances them)."""
+        nb, ri, qi = int(self.ri[x, R_BATCH_N]), self.ri, self.qi
+        members = self.bq[x, :nb]
+        run = ri[x, R_SEG] == SEG_RUN
+        new = np.ones(nb, np.int64) if run else self.bk[x, :nb]
+        q = qi[members]
+        dec = ((new == 1) & (q[:, Q_GENERATED] >= 1) & (q[:, Q_COMPUTED] + 1 == q[:, Q_PROMPT] + q[:, Q_GENERATED]))
+        return (tuple(self.slots(members).tolist()), tuple(new.tolist()), tuple(q[:, Q_COMPUTED].tolist()),
+                tuple(dec.tolist()), int(self._mhz[ri[x, R_SCLK]]), 1.0)
 
     # ------------------------------------------------------------------------------------------ requests
     def slots(self, idx: np.ndarray) -> np.ndarray:
@@ -1136,8 +1239,8 @@ class KernelState:
         arriving within that many seconds; the rest are loaded again when needed): the finished and rejected ones
         leave (their results were taken). With ``copy_all`` every state array is new afterwards (a copy shares
         nothing it writes with the original)."""
-        if self.taken != self.si[I_DONE]:
-            raise RuntimeError("kernel: compaction before the finished requests' results were taken")
+        if self.taken != self.si[I_DONE] or self.si[I_LOG]:
+            raise RuntimeError("kernel: compaction before the finished requests' results (or step log) were taken")
         if copy_all:  # (first: the compaction writes into these)
             for name in ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv",
                          "e_dyn"):
@@ -1220,14 +1323,17 @@ class KernelState:
         while code := self._advance_once(t_end, stop_captured):
             if code == 1:
                 self._room(self.ht.shape[0])
-            else:
+            elif code == 2:
                 self._refill()
+            else:
+                self._drain_log()
+        self._drain_log()
 
     def _advance_once(self, t_end: float, stop_captured: bool) -> int:
         return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
                        self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
                        self.hi, self.hv, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
-                       self.sched, self.e_dyn, self.done_out)
+                       self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm)
 
     def advance(self, t_end: float, stop_captured: bool = False) -> None:
         """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
@@ -1277,6 +1383,7 @@ class KernelState:
         c = copy.copy(self)
         if self.noise is not None:
             c.noise = self.noise.copy()
+        c.lgi, c.lgf, c.lgm, c._log_out = self.lgi.copy(), self.lgf.copy(), self.lgm.copy(), list(self._log_out)
         if self.compact and self.taken == self.si[I_DONE]:
             c.lookahead_s = min(self.lookahead_s, self.COPY_LOOKAHEAD_S)
             c._compact(copy_all=True, ahead_s=c.lookahead_s)
@@ -1347,7 +1454,7 @@ class KernelState:
             rep.ft, rep.fe, rep.seg_energy = float(rf[x, R_FT]), float(rf[x, R_FE]), float(rf[x, R_ENERGY])
             rep.seg_floor_w, rep.seg_floor_t = float(rf[x, R_FLOOR_W]), float(rf[x, R_FLOOR_T])
             rep.seg_floor_acc = float(rf[x, R_FLOOR_ACC])
-            rep.seg_log = None
+            rep.seg_log = self._seg_log(x) if seg != SEG_NONE and self.logging else None
             rep.invalidate_coeffs()
         for g, gpu in enumerate(pool._gpus):
             gpu.clock_idx = int(gi[g, G_CLOCK])
@@ -1396,8 +1503,9 @@ class KernelState:
 
     def settle(self, t: float) -> None:
         self._room(self.R)
-        settle(t, self.ri, self.rf, self.qi, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk, self.hs,
-               self.hi, self.hv)
+        settle(t, self.ri, self.rf, self.qi, self.bk, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk,
+               self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm)  # (room for R entries: drained after each call)
+        self._drain_log()
 
     def meter(self, t: float) -> np.ndarray:
         return meter(t, self.ri, self.rf, self.gf, self.e_dyn)

@@ -245,9 +245,9 @@ class Pool:
     """A pool of GPUs serving one or more models with vLLM scheduling semantics.
 
     Once a workload is attached, a pool that `commitenv.sim.kernel` covers (one full-share instance per GPU, one
-    model, the default router, no prefix cache, local policy, step log or hook) runs its event loop there; the
-    first use of anything the kernel does not hold (replicas, GPUs, the heap, a policy or hook, a snapshot) writes
-    the kernel's state back into these objects and the Python loop below continues, with identical results."""
+    model, the default router, no prefix cache or local policy) runs its event loop there; the first use of anything
+    the kernel does not hold (replicas, GPUs, the heap, a policy, a new hook, a snapshot) writes the kernel's state
+    back into these objects and the Python loop below continues, with identical results."""
 
     _ks = None  # the kernel's state while the kernel runs this pool (`_enter_kernel`, `_leave_kernel`)
     # a copy that keeps no per-request results (a hindsight fork) counts here, by arrival hour (int64, one entry per
@@ -258,7 +258,9 @@ class Pool:
     gpus: list[GPU] = _PythonLoopState()
     heap: list[tuple] = _PythonLoopState()
     dispatch: DispatchPolicy | None = _KernelExcluded()
-    on_step = _KernelExcluded()  # optional callable(StepLogEntry), called as each segment (or part) is booked
+    # optional callable(StepLogEntry), called as each segment (or part) is booked (on the kernel: in booking order
+    # when the engine call that booked it returns)
+    on_step = _KernelExcluded()
 
     def _enter_kernel(self) -> None:
         """Run this pool's event loop in the kernel from here on if the kernel covers it (see the class docstring)."""
@@ -317,6 +319,18 @@ class Pool:
             if cap.any():  # (a captured request's finish carries no overhead: `KernelState.covers`)
                 self.captured_finish.update(zip(slots[cap].tolist(), ks.finish_t[done[cap]].tolist()))
         self.captured_left = int(ks.captured_left)
+        self._take_log(ks)
+
+    def _take_log(self, ks) -> None:
+        """The step log entries the kernel booked in its last call, into ``log`` and to ``on_step`` (in booking order,
+        once the call returns)."""
+        if ks.logging:
+            entries = ks.take_log()
+            if self.log is not None:
+                self.log.extend(entries)
+            if self.on_step is not None:
+                for e in entries:
+                    self.on_step(e)
 
     def __init__(
         self,
@@ -1003,6 +1017,7 @@ class Pool:
         (whether or not a controller looks), so observation never changes the ground truth."""
         if self._ks is not None:
             self._ks.settle(t)
+            self._take_log(self._ks)
             return
         for rep in self.replicas:
             if rep.seg == SEG_RUN:
