@@ -95,15 +95,17 @@ def test_kernel_equals_the_pool_under_clock_changes(case):
     assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
 
 
-@pytest.mark.parametrize("settle", [False, True], ids=["", "settled"])
+@pytest.mark.parametrize("mode", ["", "settled", "step-by-step"])
 @pytest.mark.parametrize("case", ["h200-hour", "h20-hour-8gpu-lowest-clock", "h200-hour-3gpu-kv-pressure"])
-def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case, settle):
+def test_kernel_equals_the_pool_under_lifecycle_and_clock_changes(case, mode):
     """A random active count and clock every interval, sometimes twice (a wake cancelled before it ends, a drain
     undone): the same events, states, completions and meters as the pool's `set_active` (draining, standby, wakes
     after the activation latency, re-routing of queued requests) and `set_clock`; settled at every boundary as the
-    environment does, or not."""
+    environment does, or not; or step by step (`EngineOptions.closed_form` off: every decode step its own event)."""
     scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
     pool = _pool(scenario, seed, gpus, clock, kv_extra)
+    settle = mode != ""
+    pool.opt.closed_form = mode != "step-by-step"
     ks = KernelState(pool)
     R = len(pool.replicas)
     mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]

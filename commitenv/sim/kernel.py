@@ -49,8 +49,9 @@ Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 G_CLOCK, G_PENDING, G_VER = range(3)
 GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
 EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
-# scheduler limits, the truth table's first cell and whether the tables hold legacy noise draws (``sched``: int64)
-S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE, S_LOG = range(7)
+# scheduler limits, the truth table's first cell, whether the tables hold legacy noise draws, whether the step log
+# is written and whether decode runs advance in closed form (``sched``: int64)
+S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE, S_LOG, S_CLOSED = range(8)
 # the step log: per entry int64 (``lgi``) and float64 (``lgf``) columns, per member int64 columns (``lgm``)
 LG_REP, LG_STEPS, LG_CLOCK, LG_N = range(4)
 LF_T0, LF_T1, LF_ENERGY, LF_FLOOR = range(4)
@@ -327,7 +328,8 @@ def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
 
 @njit(cache=True)
 def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
-    """`Replica.start` without a local policy: schedule, then a closed-form decode run or a single step."""
+    """`Replica.start` without a local policy: schedule, then a closed-form decode run (unless the pool runs step by
+    step) or a single step."""
     budget, max_seqs, bs, reserve_full = sched[S_BUDGET], sched[S_MAX_SEQS], sched[S_BLOCK], sched[S_RESERVE]
     nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
     ri[rep, R_BATCH_N] = nb
@@ -366,7 +368,7 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
     ri[rep, R_SCLK] = cl
     rf[rep, R_FLOOR_T] = t
     rf[rep, R_FLOOR_ACC] = 0.0
-    if P == 0 and not preempted:
+    if sched[S_CLOSED] and P == 0 and not preempted:
         kmax = 1 << 62
         for j in range(nb):
             r = bq[rep, j]
@@ -954,7 +956,7 @@ class KernelState:
     def covers(pool) -> bool:
         """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU
         without a prefix cache or local policy, the truth model, the legacy per-segment noise, a what-if copy's
-        nominal model or no noise, the default router, closed-form runs, no request unrouted or migrating, no
+        nominal model or no noise, the default router, no request unrouted or migrating, no
         replica loading or moving, and with a step log or hook no segment in flight started without its entry."""
         from commitenv.sim.truth import NominalModel
 
@@ -962,7 +964,7 @@ class KernelState:
         noise_ok = pool.noise is pool.truth or (pool.truth is None and isinstance(pool.noise, (NominalModel, NoiseSource)))
         logging = pool.log is not None or pool.on_step is not None
         return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.n_models == 1
-                and len(reps) == len(gpus) and pool.opt.closed_form
+                and len(reps) == len(gpus)
                 and not pool.unrouted and not pool.transit and not pool._pending
                 and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
                 and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
@@ -1022,7 +1024,8 @@ class KernelState:
         self.profile = prof
         self.coc = _clock_coefficients(prof)
         self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0, 0,
-                               int(pool.log is not None or pool.on_step is not None)], np.int64)
+                               int(pool.log is not None or pool.on_step is not None), int(pool.opt.closed_form)],
+                              np.int64)
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
@@ -1115,6 +1118,11 @@ class KernelState:
     # ------------------------------------------------------------------------------------------ step log
     LOG_ENTRIES = 4096  # step log entries, and their members, the compiled loop writes between two drains
     LOG_MEMBERS = 1 << 16
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether decode runs advance in closed form (`EngineOptions.closed_form` at the import)."""
+        return bool(self.sched[S_CLOSED])
 
     @property
     def logging(self) -> bool:

@@ -522,7 +522,8 @@ class Pool:
         """Advance the simulation through every event at or before ``t_end``."""
         if self._ks is not None:
             # (options a test may change after attach; stopping at the captured ones needs an end under a truth)
-            if self.opt.closed_form and (not stop_when_captured_done or t_end < INF or self.truth is None):
+            if self.opt.closed_form == self._ks.closed_form and (not stop_when_captured_done or t_end < INF
+                                                                  or self.truth is None):
                 self._ks.advance(t_end, stop_when_captured_done)
                 self._sync_kernel()
                 return
