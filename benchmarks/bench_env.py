@@ -1,10 +1,11 @@
 """Environment speed: reset time with a new trace every episode and steps per second on the single-hour H200
 benchmark scenario (realism 'paper') with the vLLM controller, the same on the ideal reproduction hour, a full H20
-day, and the time of gym.make. ``--envs 2`` also steps two envs in a Gymnasium AsyncVectorEnv. The machine factor
-of ../shared/tools/machine_factor.py is printed beside the figures (1.0 = the reference machine). Prints one JSON
-object as its last line.
+day, and the time of gym.make. ``--envs 2`` also steps two envs in a Gymnasium AsyncVectorEnv; ``--attribution`` also
+runs the bench hour and the bench H200 day with per-request attribution on (`CommitServeEnv(attribution=True)`, what
+``commitenv attribute`` re-runs). The machine factor of ../shared/tools/machine_factor.py is printed beside the figures
+(1.0 = the reference machine). Prints one JSON object as its last line.
 
-    python benchmarks/bench_env.py [--episodes 5] [--envs 2] [--no-day]
+    python benchmarks/bench_env.py [--episodes 5] [--envs 2] [--no-day] [--attribution]
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from machine import machine_factor  # benchmarks/machine.py (run as python bench
 HOUR = "commitenv/bench-h200-hour-fixed-a30-v0"
 IDEAL_HOUR = "commitenv/epact-h200-hour-fixed-a30-v0"
 DAY = "commitenv/epact-h20-day-v0"
+BENCH_DAY = "commitenv/bench-h200-day-v0"
 
 
 
-def episodes(env_id: str, controller: str, seeds: list[int]) -> dict[str, float]:
+def episodes(env_id: str, controller: str, seeds: list[int], **env_kwargs) -> dict[str, float]:
     """Run one env over ``seeds`` (a new trace each time where the scenario draws one); reset and step times."""
-    env = gym.make(env_id)
+    env = gym.make(env_id, **env_kwargs)
     env.reset(seed=seeds[0] + 1_000_000)  # warm: reference cache, length tables
     resets, steps, wall = [], 0, 0.0
     for seed in seeds:
@@ -70,6 +72,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=5)
     ap.add_argument("--envs", type=int, default=0, help="also measure an AsyncVectorEnv of this many envs")
     ap.add_argument("--no-day", action="store_true", help="skip the full-day episode")
+    ap.add_argument("--attribution", action="store_true", help="also the bench hour and H200 day with attribution on")
     args = ap.parse_args()
     factor = machine_factor()
     gym.make(HOUR).close()  # warm the reference cache so make_s measures make itself
@@ -82,6 +85,10 @@ def main() -> None:
     out["ideal_hour"] = episodes(IDEAL_HOUR, "vllm", seeds)
     if args.envs:
         out[f"bench_hour_vector_{args.envs}_steps_per_s"] = vector_steps(HOUR, args.envs, 240)
+    if args.attribution:
+        out["bench_hour_attribution"] = episodes(HOUR, "vllm", seeds, attribution=True)
+        day = episodes(BENCH_DAY, "vllm", [100000], attribution=True)
+        out["bench_day_attribution_wall_s"] = round(1440 / day["steps_per_s"], 2)
     if not args.no_day:
         gym.make(DAY).close()
         day = episodes(DAY, "vllm", [0])

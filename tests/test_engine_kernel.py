@@ -588,3 +588,28 @@ def test_stepsplit_replays_run_on_the_kernel_and_equal_the_python_loop(monkeypat
         assert ref._ks is None and got._ks is not None
         assert got.log == ref.log and len(ref.log) > 50
         assert any(e.n_steps > 1 for e in ref.log) and len({e.clock_mhz for e in ref.log}) == 2
+
+
+def test_an_environment_with_attribution_stays_on_the_kernel(monkeypatch):
+    """With per-request attribution on (`PoolAttributor`: an `on_step` hook, and at each period's end the parts of
+    the segments in flight, `Pool.in_flight`), the environment's pool stays on the kernel from the first interval on,
+    and every step's attribution, the bills and the settlement equal those of the Python loop bit for bit."""
+    def episode(enabled: bool):
+        monkeypatch.setattr(kernel, "ENABLED", enabled)
+        env = CommitServeEnv("bench-h200-hour-fixed-a30", attribution=True)
+        env.reset(seed=100002)
+        rng = np.random.default_rng(2)
+        out, modes, done = [], [], False
+        while not done:
+            a = {"active": int(rng.integers(1, env.n_replicas + 1)), "clock": int(rng.integers(len(env.clocks_mhz)))}
+            _, r, done, _, info = env.step(a)
+            iv = info["attribution"]["interval"]
+            out.append((r, iv["energy_j"], iv["busy_j"], tuple(iv["tenant_j"].values())))
+            modes.append(env.pool._ks is not None)
+        return out, info["settlement"], env.attributor.own_j.copy(), env.attributor.shared_j.copy(), modes
+
+    ref = episode(False)
+    got = episode(True)
+    assert not any(ref[4]) and all(got[4])
+    assert ref[0] == got[0] and ref[1] == got[1]
+    assert np.array_equal(ref[2], got[2]) and np.array_equal(ref[3], got[3]) and ref[2].sum() > 0

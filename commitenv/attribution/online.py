@@ -43,7 +43,7 @@ import numpy as np
 from commitenv.attribution.law import member_terms
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.pool import StepLogEntry
-from commitenv.sim.replica import SEG_NONE, SEG_RUN
+from commitenv.sim.replica import SEG_NONE
 
 
 
@@ -222,17 +222,12 @@ class PoolAttributor:
         nb = len(rows)
         old = self._carry
         carry: dict[int, tuple[float, float, float]] = {}
-        for rep in pool.replicas:  # in flight at t: attribute the part the meter has counted by t
-            if rep.seg != SEG_NONE and rep.t0 < t and rep.seg_log is not None:
-                e_until = rep.energy_until(t)
-                f_until = rep.floor_part(min(t, rep.t1))
-                c = old.get(rep.index)
-                done, f_done = (c[1], c[2]) if c is not None and c[0] == rep.t0 else (0.0, 0.0)
-                carry[rep.index] = (rep.t0, e_until, f_until)
-                sl = rep.seg_log
-                rows.append(StepLogEntry(rep.gpu.index, rep.index, rep.t0, t,
-                                         rep.run_k if rep.seg == SEG_RUN else 1, e_until - done, *sl,
-                                         floor_j=f_until - f_done))
+        for part in pool.in_flight(t):  # in flight at t: attribute the part the meter has counted by t
+            c = old.get(part.replica)
+            done, f_done = (c[1], c[2]) if c is not None and c[0] == part.t0 else (0.0, 0.0)
+            carry[part.replica] = (part.t0, part.energy_j, part.floor_j)
+            rows.append(StepLogEntry(part.gpu, part.replica, part.t0, t, part.n_steps, part.energy_j - done,
+                                     *part.entry, floor_j=part.floor_j - f_done))
         self._carry = carry
         nseg = len(rows)
         if nseg:

@@ -824,30 +824,55 @@ def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf
 
 
 @njit(cache=True)
+def _energy_until(t, ri, rf, g):
+    """`Replica.energy_until`: energy of replica ``g``'s segment in flight from its start to ``t`` (``t`` > t0)."""
+    t0, t1 = rf[g, R_T0], rf[g, R_T1]
+    if t >= t1:
+        return rf[g, R_ENERGY]
+    if ri[g, R_SEG] == SEG_STEP:
+        return rf[g, R_ENERGY] * (t - t0) / (t1 - t0)
+    m = _run_steps_done_by(rf, ri, t, g)
+    ts = t0 + _run_time(rf, g, m)
+    step_t = rf[g, R_FT] * (rf[g, R_BT0] + rf[g, R_D] * m)
+    step_e = rf[g, R_FE] * (rf[g, R_E0] + rf[g, R_F] * m)
+    return _run_energy(rf, g, m) + step_e * (t - ts) / step_t
+
+
+@njit(cache=True)
+def _floor_until(rf, g, end):
+    """`Replica.floor_part`: the GPU floor energy replica ``g``'s segment is charged over [t0, ``end``]."""
+    return rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (end - rf[g, R_FLOOR_T])
+
+
+@njit(cache=True)
 def meter(t, ri, rf, gf, e_dyn):
     """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`, one instance per GPU)."""
     R = ri.shape[0]
     out = np.empty(R)
     for g in range(R):
         e = gf[g, GF_E_FLOOR] + gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR]) + e_dyn[g]
-        seg = ri[g, R_SEG]
-        if seg != SEG_NONE:
-            t0, t1 = rf[g, R_T0], rf[g, R_T1]
-            end = t1 if t1 < t else t
-            if end > t0:
-                if t >= t1:
-                    eu = rf[g, R_ENERGY]
-                elif seg == SEG_STEP:
-                    eu = rf[g, R_ENERGY] * (t - t0) / (t1 - t0)
-                else:
-                    m = _run_steps_done_by(rf, ri, t, g)
-                    ts = t0 + _run_time(rf, g, m)
-                    step_t = rf[g, R_FT] * (rf[g, R_BT0] + rf[g, R_D] * m)
-                    step_e = rf[g, R_FE] * (rf[g, R_E0] + rf[g, R_F] * m)
-                    eu = _run_energy(rf, g, m) + step_e * (t - ts) / step_t
-                e += eu - (rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (end - rf[g, R_FLOOR_T]))
+        if ri[g, R_SEG] != SEG_NONE:
+            end = rf[g, R_T1] if rf[g, R_T1] < t else t
+            if end > rf[g, R_T0]:
+                e += _energy_until(t, ri, rf, g) - _floor_until(rf, g, end)
         out[g] = e
     return out
+
+
+@njit(cache=True)
+def in_flight(t, ri, rf):
+    """Per replica whose segment in flight started before ``t``: (replica, energy until ``t``, floor until
+    min(``t``, t1)) as rows of a float array."""
+    R = ri.shape[0]
+    out = np.empty((R, 3))
+    n = 0
+    for g in range(R):
+        if ri[g, R_SEG] != SEG_NONE and rf[g, R_T0] < t:
+            out[n, 0] = g
+            out[n, 1] = _energy_until(t, ri, rf, g)
+            out[n, 2] = _floor_until(rf, g, min(t, rf[g, R_T1]))
+            n += 1
+    return out[:n]
 
 
 @njit(cache=True)
@@ -1517,6 +1542,18 @@ class KernelState:
 
     def meter(self, t: float) -> np.ndarray:
         return meter(t, self.ri, self.rf, self.gf, self.e_dyn)
+
+    def in_flight(self, t: float) -> list:
+        """`Pool.in_flight`: the logged segments in flight that started before ``t`` (all of them when the step log
+        is written: the kernel only runs a logging pool whose segments in flight were logged from their start)."""
+        from commitenv.sim.pool import InFlightPart
+
+        if not self.logging:
+            return []
+        ri, rf = self.ri, self.rf
+        return [InFlightPart(x, x, float(rf[x, R_T0]), int(ri[x, R_K]) if ri[x, R_SEG] == SEG_RUN else 1, e, f,
+                             self._seg_log(x))
+                for x, e, f in ((int(row[0]), float(row[1]), float(row[2])) for row in in_flight(t, ri, rf))]
 
     @property
     def events(self) -> int:

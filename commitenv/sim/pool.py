@@ -90,6 +90,20 @@ class StepLogEntry:
     floor_j: float = 0.0  # the GPU's idle floor over [t0, t1] that energy_j includes (the meter counts it once per GPU)
 
 
+@dataclass(frozen=True)
+class InFlightPart:
+    """The part of a logged segment in flight that ran before a time ``t`` (`Pool.in_flight`): what the meter has
+    counted of it by ``t``, and the segment's step log fields (`Replica.seg_log`)."""
+
+    replica: int
+    gpu: int
+    t0: float
+    n_steps: int
+    energy_j: float  # `Replica.energy_until(t)`
+    floor_j: float  # `Replica.floor_part(min(t, t1))`
+    entry: tuple  # slots, new tokens, computed before, decode flags, clock (MHz), share
+
+
 @dataclass
 class EngineOptions:
     """Engine knobs that are not the pool's hardware: SLO scale, noise, seeding and logging."""
@@ -1032,6 +1046,18 @@ class Pool:
                     self._book(rep, t0, t1, e, floor_j, entry, m)
                     if entry is not None:
                         rep.seg_log = (entry[0], entry[1], tuple(c + m for c in entry[2])) + tuple(entry[3:])
+
+    def in_flight(self, t: float) -> list[InFlightPart]:
+        """The logged segments in flight that started before ``t``, each with what the meter has counted of it by
+        ``t`` (an online attribution prices them at a period's end), in replica order."""
+        if self._ks is not None:
+            return self._ks.in_flight(t)
+        out = []
+        for rep in self.replicas:
+            if rep.seg != SEG_NONE and rep.t0 < t and rep.seg_log is not None:
+                out.append(InFlightPart(rep.index, rep.gpu.index, rep.t0, rep.run_k if rep.seg == SEG_RUN else 1,
+                                        rep.energy_until(t), rep.floor_part(min(t, rep.t1)), rep.seg_log))
+        return out
 
     def energy_j(self, t: float | None = None) -> float:
         """Pool energy (J) metered from the start to ``t`` (default: now)."""
