@@ -5,6 +5,7 @@ the hand-over to the Python loop (`export_to`), the environment with the kernel 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -613,3 +614,25 @@ def test_an_environment_with_attribution_stays_on_the_kernel(monkeypatch):
     assert not any(ref[4]) and all(got[4])
     assert ref[0] == got[0] and ref[1] == got[1]
     assert np.array_equal(ref[2], got[2]) and np.array_equal(ref[3], got[3]) and ref[2].sum() > 0
+
+
+def test_step_log_batches_hold_the_same_entries():
+    """`StepLogBatch` (the kernel's columns) round-trips a real step log: built from the entries, built by joining
+    batches and loose entries in order, the entries read back are the log."""
+    from commitenv.sim.pool import StepLogBatch
+
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100000)
+    pool = Pool(env.profiles, PoolLayout.single(3), EngineOptions(seed=0, log_steps=True))
+    pool.attach(env.table)
+    pool.run_until(300.0)
+    pool.settle(300.0)
+    log = pool.log
+    assert len(log) > 1000 and any(not all(e.decode) for e in log) and any(e.n_steps > 1 for e in log)
+    assert StepLogBatch.of(log).entries() == log
+    a, b = len(log) // 3, 2 * len(log) // 3
+    joined = StepLogBatch.join([StepLogBatch.of(log[:a]), *log[a:b], StepLogBatch.of(log[b:])])
+    assert len(joined) == len(log) and joined.entries() == log
+    assert int(joined.count.sum()) == sum(len(e.slots) for e in log)
+    with pytest.raises(ValueError, match="decode flags"):
+        StepLogBatch.of([dataclasses.replace(log[0], decode=())])

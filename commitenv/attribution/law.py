@@ -35,6 +35,7 @@ import numpy as np
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.coeffs import StepCoeffs, coeffs_for
+from commitenv.sim.pool import StepLogBatch
 
 SharedFn = Callable[[int], float]
 
@@ -158,54 +159,50 @@ class MemberTerms:
 
 
 def member_terms(batch: Sequence, n_steps: np.ndarray, coef: np.ndarray, owns: Sequence | None = None) -> MemberTerms:
-    """Own law energies of every member of ``batch`` (log entries carrying per-member ``decode`` flags) in one
-    vectorised pass. ``coef``: (E, 5) rows of a, b, kappa, c1, c2 per entry. Every member is priced as a decode
-    (a run of ``n`` steps: ``n*b + kappa*(n*(c+1) + n*(n-1)/2)``), then the few prefill members, found by their
-    flags, get ``c1*k + c2*(k*c + k*(k+1)/2)``; only their token counts are read. ``owns`` (own energies per
-    entry from an `OwnTracker`, for a log without flags) replaces the flags."""
+    """Own law energies of every member of ``batch`` (log entries carrying per-member ``decode`` flags, or a
+    `StepLogBatch`) in one vectorised pass (`batch_member_terms`). ``coef``: (E, 5) rows of a, b, kappa, c1, c2 per
+    entry. ``owns`` (own energies per entry from an `OwnTracker`, for a log without flags) replaces the flags."""
+    if owns is None:
+        return batch_member_terms(batch if isinstance(batch, StepLogBatch) else StepLogBatch.of(list(batch)),
+                                  n_steps, coef)
     ne = len(batch)
     m = np.fromiter(map(len, [e.slots for e in batch]), np.int64, ne)
     nm = int(m.sum())
     ent = np.repeat(np.arange(ne), m)
     slots = np.fromiter(chain.from_iterable([e.slots for e in batch]), np.int64, nm)
     c0 = np.fromiter(chain.from_iterable([e.computed_before for e in batch]), np.int64, nm).astype(np.float64)
-    if (coef == coef[0]).all():  # one coefficient set for the whole batch (the usual case): scalars
+    run = n_steps > 1
+    n = n_steps[ent].astype(np.float64) if run.any() else 1.0
+    k = np.fromiter(chain.from_iterable([e.new_tokens for e in batch]), np.int64, nm).astype(np.float64)
+    own = np.fromiter(chain.from_iterable(owns), np.float64, nm)
+    return MemberTerms(ent, m, slots, own, c0 + (np.where(run[ent], n, k) if run.any() else k))
+
+
+def batch_member_terms(batch: StepLogBatch, n_steps: np.ndarray, coef: np.ndarray) -> MemberTerms:
+    """Own law energies of every member of ``batch`` (columns). Every member is priced as a decode (a run of ``n``
+    steps: ``n*b + kappa*(n*(c+1) + n*(n-1)/2)``), then the prefill members (decode flag off, in single steps) get
+    ``c1*k + c2*(k*c + k*(k+1)/2)``."""
+    ne = len(batch)
+    m = batch.count
+    ent = np.repeat(np.arange(ne), m)
+    c0 = batch.computed_before.astype(np.float64)
+    if ne and (coef == coef[0]).all():  # one coefficient set for the whole batch (the usual case): scalars
         b, kap, c1, c2 = coef[0, 1], coef[0, 2], coef[0, 3], coef[0, 4]
     else:
         b, kap, c1, c2 = coef[ent, 1], coef[ent, 2], coef[ent, 3], coef[ent, 4]
     run = n_steps > 1  # a decode run: every member decodes, one token per step
     n = n_steps[ent].astype(np.float64) if run.any() else 1.0
-    if owns is not None:
-        k = np.fromiter(chain.from_iterable([e.new_tokens for e in batch]), np.int64, nm).astype(np.float64)
-        own = np.fromiter(chain.from_iterable(owns), np.float64, nm)
-        return MemberTerms(ent, m, slots, own, c0 + (np.where(run[ent], n, k) if run.any() else k))
     own = n * b + kap * (n * (c0 + 1.0) + 0.5 * n * (n - 1.0))
     comp = c0 + n
-    pos: list[int] = []
-    toks: list[int] = []
-    at = 0
-    for e in batch:
-        dec = e.decode
-        if len(dec) != len(e.slots):
-            raise ValueError("step-log entries without per-member decode flags")
-        c = dec.count(False)
-        if c and e.n_steps == 1:
-            nt = e.new_tokens
-            j = -1
-            for _ in range(c):
-                j = dec.index(False, j + 1)
-                pos.append(at + j)
-                toks.append(nt[j])
-        at += len(dec)
-    if pos:
-        ix = np.array(pos)
-        k = np.array(toks, dtype=np.float64)
+    ix = np.flatnonzero(~batch.decode & ~run[ent])
+    if len(ix):
+        k = batch.new_tokens[ix].astype(np.float64)
         cp = c0[ix]
         if np.ndim(c1):
             c1, c2 = c1[ix], c2[ix]
         own[ix] = c1 * k + c2 * (k * cp + 0.5 * k * (k + 1.0))
         comp[ix] = cp + k
-    return MemberTerms(ent, m, slots, own, comp)
+    return MemberTerms(ent, m, batch.slots, own, comp)
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commitenv.attribution.law import member_terms
+from commitenv.attribution.law import batch_member_terms
 from commitenv.sim.coeffs import coeffs_for
-from commitenv.sim.pool import StepLogEntry
+from commitenv.sim.pool import StepLogBatch, StepLogEntry
 from commitenv.sim.replica import SEG_NONE
 
 
@@ -107,9 +107,10 @@ class PoolAttributor:
         self.own_j = np.zeros(n)
         self.shared_j = np.zeros(n)
     def _new_buffers(self) -> None:
-        """The hook only keeps each booked segment (a `StepLogEntry`); a close prices them all at once."""
-        self._buf: list = []
-        self._on_step = self._buf.append
+        """The hook only keeps each booked segment (a `StepLogEntry`, or the kernel's `StepLogBatch`); a close prices
+        them all at once."""
+        self._buf = _StepBuffer()
+        self._on_step = self._buf
 
     def detach(self) -> None:
         """Stop listening to the pool (buffered segments not yet closed are dropped)."""
@@ -141,18 +142,12 @@ class PoolAttributor:
         keys = list(zip(model.tolist(), mhz.tolist(), share.tolist()))
         return np.array([self._coeffs(*k) for k in keys])
 
-    def _price(self, rows: list, start: float, nb: int, old: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Price the segments ``rows`` (`StepLogEntry`), add the parts to the per-request totals; returns
-        (per-tenant J, per-GPU J). Of the first ``nb`` rows (booked segments) those that started before
-        ``start`` and were in flight at the last close (``old``: replica -> (t0, J attributed then)) only get
-        the rest of their energy."""
-        ne = len(rows)
-        head = np.array([(e.replica, e.t0, e.n_steps, e.energy_j, e.clock_mhz, e.share, e.t1, e.floor_j)
-                         for e in rows], dtype=np.float64).reshape(ne, 8)
-        replica = head[:, 0].astype(np.int64)
-        t0, n_steps, energy = head[:, 1], head[:, 2], head[:, 3]
-        mhz = head[:, 4].astype(np.int64)
-        share, t1, floor = head[:, 5], head[:, 6], head[:, 7]
+    def _price(self, rows: StepLogBatch, start: float, nb: int, old: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Price the segments ``rows``, add the parts to the per-request totals; returns (per-tenant J, per-GPU J).
+        Of the first ``nb`` rows (booked segments) those that started before ``start`` and were in flight at the last
+        close (``old``: replica -> (t0, J attributed then)) only get the rest of their energy."""
+        replica, t0, n_steps, mhz, share, t1 = rows.replica, rows.t0, rows.n_steps, rows.clock_mhz, rows.share, rows.t1
+        energy, floor = rows.energy_j.copy(), rows.floor_j.copy()
         if old:
             for i in np.flatnonzero(t0[:nb] < start).tolist():
                 c = old.get(int(replica[i]))
@@ -162,7 +157,7 @@ class PoolAttributor:
         if self._colocated:
             energy = self._share_floor(replica, np.maximum(t0, start), t1, energy, floor)
         coef = self._coeff_arrays(replica, mhz, share)
-        mt = member_terms(rows, n_steps, coef)
+        mt = batch_member_terms(rows, n_steps, coef)
         return self._split(replica, n_steps, energy, coef, mt)
 
     def _split(self, replica: np.ndarray, n_steps: np.ndarray, energy: np.ndarray, coef: np.ndarray,
@@ -218,23 +213,24 @@ class PoolAttributor:
         if t < self._start - 1e-9:
             raise ValueError(f"close: t={t} precedes the open period's start {self._start}")
         start = self._start
-        rows = self._buf
-        nb = len(rows)
+        parts = list(self._buf)
+        self._buf.clear()
+        nb = sum(len(p) if isinstance(p, StepLogBatch) else 1 for p in parts)
         old = self._carry
         carry: dict[int, tuple[float, float, float]] = {}
         for part in pool.in_flight(t):  # in flight at t: attribute the part the meter has counted by t
             c = old.get(part.replica)
             done, f_done = (c[1], c[2]) if c is not None and c[0] == part.t0 else (0.0, 0.0)
             carry[part.replica] = (part.t0, part.energy_j, part.floor_j)
-            rows.append(StepLogEntry(part.gpu, part.replica, part.t0, t, part.n_steps, part.energy_j - done,
-                                     *part.entry, floor_j=part.floor_j - f_done))
+            parts.append(StepLogEntry(part.gpu, part.replica, part.t0, t, part.n_steps, part.energy_j - done,
+                                      *part.entry, floor_j=part.floor_j - f_done))
         self._carry = carry
+        rows = StepLogBatch.join(parts)
         nseg = len(rows)
         if nseg:
             tj, gj = self._price(rows, start, nb, old)
         else:
             tj, gj = np.zeros(self.n_tenants), np.zeros(self.n_gpus)
-        rows.clear()
         meter = pool.gpu_energy_j(t)
         metered = meter - self._meter_prev
         self._meter_prev = meter
@@ -243,6 +239,17 @@ class PoolAttributor:
         busy = float(gj.sum())
         mt = float(metered.sum())
         return PeriodSplit(start, t, mt, busy, mt - busy, tj, metered, gj, nseg)
+
+
+class _StepBuffer(list):
+    """`PoolAttributor`'s hook: keeps the booked segments in order, one `StepLogEntry` at a time from the Python
+    loop (``__call__``) or a `StepLogBatch` per engine call from the kernel (``take_batch``)."""
+
+    def __call__(self, entry: StepLogEntry) -> None:
+        self.append(entry)
+
+    def take_batch(self, batch: StepLogBatch) -> None:
+        self.append(batch)
 
 
 def entry_law(n_steps: np.ndarray, coef: np.ndarray, mt) -> tuple[np.ndarray, np.ndarray]:

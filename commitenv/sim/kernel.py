@@ -1155,29 +1155,27 @@ class KernelState:
         return bool(self.sched[S_LOG])
 
     def _drain_log(self) -> None:
-        """The entries written since the last drain, as `StepLogEntry`s (request slots, clock in MHz), into the list
+        """The entries written since the last drain, as a `StepLogBatch` (request slots, clock in MHz), onto the list
         `take_log` hands out; the arrays are empty again."""
-        from commitenv.sim.pool import StepLogEntry
+        from commitenv.sim.pool import StepLogBatch
 
         n, nm = int(self.si[I_LOG]), int(self.si[I_LOGM])
         if n == 0:
             return
-        lgi, lgf, lgm = self.lgi[:n].tolist(), self.lgf[:n].tolist(), self.lgm[:nm]
-        slots = self.slots(lgm[:, LM_REQ]).tolist()
-        new, comp, dec = lgm[:, LM_NEW].tolist(), lgm[:, LM_COMPUTED].tolist(), (lgm[:, LM_DECODE] != 0).tolist()
-        mhz = self._mhz.tolist()
-        out, a = self._log_out, 0
-        for (x, steps, clk, nb), (t0, t1, e, floor_j) in zip(lgi, lgf):
-            b = a + nb
-            out.append(StepLogEntry(x, x, t0, t1, steps, e, tuple(slots[a:b]), tuple(new[a:b]), tuple(comp[a:b]),
-                                    tuple(dec[a:b]), mhz[clk], 1.0, floor_j))
-            a = b
+        lgi, lgf, lgm = self.lgi[:n], self.lgf[:n], self.lgm[:nm]
+        rep = lgi[:, LG_REP].copy()
+        self._log_out.append(StepLogBatch(
+            rep, rep, lgf[:, LF_T0].copy(), lgf[:, LF_T1].copy(), lgi[:, LG_STEPS].copy(), lgf[:, LF_ENERGY].copy(),
+            self._mhz[lgi[:, LG_CLOCK]], np.ones(n), lgf[:, LF_FLOOR].copy(), lgi[:, LG_N].copy(),
+            self.slots(lgm[:, LM_REQ]), lgm[:, LM_NEW].copy(), lgm[:, LM_COMPUTED].copy(), lgm[:, LM_DECODE] != 0))
         self.si[I_LOG] = self.si[I_LOGM] = 0
 
-    def take_log(self) -> list:
-        """The step log entries booked since the last call, in booking order."""
+    def take_log(self):
+        """The step log entries booked since the last call, in booking order, as one `StepLogBatch` (None: none)."""
+        from commitenv.sim.pool import StepLogBatch
+
         out, self._log_out = self._log_out, []
-        return out
+        return StepLogBatch.join(out) if out else None
 
     def stop_logging(self) -> None:
         """Write no step log from here on (a fork keeps none); entries not taken are dropped."""

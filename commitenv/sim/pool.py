@@ -13,7 +13,7 @@ import math
 import time
 from collections import deque
 from itertools import compress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
 from typing import Iterable
 
@@ -88,6 +88,85 @@ class StepLogEntry:
     clock_mhz: int = 0  # clock the segment ran at
     share: float = 1.0  # SM share of the replica
     floor_j: float = 0.0  # the GPU's idle floor over [t0, t1] that energy_j includes (the meter counts it once per GPU)
+
+
+@dataclass(frozen=True)
+class StepLogBatch:
+    """Step log entries as columns (what the compiled kernel books): one row per entry, its members in CSR form
+    (``count`` members per entry, in entry order). A hook with a ``take_batch`` method receives these instead of one
+    `StepLogEntry` at a time (`Pool.on_step`)."""
+
+    gpu: np.ndarray  # int64 per entry
+    replica: np.ndarray  # int64
+    t0: np.ndarray  # float64
+    t1: np.ndarray
+    n_steps: np.ndarray  # int64
+    energy_j: np.ndarray  # float64
+    clock_mhz: np.ndarray  # int64
+    share: np.ndarray  # float64
+    floor_j: np.ndarray  # float64
+    count: np.ndarray  # int64 members per entry
+    slots: np.ndarray  # int64 per member
+    new_tokens: np.ndarray  # int64
+    computed_before: np.ndarray  # int64
+    decode: np.ndarray  # bool
+
+    def __len__(self) -> int:
+        return len(self.replica)
+
+    @classmethod
+    def of(cls, entries: list[StepLogEntry]) -> "StepLogBatch":
+        """The columns of ``entries`` (each must carry its per-member decode flags)."""
+        from itertools import chain
+
+        for e in entries:
+            if len(e.decode) != len(e.slots):
+                raise ValueError("step-log entries without per-member decode flags")
+        head = np.array([(e.gpu, e.replica, e.t0, e.t1, e.n_steps, e.energy_j, e.clock_mhz, e.share, e.floor_j)
+                         for e in entries], dtype=np.float64).reshape(len(entries), 9)
+
+        def col(name: str, dtype) -> np.ndarray:
+            return np.fromiter(chain.from_iterable(getattr(e, name) for e in entries), dtype)
+
+        i64 = np.int64
+        return cls(head[:, 0].astype(i64), head[:, 1].astype(i64), head[:, 2], head[:, 3], head[:, 4].astype(i64),
+                   head[:, 5], head[:, 6].astype(i64), head[:, 7], head[:, 8],
+                   np.fromiter((len(e.slots) for e in entries), i64, len(entries)), col("slots", i64),
+                   col("new_tokens", i64), col("computed_before", i64), col("decode", np.bool_))
+
+    @classmethod
+    def join(cls, parts: list) -> "StepLogBatch":
+        """One batch of ``parts`` in order: batches and runs of `StepLogEntry`s mixed."""
+        batches, run = [], []
+        for p in parts:
+            if isinstance(p, StepLogBatch):
+                if run:
+                    batches.append(cls.of(run))
+                    run = []
+                batches.append(p)
+            else:
+                run.append(p)
+        if run or not batches:
+            batches.append(cls.of(run))
+        if len(batches) == 1:
+            return batches[0]
+        names = [f.name for f in fields(cls)]
+        return cls(*(np.concatenate([getattr(b, n) for b in batches]) for n in names))
+
+    def entries(self) -> list[StepLogEntry]:
+        """The same entries as `StepLogEntry` objects (Python scalars and tuples)."""
+        slots, new = self.slots.tolist(), self.new_tokens.tolist()
+        comp, dec = self.computed_before.tolist(), self.decode.tolist()
+        out, a = [], 0
+        for g, x, t0, t1, steps, e, mhz, share, floor_j, nb in zip(
+                self.gpu.tolist(), self.replica.tolist(), self.t0.tolist(), self.t1.tolist(), self.n_steps.tolist(),
+                self.energy_j.tolist(), self.clock_mhz.tolist(), self.share.tolist(), self.floor_j.tolist(),
+                self.count.tolist()):
+            b = a + nb
+            out.append(StepLogEntry(g, x, t0, t1, steps, e, tuple(slots[a:b]), tuple(new[a:b]), tuple(comp[a:b]),
+                                    tuple(dec[a:b]), mhz, share, floor_j))
+            a = b
+        return out
 
 
 @dataclass(frozen=True)
@@ -273,7 +352,7 @@ class Pool:
     heap: list[tuple] = _PythonLoopState()
     dispatch: DispatchPolicy | None = _KernelExcluded()
     # optional callable(StepLogEntry), called as each segment (or part) is booked (on the kernel: in booking order
-    # when the engine call that booked it returns)
+    # when the engine call that booked it returns; a hook with a ``take_batch`` method gets them as a `StepLogBatch`)
     on_step = _KernelExcluded()
 
     def _enter_kernel(self) -> None:
@@ -337,14 +416,21 @@ class Pool:
 
     def _take_log(self, ks) -> None:
         """The step log entries the kernel booked in its last call, into ``log`` and to ``on_step`` (in booking order,
-        once the call returns)."""
-        if ks.logging:
-            entries = ks.take_log()
-            if self.log is not None:
-                self.log.extend(entries)
-            if self.on_step is not None:
+        once the call returns; as one `StepLogBatch` to a hook with a ``take_batch`` method)."""
+        batch = ks.take_log() if ks.logging else None
+        if batch is None:
+            return
+        hook = self.on_step
+        entries = batch.entries() if self.log is not None or (hook is not None and not hasattr(hook, "take_batch")) \
+            else None
+        if self.log is not None:
+            self.log.extend(entries)
+        if hook is not None:
+            if hasattr(hook, "take_batch"):
+                hook.take_batch(batch)
+            else:
                 for e in entries:
-                    self.on_step(e)
+                    hook(e)
 
     def __init__(
         self,
