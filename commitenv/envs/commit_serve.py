@@ -71,8 +71,8 @@ i.e. minus the score up to the constant ``reward_offset_kwh`` (reported in ``inf
 whose return is -(lambda_plus x settled energy in kWh + miss_penalty_kwh x misses)). Scores themselves
 are computed by `commitenv.metrics` from the engine's records, never from rewards.
 
-Attribution (``CommitServeEnv(..., attribution=True)``; off by default: it makes a run about 40 % slower, mostly
-because the engine must then report every step, and adds a nested ``info`` entry): StepSplit's closed-form
+Attribution (``CommitServeEnv(..., attribution=True)``; off by default: the engine must then report every step,
+which costs time (docs/performance.md), and it adds a nested ``info`` entry): StepSplit's closed-form
 Shapley shares of the metered energy, per request and per tenant (`commitenv.attribution.PoolAttributor`; on a
 hardware backend `commitenv.attribution.hardware.HardwareAttributor`, which splits each GPU's counter energy above
 the profile's idle floor among the logged steps' members by their law terms: docs/real-gpu.md).
