@@ -95,7 +95,7 @@ _POOL_ATTRS = frozenset({
     "_hoff", "_ks", "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq",
     "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls",
     "dispatch_s", "done_slots", "events", "finish_t", "first_t", "late_done", "layout", "live", "local_calls",
-    "local_s", "log", "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise",
+    "local_s", "_log", "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise",
     "now", "opt", "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected", "replica_of",
     "routable", "table", "tenant_model", "transit", "truth", "unrouted", "visible_deadline"})
 _GPU_ATTRS = frozenset({"clock_idx", "e_dyn", "e_floor", "floor_w", "index", "pending_clock", "pending_t",
@@ -178,9 +178,7 @@ def _kernel_fork(pool: Pool, results: bool) -> Pool:
         c.finish_t = c.first_t = c.replica_of = c.preemptions = None
     c.captured_finish = dict(pool.captured_finish)
     c.tenant_model = dict(pool.tenant_model)
-    c._ks = pool._ks.copy()
-    if c._ks.logging:
-        c._ks.stop_logging()  # (a fork keeps no step log)
+    c._ks = pool._ks.copy(log=False)  # (a fork keeps no step log)
     if c._ks.noise is not None:
         c.noise = c._ks.noise  # (its own copy of the legacy noise source)
     return c

@@ -558,12 +558,25 @@ def test_the_step_log_on_the_kernel_equals_the_python_loop(monkeypatch, case):
     assert len({e.clock_mhz for e in a.log}) > 1 and any(not all(e.decode) for e in a.log)
     if case.endswith("kv-pressure"):
         assert int(a.preemptions.sum()) > 1000
-    # a hook set with segments in flight: those end unlogged, as on the Python loop, and the pool stays there
-    d = _pool(scenario, seed, gpus, clock, kv_extra)
+    # sinks set and removed mid-run: a segment started while nothing records ends unlogged, on both loops (d goes back
+    # to the kernel after each change, e stays on the Python loop)
+    d, e = (_pool(scenario, seed, gpus, clock, kv_extra) for _ in range(2))
     d.use_kernel()
-    d.run_until(100.0)
-    d.on_step = lambda e: None
-    assert d._ks is None and not d.use_kernel()
+    sinks: dict[str, list] = {f"{p}{k}": [] for p in "de" for k in "12L"}
+    for t, change in ((100.0, "hook 1"), (200.0, "no hook"), (300.0, "hook 2"), (400.0, "log"), (500.0, "no log")):
+        for name, p in (("d", d), ("e", e)):
+            p.run_until(t)
+            if change.startswith("hook"):
+                p.on_step = sinks[name + change[-1]].append
+            elif change == "no hook":
+                p.on_step = None
+            else:
+                p.log = sinks[name + "L"] if change == "log" else None
+        assert d.use_kernel() and d._ks.logging == (change != "no hook")
+    for p in (d, e):
+        p.run_until(900.0)
+    assert d._ks is not None and _results(d) == _results(e)
+    assert all(sinks["d" + k] == sinks["e" + k] and len(sinks["d" + k]) > 100 for k in "12L")
 
 
 def test_stepsplit_replays_run_on_the_kernel_and_equal_the_python_loop(monkeypatch):

@@ -37,9 +37,10 @@ F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
 # per-replica int64 columns (``ri``)
 (R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND,
- R_SCLK) = range(15)
+ R_SCLK, R_LOGGED) = range(16)
 # R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables;
-# R_SCLK: the clock level its segment started at (the step log's clock)
+# R_SCLK: the clock level its segment started at (the step log's clock); R_LOGGED: the segment was started while the
+# step log was written (`Replica.seg_log` set), so its booking is logged
 ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
@@ -366,6 +367,7 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
     rf[rep, R_FLOOR_W] = gf[rep, GF_FLOOR_W]
     cl = gi[rep, G_CLOCK]
     ri[rep, R_SCLK] = cl
+    ri[rep, R_LOGGED] = sched[S_LOG]
     rf[rep, R_FLOOR_T] = t
     rf[rep, R_FLOOR_ACC] = 0.0
     if sched[S_CLOSED] and P == 0 and not preempted:
@@ -442,7 +444,7 @@ def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_
     floor_j = rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T])
     e_dyn[rep] += rf[rep, R_ENERGY] - floor_j
     seg = ri[rep, R_SEG]
-    if sched[S_LOG]:
+    if sched[S_LOG] and ri[rep, R_LOGGED]:
         _log_segment(rep, rf[rep, R_T0], rf[rep, R_T1], ri[rep, R_K] if seg == SEG_RUN else 1, rf[rep, R_ENERGY],
                      floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
     ndone = 0
@@ -810,7 +812,7 @@ def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf
         de = _run_energy(rf, g, m)
         t_mid = rf[g, R_T0] + dt
         floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
-        if sched[S_LOG]:
+        if sched[S_LOG] and ri[g, R_LOGGED]:
             _log_segment(g, rf[g, R_T0], t_mid, m, de, floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
         _decode(ri, qi, bq, g, m, bs)
         rf[g, R_BT0] += rf[g, R_D] * m
@@ -861,13 +863,13 @@ def meter(t, ri, rf, gf, e_dyn):
 
 @njit(cache=True)
 def in_flight(t, ri, rf):
-    """Per replica whose segment in flight started before ``t``: (replica, energy until ``t``, floor until
+    """Per replica whose logged segment in flight started before ``t``: (replica, energy until ``t``, floor until
     min(``t``, t1)) as rows of a float array."""
     R = ri.shape[0]
     out = np.empty((R, 3))
     n = 0
     for g in range(R):
-        if ri[g, R_SEG] != SEG_NONE and rf[g, R_T0] < t:
+        if ri[g, R_SEG] != SEG_NONE and ri[g, R_LOGGED] and rf[g, R_T0] < t:
             out[n, 0] = g
             out[n, 1] = _energy_until(t, ri, rf, g)
             out[n, 2] = _floor_until(rf, g, min(t, rf[g, R_T1]))
@@ -982,12 +984,11 @@ class KernelState:
         """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU
         without a prefix cache or local policy, the truth model, the legacy per-segment noise, a what-if copy's
         nominal model or no noise, the default router, no request unrouted or migrating, no
-        replica loading or moving, and with a step log or hook no segment in flight started without its entry."""
+        replica loading or moving."""
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         noise_ok = pool.noise is pool.truth or (pool.truth is None and isinstance(pool.noise, (NominalModel, NoiseSource)))
-        logging = pool.log is not None or pool.on_step is not None
         return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.n_models == 1
                 and len(reps) == len(gpus)
                 and not pool.unrouted and not pool.transit and not pool._pending
@@ -995,9 +996,7 @@ class KernelState:
                 and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
                 and all(g.replicas == [r] and g.index == r.index == x for x, (g, r) in enumerate(zip(gpus, reps)))
                 and all(r.local is None and r.pcache is None and r.share == 1.0 and not r.pending_start
-                        and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps)
-                # (with a step log, a segment in flight must have been started with its entry recorded)
-                and not (logging and any(r.seg != SEG_NONE and r.seg_log is None for r in reps)))
+                        and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps))
 
     @classmethod
     def covering(cls, pool) -> "KernelState | None":
@@ -1010,7 +1009,7 @@ class KernelState:
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
                              "one model, one full-share instance per GPU, default router, no prefix cache, no local "
-                             "policy, nothing unrouted, migrating, loading or moving, no segment in flight unlogged)")
+                             "policy, nothing unrouted, migrating, loading or moving)")
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
@@ -1054,7 +1053,7 @@ class KernelState:
         self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
         self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.ri = np.zeros((R, 15), np.int64)
+        self.ri = np.zeros((R, 16), np.int64)
         self.rf = np.zeros((R, 12))
         ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
         ri[:, R_UNF] = [rep.unf for rep in reps]
@@ -1064,6 +1063,7 @@ class KernelState:
         ri[:, R_SEG] = [rep.seg for rep in reps]
         ri[:, R_K] = [rep.run_k for rep in reps]
         ri[:, R_SCLK] = [rep.gpu.clock_idx if rep.seg_log is None else prof.clock_index(rep.seg_log[4]) for rep in reps]
+        ri[:, R_LOGGED] = [rep.seg != SEG_NONE and rep.seg_log is not None for rep in reps]
         for col, name in ((R_T0, "t0"), (R_T1, "t1"), (R_BT0, "T0"), (R_D, "D"), (R_E0, "E0"), (R_F, "F"),
                           (R_FT, "ft"), (R_FE, "fe"), (R_ENERGY, "seg_energy"), (R_FLOOR_W, "seg_floor_w"),
                           (R_FLOOR_T, "seg_floor_t"), (R_FLOOR_ACC, "seg_floor_acc")):
@@ -1407,21 +1407,25 @@ class KernelState:
         _set_clock(t, idx, self.profile.latencies.clock_change_s, self.gi, self.gf, self.si, self.ht, self.hk, self.hs,
                    self.hi, self.hv)
 
-    def copy(self) -> "KernelState":
+    def copy(self, *, log: bool = True) -> "KernelState":
         """An independent copy (the state arrays copied; without the finished requests when their results were taken,
         and then with only ``COPY_LOOKAHEAD_S`` of rows ahead; tables, workload rows, profile and truth source shared,
-        as they only grow or are read)."""
+        as they only grow or are read). Without ``log`` the copy writes no step log (a fork keeps none)."""
         c = copy.copy(self)
         if self.noise is not None:
             c.noise = self.noise.copy()
-        c.lgi, c.lgf, c.lgm, c._log_out = self.lgi.copy(), self.lgf.copy(), self.lgm.copy(), list(self._log_out)
         if self.compact and self.taken == self.si[I_DONE]:
             c.lookahead_s = min(self.lookahead_s, self.COPY_LOOKAHEAD_S)
             c._compact(copy_all=True, ahead_s=c.lookahead_s)
-            return c
-        for name in ("qi", "qf", "qc", "rejected", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk", "pend",
-                     "ht", "hk", "hs", "hi", "hv", "e_dyn", "done_out"):
-            setattr(c, name, getattr(self, name).copy())
+        else:
+            for name in ("qi", "qf", "qc", "rejected", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk",
+                         "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn", "done_out"):
+                setattr(c, name, getattr(self, name).copy())
+        if log:
+            c.lgi, c.lgf, c.lgm, c._log_out = self.lgi.copy(), self.lgf.copy(), self.lgm.copy(), list(self._log_out)
+        else:  # (empty arrays, the recording off)
+            c.lgi, c.lgf, c.lgm = np.zeros((0, 4), np.int64), np.zeros((0, 4)), np.zeros((0, 4), np.int64)
+            c.stop_logging()
         return c
 
     @property
@@ -1485,7 +1489,7 @@ class KernelState:
             rep.ft, rep.fe, rep.seg_energy = float(rf[x, R_FT]), float(rf[x, R_FE]), float(rf[x, R_ENERGY])
             rep.seg_floor_w, rep.seg_floor_t = float(rf[x, R_FLOOR_W]), float(rf[x, R_FLOOR_T])
             rep.seg_floor_acc = float(rf[x, R_FLOOR_ACC])
-            rep.seg_log = self._seg_log(x) if seg != SEG_NONE and self.logging else None
+            rep.seg_log = self._seg_log(x) if seg != SEG_NONE and ri[x, R_LOGGED] else None
             rep.invalidate_coeffs()
         for g, gpu in enumerate(pool._gpus):
             gpu.clock_idx = int(gi[g, G_CLOCK])
@@ -1542,8 +1546,7 @@ class KernelState:
         return meter(t, self.ri, self.rf, self.gf, self.e_dyn)
 
     def in_flight(self, t: float) -> list:
-        """`Pool.in_flight`: the logged segments in flight that started before ``t`` (all of them when the step log
-        is written: the kernel only runs a logging pool whose segments in flight were logged from their start)."""
+        """`Pool.in_flight`: the logged segments in flight that started before ``t``."""
         from commitenv.sim.pool import InFlightPart
 
         if not self.logging:

@@ -322,6 +322,22 @@ class _PythonLoopState:
         pool.__dict__[self.key] = value
 
 
+class _StepSink(_PythonLoopState):
+    """The step log or hook: a new sink makes a pool the kernel runs hand over to the Python loop (segments started
+    from then on are recorded); removing the last one stops the kernel's recording."""
+
+    def __get__(self, pool: "Pool | None", owner: type | None = None):
+        return self if pool is None else pool.__dict__[self.key]
+
+    def __set__(self, pool: "Pool", value) -> None:
+        ks = pool._ks
+        if ks is not None and value is not None:
+            pool._leave_kernel()
+        pool.__dict__[self.key] = value
+        if ks is not None and pool._ks is not None and ks.logging and pool.log is None and pool.on_step is None:
+            ks.stop_logging()
+
+
 class _KernelExcluded(_PythonLoopState):
     """A policy or hook the kernel cannot run: setting one makes a pool the kernel runs hand over to the Python loop."""
 
@@ -353,7 +369,8 @@ class Pool:
     dispatch: DispatchPolicy | None = _KernelExcluded()
     # optional callable(StepLogEntry), called as each segment (or part) is booked (on the kernel: in booking order
     # when the engine call that booked it returns; a hook with a ``take_batch`` method gets them as a `StepLogBatch`)
-    on_step = _KernelExcluded()
+    on_step = _StepSink()
+    log: list[StepLogEntry] | None = _StepSink()  # every booked segment, with `EngineOptions.log_steps`
 
     def _enter_kernel(self) -> None:
         """Run this pool's event loop in the kernel from here on if the kernel covers it (see the class docstring)."""
@@ -476,7 +493,7 @@ class Pool:
             for g in self.gpus:
                 g.power_factor = float(self.truth.power[g.index])
         self.noise = self.truth if self.truth is not None else (None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas)))
-        self.log: list[StepLogEntry] | None = [] if self.opt.log_steps else None
+        self.log = [] if self.opt.log_steps else None
         self.on_step = None
         self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []

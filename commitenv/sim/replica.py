@@ -337,6 +337,7 @@ class Replica:
             return False
         c = self.coeffs
         flags: list[bool] | None = [] if record else None
+        self.seg_log = None  # (set below when recording: an unrecorded segment carries no entry, not a stale one)
         P, A, n, L = batch_terms(batch, flags)
         all_decode = P == 0
         ft, fe, t_next = noise.draw_for(self, t) if noise is not None else (1.0, 1.0, math.inf)
