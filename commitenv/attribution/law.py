@@ -165,6 +165,7 @@ def member_terms(batch: Sequence, n_steps: np.ndarray, coef: np.ndarray, owns: S
     if owns is None:
         return batch_member_terms(batch if isinstance(batch, StepLogBatch) else StepLogBatch.of(list(batch)),
                                   n_steps, coef)
+    # (the ledger's hot path: only the member columns it needs, without a whole `StepLogBatch`)
     ne = len(batch)
     m = np.fromiter(map(len, [e.slots for e in batch]), np.int64, ne)
     nm = int(m.sum())

@@ -328,6 +328,22 @@ def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
 
 
 @njit(cache=True)
+def _is_decode(qi, r, k):
+    """`batch_terms`' rule: ``k`` new tokens of request ``r`` are a decode token (its prompt and earlier tokens all
+    computed) rather than a prefill chunk."""
+    return k == 1 and qi[r, Q_GENERATED] >= 1 and qi[r, Q_COMPUTED] + 1 == qi[r, Q_PROMPT] + qi[r, Q_GENERATED]
+
+
+@njit(cache=True)
+def _decode_flags(qi, members, new):
+    """`_is_decode` of every (request, new tokens) pair."""
+    out = np.empty(len(members), np.bool_)
+    for j in range(len(members)):
+        out[j] = _is_decode(qi, members[j], new[j])
+    return out
+
+
+@njit(cache=True)
 def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
     """`Replica.start` without a local policy: schedule, then a closed-form decode run (unless the pool runs step by
     step) or a single step."""
@@ -341,7 +357,7 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
     for j in range(nb):
         r = bq[rep, j]
         k = bk[rep, j]
-        if k == 1 and qi[r, Q_GENERATED] >= 1 and qi[r, Q_COMPUTED] + 1 == qi[r, Q_PROMPT] + qi[r, Q_GENERATED]:
+        if _is_decode(qi, r, k):
             n += 1
             L += qi[r, Q_COMPUTED] + 1
         else:
@@ -431,8 +447,7 @@ def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, qi, bq, bk, si, lgi,
         r = bq[rep, j]
         k = 1 if run else bk[rep, j]
         lgm[mo + j, LM_REQ], lgm[mo + j, LM_NEW], lgm[mo + j, LM_COMPUTED] = r, k, qi[r, Q_COMPUTED]
-        lgm[mo + j, LM_DECODE] = (k == 1 and qi[r, Q_GENERATED] >= 1
-                                  and qi[r, Q_COMPUTED] + 1 == qi[r, Q_PROMPT] + qi[r, Q_GENERATED])
+        lgm[mo + j, LM_DECODE] = _is_decode(qi, r, k)
     si[I_LOG], si[I_LOGM] = e + 1, mo + nb
 
 
@@ -988,7 +1003,8 @@ class KernelState:
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
-        noise_ok = pool.noise is pool.truth or (pool.truth is None and isinstance(pool.noise, (NominalModel, NoiseSource)))
+        noise_ok = pool.noise is pool.truth or (pool.truth is None
+                                                and isinstance(pool.noise, (NominalModel, NoiseSource)))
         return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.n_models == 1
                 and len(reps) == len(gpus)
                 and not pool.unrouted and not pool.transit and not pool._pending
@@ -1187,14 +1203,11 @@ class KernelState:
     def _seg_log(self, x: int) -> tuple:
         """`Replica.seg_log` of replica ``x``'s segment in flight, as the Python loop records it at its start (a run's
         computed tokens advanced by the steps already booked, as `Pool.settle` advances them)."""
-        nb, ri, qi = int(self.ri[x, R_BATCH_N]), self.ri, self.qi
+        nb, ri = int(self.ri[x, R_BATCH_N]), self.ri
         members = self.bq[x, :nb]
-        run = ri[x, R_SEG] == SEG_RUN
-        new = np.ones(nb, np.int64) if run else self.bk[x, :nb]
-        q = qi[members]
-        dec = ((new == 1) & (q[:, Q_GENERATED] >= 1) & (q[:, Q_COMPUTED] + 1 == q[:, Q_PROMPT] + q[:, Q_GENERATED]))
-        return (tuple(self.slots(members).tolist()), tuple(new.tolist()), tuple(q[:, Q_COMPUTED].tolist()),
-                tuple(dec.tolist()), int(self._mhz[ri[x, R_SCLK]]), 1.0)
+        new = np.ones(nb, np.int64) if ri[x, R_SEG] == SEG_RUN else self.bk[x, :nb]
+        return (tuple(self.slots(members).tolist()), tuple(new.tolist()), tuple(self.qi[members, Q_COMPUTED].tolist()),
+                tuple(_decode_flags(self.qi, members, new).tolist()), int(self._mhz[ri[x, R_SCLK]]), 1.0)
 
     # ------------------------------------------------------------------------------------------ requests
     def slots(self, idx: np.ndarray) -> np.ndarray:
@@ -1338,7 +1351,8 @@ class KernelState:
         """Under the legacy noise, a draw left for every replica: an exhausted stream gets its source's next block
         (the sequence the Python loop would draw)."""
         if self.noise is not None and _noise_low(self.ri):
-            self._set_draws([d if len(d) else self.noise.block(x) for x, d in enumerate(map(self._draws, range(self.R)))])
+            draws = [self._draws(x) for x in range(self.R)]
+            self._set_draws([d if len(d) else self.noise.block(x) for x, d in enumerate(draws)])
 
     def _room(self, k: int) -> None:
         """Grow the event heap (doubling) until ``k`` more entries fit."""

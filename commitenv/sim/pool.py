@@ -438,16 +438,15 @@ class Pool:
         if batch is None:
             return
         hook = self.on_step
-        entries = batch.entries() if self.log is not None or (hook is not None and not hasattr(hook, "take_batch")) \
-            else None
+        take_batch = getattr(hook, "take_batch", None)
+        entries = batch.entries() if self.log is not None or (hook is not None and take_batch is None) else []
         if self.log is not None:
             self.log.extend(entries)
-        if hook is not None:
-            if hasattr(hook, "take_batch"):
-                hook.take_batch(batch)
-            else:
-                for e in entries:
-                    hook(e)
+        if take_batch is not None:
+            take_batch(batch)
+        elif hook is not None:
+            for e in entries:
+                hook(e)
 
     def __init__(
         self,
