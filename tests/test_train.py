@@ -248,7 +248,7 @@ def test_the_shipped_baseline_is_its_recorded_run_and_acts_as_sb3(name):
     rec = json.loads((base / "train.json").read_text())
     assert (rec["scenario"], rec["algo"], rec["status"]) == (scenario, "ppo", "finished")
     assert rec["steps_done"] >= rec["steps"]
-    assert rec["hyperparameters"] == load_config(base / "ppo.yaml", "ppo").model_dump()
+    assert parse_config(rec["hyperparameters"], "ppo") == load_config(base / "ppo.yaml", "ppo")  # (keys added later at their defaults)
     model = PPO.load(str(base / "best_model.zip"), device="cpu")
     venv = VecNormalize.load(str(base / "best_vecnormalize.pkl"),
                              DummyVecEnv([lambda: FlatActionWrapper(CommitServeEnv(scenario))]))
@@ -324,6 +324,55 @@ def test_cli_reports_a_bad_config_key(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{cfg}: unknown key 'learning_rat' for --algo ppo" in err
     assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_initial_action_sets_the_new_policy_s_first_choices(tmp_path):
+    """``initial_action`` makes a new PPO policy pick the configuration with the given probability per component,
+    the other values sharing the rest evenly, on any observation; a configuration outside the pool is refused
+    before anything is written."""
+    pytest.importorskip("stable_baselines3")
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from commitenv.envs import CommitServeEnv
+    from commitenv.envs.wrappers import FlatActionWrapper
+    from commitenv.train.config import InitialAction
+    from commitenv.train.trainer import TrainSpec, start_near, train
+
+    venv = DummyVecEnv([lambda: FlatActionWrapper(CommitServeEnv(SCENARIO))])
+    codec = venv.get_attr("codec")[0]
+    n, levels = codec.n, codec.levels
+    assert (n, levels) == (32, 5)
+    rng = np.random.default_rng(3)
+    obs = torch.as_tensor(np.concatenate([venv.reset(), rng.normal(0.0, 3.0, (7, venv.observation_space.shape[0]))]),
+                          dtype=torch.float32)
+    for init, (a_idx, c_idx) in ((InitialAction(active=30, clock=2, probability=0.7), (29, 2)),
+                                 (InitialAction(), (n - 1, levels - 1))):
+        model = PPO("MlpPolicy", venv, seed=0, device="cpu")
+        chosen = start_near(model, codec, init)
+        assert chosen == {"active": a_idx + 1, "clock": c_idx}
+        p = init.probability
+        with torch.no_grad():
+            probs = [d.probs.numpy() for d in model.policy.get_distribution(obs).distribution]
+        for comp, (k, size) in zip(probs, ((a_idx, n), (c_idx, levels))):
+            expected = np.full(size, (1.0 - p) / (size - 1))
+            expected[k] = p
+            np.testing.assert_allclose(comp, np.broadcast_to(expected, comp.shape), atol=0.01)
+    model = PPO("MlpPolicy", venv, seed=0, device="cpu")
+    with pytest.raises(ValueError, match=r"initial_action\.active: expected 'all' or 1\.\.32 .*got 33"):
+        start_near(model, codec, InitialAction(active=33))
+    with pytest.raises(ValueError, match=r"initial_action\.clock: expected 'top' or a clock index in 0\.\.4, got 5"):
+        start_near(model, codec, InitialAction(clock=5))
+    with pytest.raises(ValueError, match="probability"):
+        parse_config({"initial_action": {"probability": 1.0}}, "ppo")
+    with pytest.raises(ValueError, match="unknown key 'initial_action' for --algo dqn"):
+        parse_config({"initial_action": {}}, "dqn")
+    out = tmp_path / "o"
+    with pytest.raises(ValueError, match=r"initial_action\.active"):
+        train(TrainSpec(SCENARIO, "ppo", steps=64, out=out, progress=False,
+                        hyperparameters={"initial_action": {"active": 40}}))
+    assert not out.exists()  # nothing half-written
 
 
 def test_importing_the_training_cli_loads_no_learning_stack():

@@ -5,8 +5,9 @@ key. Keys left out take the defaults below (stable-baselines3's own, except the 
 
 Every algorithm takes ``learning_rate``, ``gamma``, ``policy_kwargs`` (``net_arch``: hidden layer sizes;
 ``activation_fn``: ``tanh``, ``relu``, ``elu`` or ``leaky_relu``) and ``normalize`` (the `VecNormalize` settings:
-``norm_obs``, ``norm_reward``, ``clip_obs``, ``clip_reward``); the rest are the algorithm's own constructor
-arguments under their stable-baselines3 names.
+``norm_obs``, ``norm_reward``, ``clip_obs``, ``clip_reward``); PPO and A2C also take ``initial_action`` (where the
+new policy starts, `InitialAction`); the rest are the algorithm's own constructor arguments under their
+stable-baselines3 names.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                      ValidationError)
 
 from commitenv.train import ALGORITHMS
 
-__all__ = ["A2CConfig", "AlgoConfig", "DQNConfig", "NormalizeConfig", "PPOConfig", "PolicyConfig", "SACConfig",
+__all__ = ["A2CConfig", "AlgoConfig", "DQNConfig", "InitialAction", "NormalizeConfig", "PPOConfig", "PolicyConfig", "SACConfig",
            "config_class", "default_config", "load_config", "parse_config"]
 
 
@@ -54,10 +56,28 @@ class AlgoConfig(_Strict):
 
     def algo_kwargs(self) -> dict[str, Any]:
         """The algorithm's constructor arguments (``policy_kwargs`` with the activation still a name)."""
-        return self.model_dump(exclude={"normalize"})
+        return self.model_dump(exclude={"normalize", "initial_action"})
 
 
-class PPOConfig(AlgoConfig):
+class InitialAction(_Strict):
+    """Where a new categorical policy starts: its action head biased so that each component picks this
+    configuration with ``probability`` (the other values sharing the rest evenly), instead of uniformly at random.
+    On a pool with little spare capacity a uniform start keeps half the replicas off and buries the pool in a
+    backlog that the early episodes never clear; ``all`` replicas at the ``top`` clock is vLLM's configuration."""
+
+    active: PositiveInt | Literal["all"] = "all"
+    clock: NonNegativeInt | Literal["top"] = "top"
+    probability: float = Field(0.8, gt=0.0, lt=1.0)
+
+
+class _CategoricalConfig(AlgoConfig):
+    """What the algorithms with a categorical (flat ``MultiDiscrete``) policy take besides: ``initial_action``
+    (none: SB3's own near-uniform start)."""
+
+    initial_action: InitialAction | None = None
+
+
+class PPOConfig(_CategoricalConfig):
     """`stable_baselines3.PPO` (flat ``MultiDiscrete`` actions)."""
 
     n_steps: PositiveInt = 512
@@ -71,7 +91,7 @@ class PPOConfig(AlgoConfig):
     target_kl: PositiveFloat | None = None
 
 
-class A2CConfig(AlgoConfig):
+class A2CConfig(_CategoricalConfig):
     """`stable_baselines3.A2C` (flat ``MultiDiscrete`` actions)."""
 
     learning_rate: PositiveFloat = 7e-4

@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA
-from commitenv.train.config import AlgoConfig, default_config, load_config, parse_config
+from commitenv.train.config import AlgoConfig, InitialAction, default_config, load_config, parse_config
 from commitenv.train.envs import SeedRanges, make_env, seed_ranges
 
 log = logging.getLogger("commitenv.train")
 
-__all__ = ["TrainSpec", "checkpoints", "train"]
+__all__ = ["TrainSpec", "checkpoints", "start_near", "train"]
 
 SCORE_KEYS = ("cost_kwh_eq", "attainment_pct", "misses", "mean_abs_dev_pct", "energy_mj", "episode_return")
 _CKPT = re.compile(r"^model_(\d+)_steps\.zip$")
@@ -284,11 +284,6 @@ def train(spec: TrainSpec) -> dict[str, Any]:
             cfg = parse_config(spec.hyperparameters, spec.algo, "hyperparameters")
         else:
             cfg = default_config(spec.algo)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
-
     torch.set_num_threads(spec.torch_threads)
     n = spec.envs
     # per env, the episodes started so far (the last one cut by the checkpoint): the schedule goes on after them
@@ -324,6 +319,13 @@ def train(spec: TrainSpec) -> dict[str, Any]:
             kwargs = cfg.algo_kwargs()
             kwargs["policy_kwargs"] = _policy_kwargs(kwargs["policy_kwargs"])
             model = cls("MlpPolicy", train_env, seed=spec.seed, device=spec.device, verbose=0, **kwargs)
+            init = getattr(cfg, "initial_action", None)
+            if init is not None:
+                start_near(model, venv.get_attr("codec", indices=[0])[0], init)
+        try:  # only now: bad input found above leaves no folder behind
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
         formats = ["csv"]
         tensorboard = importlib.util.find_spec("tensorboard") is not None
         if tensorboard:
@@ -407,6 +409,38 @@ def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
 
     acts = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "leaky_relu": nn.LeakyReLU}
     return {"net_arch": list(pk["net_arch"]), "activation_fn": acts[pk["activation_fn"]]}
+
+
+def start_near(model: Any, codec: Any, init: InitialAction) -> dict[str, int]:
+    """Bias a new categorical policy's action head (`InitialAction`): each component's logit of the chosen value
+    raised to ln(p (n - 1) / (1 - p)) above the others (SB3 initializes the head's weights near zero, so the
+    softmax then gives that value probability p whatever the observation). Returns the configuration; ValueError
+    when it is not one of ``codec``'s pool."""
+    import math
+
+    import torch
+
+    active = codec.start + codec.n - 1 if init.active == "all" else int(init.active)
+    clock = codec.levels - 1 if init.clock == "top" else int(init.clock)
+    if not codec.start <= active < codec.start + codec.n:
+        raise ValueError(f"initial_action.active: expected 'all' or {codec.start}..{codec.start + codec.n - 1} "
+                         f"(the pool's replicas), got {init.active}")
+    if not 0 <= clock < codec.levels:
+        raise ValueError(f"initial_action.clock: expected 'top' or a clock index in 0..{codec.levels - 1}, "
+                         f"got {init.clock}")
+    nvec = getattr(model.action_space, "nvec", None)
+    if nvec is None or codec.kind != "flat":
+        raise ValueError(f"initial_action: only for a flat MultiDiscrete policy (PPO, A2C), not {model.action_space}")
+    p = float(init.probability)
+    head = model.policy.action_net
+    with torch.no_grad():
+        off = 0
+        for n, k in zip((int(x) for x in nvec), codec.encode(active, clock)):
+            head.bias[off:off + n] = 0.0
+            if n > 1:
+                head.bias[off + int(k)] = math.log(p * (n - 1) / (1.0 - p))
+            off += n
+    return {"active": active, "clock": clock}
 
 
 def _save_final(model: Any, out: Path, steps: int, offpolicy: bool) -> None:
