@@ -248,7 +248,8 @@ def test_the_shipped_baseline_is_its_recorded_run_and_acts_as_sb3(name):
     rec = json.loads((base / "train.json").read_text())
     assert (rec["scenario"], rec["algo"], rec["status"]) == (scenario, "ppo", "finished")
     assert rec["steps_done"] >= rec["steps"]
-    assert parse_config(rec["hyperparameters"], "ppo") == load_config(base / "ppo.yaml", "ppo")  # (keys added later at their defaults)
+    # (a key added since the run reads as its default)
+    assert parse_config(rec["hyperparameters"], "ppo") == load_config(base / "ppo.yaml", "ppo")
     model = PPO.load(str(base / "best_model.zip"), device="cpu")
     venv = VecNormalize.load(str(base / "best_vecnormalize.pkl"),
                              DummyVecEnv([lambda: FlatActionWrapper(CommitServeEnv(scenario))]))
