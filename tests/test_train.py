@@ -221,7 +221,7 @@ def test_controller_acts_exactly_as_the_sb3_policy(run_dir):
 
 
 SHIPPED_POLICIES = {"ppo-h200-hour": SCENARIO, "ppo-h20-hour": "bench-h20-hour-fixed-a30",
-                    "ppo-h200-day": "bench-h200-day"}
+                    "ppo-h200-day": "bench-h200-day", "ppo-h20-day": "bench-h20-day"}
 
 
 def test_every_shipped_baseline_is_listed():
@@ -232,9 +232,9 @@ def test_every_shipped_baseline_is_listed():
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_POLICIES))
 def test_the_shipped_baseline_is_its_recorded_run_and_acts_as_sb3(name):
-    """A shipped policy (`sb3:ppo-h200-hour`, `sb3:ppo-h20-hour`, `sb3:ppo-h200-day`) ships its hyperparameter file,
-    its record says it was trained with exactly those settings on its scenario, and the controller takes SB3's
-    deterministic action on the first steps of a report seed."""
+    """A shipped policy (`sb3:ppo-h200-hour`, `sb3:ppo-h20-hour`, `sb3:ppo-h200-day`, `sb3:ppo-h20-day`) ships its
+    hyperparameter file, its record says it was trained with exactly those settings on its scenario, and the
+    controller takes SB3's deterministic action on the first steps of a report seed."""
     pytest.importorskip("stable_baselines3")
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
