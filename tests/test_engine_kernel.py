@@ -393,6 +393,39 @@ def test_rows_loaded_as_the_clock_nears_them_and_finished_ones_dropped(monkeypat
     assert largest < len(env.table) // 4
 
 
+@pytest.mark.parametrize("case", ["h200-hour", "h200-hour-3gpu-kv-pressure"])
+def test_closed_form_changed_after_attach_applies_on_the_kernel(monkeypatch, case):
+    """`EngineOptions.closed_form` switched off and on again while the kernel runs the pool: the segments started from
+    then on follow it as on the Python loop, every meter reading and result agrees, and the pool stays on the
+    kernel."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    a = _pool(scenario, seed, gpus, clock, kv_extra)
+    b = _pool(scenario, seed, gpus, clock, kv_extra)
+    R = len(a.replicas)
+    mhz = [lvl.mhz for lvl in a.profiles[0].clocks]
+    rng = np.random.default_rng(seed + 5)
+    monkeypatch.setattr(kernel, "ENABLED", True)
+    assert b.use_kernel()
+    events = []
+    for k in range(45):
+        t = 60.0 * k
+        _drive((a, b), rng, R, mhz, t + 0.5)
+        if k in (15, 30):
+            for p in (a, b):
+                p.opt.closed_form = k == 30
+        for p in (a, b):
+            p.run_until(t + 60.0)
+            p.settle(t + 60.0)
+        assert a.energy_j() == b.energy_j(), f"meters at {t + 60}"
+        assert b._ks is not None and b._ks.closed_form == b.opt.closed_form
+        events.append(a.events)
+    for p in (a, b):
+        p.run_until(math.inf)
+    assert _results(a) == _results(b)
+    per = np.diff(events)
+    assert per[15:29].mean() > 1.3 * per[:14].mean()  # step by step: every decode step its own event
+
+
 def test_the_pool_leaves_the_kernel_at_anything_it_does_not_hold(monkeypatch):
     monkeypatch.setattr(kernel, "ENABLED", True)
     for touch in (lambda p: p.replicas, lambda p: p.gpus, lambda p: p.heap, lambda p: p.live_requests(),

@@ -1162,8 +1162,13 @@ class KernelState:
 
     @property
     def closed_form(self) -> bool:
-        """Whether decode runs advance in closed form (`EngineOptions.closed_form` at the import)."""
+        """Whether the segments that start from now on advance decode runs in closed form (`EngineOptions.closed_form`;
+        segments in flight keep the form they started with, as on the Python loop)."""
         return bool(self.sched[S_CLOSED])
+
+    @closed_form.setter
+    def closed_form(self, on: bool) -> None:
+        self.sched[S_CLOSED] = int(on)
 
     @property
     def logging(self) -> bool:

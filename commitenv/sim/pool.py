@@ -15,7 +15,7 @@ from collections import deque
 from itertools import compress
 from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from commitenv.sim.replica import ACTIVE, DRAINING, LOADING, MOVING, SEG_NONE, S
 from commitenv.sim.request import Req, live_state
 from commitenv.sim.truth import NominalModel, TruthSource, TruthSpec
 from commitenv.workload.table import RequestTable
+
+if TYPE_CHECKING:
+    from commitenv.sim.kernel import KernelState
 
 EV_SEG, EV_WAKE, EV_CLOCK, EV_LOAD, EV_LAND = 0, 1, 2, 3, 4  # LOAD: a cold start ends; LAND: a migrated request arrives
 REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
@@ -634,13 +637,19 @@ class Pool:
             if rep.seg == SEG_NONE:
                 self._start(rep, t)
 
+    def _kernel_now(self) -> KernelState:
+        """The kernel's state with `EngineOptions.closed_form` as it is now: a caller may change it after attach, and
+        the segments that start from then on follow it (the Python loop reads it at every segment start)."""
+        ks = self._ks
+        ks.closed_form = self.opt.closed_form
+        return ks
+
     def run_until(self, t_end: float, *, stop_when_captured_done: bool = False) -> None:
         """Advance the simulation through every event at or before ``t_end``."""
         if self._ks is not None:
-            # (options a test may change after attach; stopping at the captured ones needs an end under a truth)
-            if self.opt.closed_form == self._ks.closed_form and (not stop_when_captured_done or t_end < INF
-                                                                  or self.truth is None):
-                self._ks.advance(t_end, stop_when_captured_done)
+            # (stopping at the captured ones needs an end under a truth)
+            if not stop_when_captured_done or t_end < INF or self.truth is None:
+                self._kernel_now().advance(t_end, stop_when_captured_done)
                 self._sync_kernel()
                 return
             self._leave_kernel()
@@ -871,7 +880,7 @@ class Pool:
                 raise ValueError(f"active replicas: expected 1..{self._ks.R} for model {model}, got {count}")
             if t < self.now - 1e-9:
                 raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
-            self._ks.set_active(t, count)
+            self._kernel_now().set_active(t, count)
             self._sync_kernel()
             return
         reps = self.replicas_of(model)
