@@ -4,6 +4,7 @@ exactly as the SB3 policy on the same normalized observations, the spec and its 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
@@ -137,9 +138,12 @@ def run_dir(tmp_path_factory) -> Path:
 
 def test_training_writes_model_normalizer_and_record(run_dir):
     for f in ("model.zip", "vecnormalize.pkl", "best_model.zip", "best_vecnormalize.pkl", "train.json",
-              "checkpoints/model_64_steps.zip", "checkpoints/model_vecnormalize_128_steps.pkl", "logs/progress.csv",
-              "eval/evaluations.npz"):
+              "checkpoints/model_64_steps.zip", "checkpoints/model_vecnormalize_128_steps.pkl", "eval/evaluations.npz"):
         assert (run_dir / f).is_file(), f
+    if importlib.util.find_spec("tensorboard") is not None:  # (the rl extra installs it)
+        assert (run_dir / "tb" / "progress.csv").is_file() and list((run_dir / "tb").glob("events.out.tfevents.*"))
+    else:
+        assert (run_dir / "logs" / "progress.csv").is_file()
     rec = json.loads((run_dir / "train.json").read_text())
     assert rec["status"] == "finished" and rec["steps_done"] == 128 and rec["algo"] == "ppo"
     assert rec["scenario"] == SCENARIO and rec["action_mapping"] == "flat"
