@@ -22,7 +22,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
 from commitenv.train import ALGORITHMS
 
 __all__ = ["A2CConfig", "AlgoConfig", "DQNConfig", "InitialAction", "NormalizeConfig", "PPOConfig", "PolicyConfig",
-           "SACConfig",            "config_class", "default_config", "load_config", "parse_config"]
+           "SACConfig", "config_class", "default_config", "load_config", "parse_config"]
 
 
 class _Strict(BaseModel):
