@@ -243,6 +243,14 @@ def _drive(pools, rng, R, mhz, t):
         p.set_clock(t, f)
 
 
+def _twin_pools(case: str, rng_offset: int) -> tuple[Pool, Pool, int, list[int], np.random.Generator]:
+    """Two equal pools of ``case`` on the Python loop, their replica count, clock levels (MHz) and the actions' rng."""
+    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
+    a = _pool(scenario, seed, gpus, clock, kv_extra)
+    b = _pool(scenario, seed, gpus, clock, kv_extra)
+    return a, b, len(a.replicas), [lvl.mhz for lvl in a.profiles[0].clocks], np.random.default_rng(seed + rng_offset)
+
+
 def _results(p: Pool) -> tuple:
     return (p.events, p.now, p.completed, p.live, p.arrived, p.energy_j(),
             *(np.nan_to_num(getattr(p, name), nan=-1.0).tolist() for name in ("finish_t", "first_t", "replica_of",
@@ -256,12 +264,7 @@ def test_a_pool_mid_run_continues_on_the_kernel(monkeypatch, case, leave_at):
     clock change pending, queues full under KV pressure) and continues on the kernel through `Pool`'s calls: every
     meter reading, completion and result equals a pool that stayed on the Python loop; with ``leave_at`` the state
     is handed back to the Python loop there and the results still agree."""
-    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
-    a = _pool(scenario, seed, gpus, clock, kv_extra)
-    b = _pool(scenario, seed, gpus, clock, kv_extra)
-    R = len(a.replicas)
-    mhz = [lvl.mhz for lvl in a.profiles[0].clocks]
-    rng = np.random.default_rng(seed + 3)
+    a, b, R, mhz, rng = _twin_pools(case, 3)
     monkeypatch.setattr(kernel, "ENABLED", True)
     in_flight = pending = 0
     for k in range(60):
@@ -398,12 +401,7 @@ def test_closed_form_changed_after_attach_applies_on_the_kernel(monkeypatch, cas
     """`EngineOptions.closed_form` switched off and on again while the kernel runs the pool: the segments started from
     then on follow it as on the Python loop, every meter reading and result agrees, and the pool stays on the
     kernel."""
-    scenario, seed, gpus, clock, kv_extra, _ = CASES[case]
-    a = _pool(scenario, seed, gpus, clock, kv_extra)
-    b = _pool(scenario, seed, gpus, clock, kv_extra)
-    R = len(a.replicas)
-    mhz = [lvl.mhz for lvl in a.profiles[0].clocks]
-    rng = np.random.default_rng(seed + 5)
+    a, b, R, mhz, rng = _twin_pools(case, 5)
     monkeypatch.setattr(kernel, "ENABLED", True)
     assert b.use_kernel()
     events = []
