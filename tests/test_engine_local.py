@@ -123,6 +123,25 @@ def test_a_plans_clock_is_requested_for_the_gpu():
     last = pool.log[-1]
     c = last.computed_before[0] + 1
     assert last.t1 - last.t0 == pytest.approx(0.012 + 0.0001 + 0.000012 * c, abs=1e-12)
+    assert len(seen) > 3 and pool.gpus[0].version == 1  # one change; the same clock asked again changes nothing
+
+
+def test_a_plan_asking_for_the_current_clock_changes_nothing():
+    class Same(LocalPolicy):
+        name = "same"
+
+        def plan(self, view):
+            return StepPlan(tuple(t.slot for t in view.tasks), clock_mhz=view.clock_mhz)
+
+    runs = []
+    for policy in (FcfsLocal(), Same()):
+        pool = pool_of(policy=policy)
+        pool.attach(make_table([0.0, 0.5], [4, 9], [4, 3]))
+        pool.run_until(np.inf)
+        runs.append(pool)
+    a, b = runs
+    assert b.gpus[0].version == 0 and b.gpus[0].pending_clock is None
+    assert [(e.t0, e.t1, e.slots) for e in a.log] == [(e.t0, e.t1, e.slots) for e in b.log]
 
 
 def test_a_policy_sees_predicted_lengths_and_visible_deadlines():

@@ -1310,20 +1310,24 @@ class Pool:
         if not rep.has_work():
             return None
         c0 = time.perf_counter()
-        tasks = [self._task_view(r, True) for r in rep.running] + [self._task_view(r, False) for r in rep.waiting]
-        prof = rep.profile
-        view = LocalView(t, rep.index, rep.gpu.index, rep.model, prof.clocks[rep.gpu.clock_idx].mhz, tuple(prof.clock_mhz),
-                         rep.share, rep.free_blocks, rep.bs, rep.budget, rep.max_seqs, tuple(tasks))
+        tv = self._task_view
+        tasks = [tv(r, True) for r in rep.running] + [tv(r, False) for r in rep.waiting]
+        gpu, levels = rep.gpu, rep.clock_levels
+        view = LocalView(t, rep.index, gpu.index, rep.model, levels[gpu.clock_idx], levels, rep.share, rep.free_blocks,
+                         rep.bs, rep.budget, rep.max_seqs, tuple(tasks))
         plan = rep.local.plan(view)
         self.local_s += time.perf_counter() - c0
         self.local_calls += 1
         if plan is None:
             return None
-        if plan.clock_mhz is not None:
-            if plan.clock_mhz not in prof.clock_mhz:
-                raise ValueError(f"local policy {rep.local.name!r}: clock {plan.clock_mhz} MHz is not one of the "
-                                 f"GPU's levels {list(prof.clock_mhz)}")
-            self.set_clock(t, int(plan.clock_mhz), [rep.gpu.index])
+        mhz = plan.clock_mhz
+        if mhz is not None:
+            if mhz not in levels:
+                raise ValueError(f"local policy {rep.local.name!r}: clock {mhz} MHz is not one of the "
+                                 f"GPU's levels {list(levels)}")
+            target = gpu.pending_clock if gpu.pending_clock is not None else gpu.clock_idx
+            if gpu.profile is not rep.profile or levels.index(mhz) != target:  # (else set_clock changes nothing)
+                self.set_clock(t, int(mhz), [gpu.index])
         return tuple(plan.order)
 
     def _seen(self, r: Req) -> tuple[int, float]:

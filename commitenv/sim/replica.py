@@ -56,6 +56,7 @@ class Replica:
         self.index = index
         self.gpu = gpu
         self.profile = profile
+        self.clock_levels = tuple(profile.clock_mhz)  # its GPU's clock levels in MHz (what a local policy sees)
         self.model = model
         self.share = share
         sch = profile.scheduler

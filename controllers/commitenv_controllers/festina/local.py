@@ -177,6 +177,9 @@ class FestinaLocal(LocalPolicy):
         self._votes: dict[int, dict[int, tuple[float, int]]] = {}  # gpu -> replica -> (t, clock)
         self._k: dict[tuple[int, float, float], StepCoeffs] = {}
         self._clocks: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
+        # (the sweep's look-ups, built once: its clocks' coefficients at a share, and a clock's at every grid share)
+        self._sweep_k: dict[tuple[int, tuple[int, ...], float], tuple[tuple[int, StepCoeffs], ...]] = {}
+        self._share_k: dict[tuple[int, int], tuple[tuple[float, StepCoeffs], ...]] = {}
 
     # ------------------------------------------------------------------------------------------ look-ups
     def _lut(self, model: int) -> FestinaLUT:
@@ -327,29 +330,45 @@ class FestinaLocal(LocalPolicy):
                     return False, t
         return True, t
 
+    def _sweep_coeffs(self, model: int, clocks_mhz: tuple[int, ...], share: float) -> tuple[tuple[int, StepCoeffs], ...]:
+        """(clock, coefficients) at ``share`` for every clock of the sweep (`sweep_clocks`), ascending."""
+        key = (model, clocks_mhz, share)
+        out = self._sweep_k.get(key)
+        if out is None:
+            out = self._sweep_k[key] = tuple((c, self.coeffs(model, c, share))
+                                             for c in self.sweep_clocks(model, clocks_mhz))
+        return out
+
+    def _share_coeffs(self, model: int, clock_mhz: int) -> tuple[tuple[float, StepCoeffs], ...]:
+        """(share, coefficients) at a grid clock for every grid share, ascending."""
+        key = (model, clock_mhz)
+        out = self._share_k.get(key)
+        if out is None:
+            lut = self._lut(model)
+            out = self._share_k[key] = tuple((s, lut.coeffs(clock_mhz, s)) for s in lut.grid.shares)
+        return out
+
     def sweep(self, view: LocalView, batch: Batch) -> tuple[int, bool, float, float, float | None]:
         """The frequency sweep over ``batch``: (clock, feasible, energy J, step time s, needed share)."""
         now, B, model = view.t, view.token_budget, view.model
         P, A, n, L = batch.P, batch.A, batch.n, batch.L
         best = None
-        clocks = self.sweep_clocks(model, view.clocks_mhz)
-        for c in clocks:
-            k = self.coeffs(model, c, view.share)
-            ok, t = self.feasible(k, batch, now, B)
+        feasible = self.feasible
+        ks = self._sweep_coeffs(model, view.clocks_mhz, view.share)
+        for c, k in ks:
+            ok, t = feasible(k, batch, now, B)
             if ok:
                 e = k.a + k.c1 * P + k.c2 * A + k.b * n + k.kappa * L
                 if best is None or e < best[2] - _EPS:
                     best = (c, True, e, t)
         if best is None:
-            c = clocks[-1]
-            k = self.coeffs(model, c, view.share)
+            c, k = ks[-1]
             t = k.tau0 + k.tau1 * P + k.tau2 * n + k.tau3 * L + k.tau4 * A
             return c, False, k.a + k.c1 * P + k.c2 * A + k.b * n + k.kappa * L, t, None
         c = best[0]
-        lut = self._lut(model)
         need = None
-        for s in lut.grid.shares:
-            if self.feasible(lut.coeffs(c, s), batch, now, B)[0]:
+        for s, k in self._share_coeffs(model, c):
+            if feasible(k, batch, now, B)[0]:
                 need = s
                 break
         return c, True, best[2], best[3], need
