@@ -101,11 +101,11 @@ _POOL_ATTRS = frozenset({
 _GPU_ATTRS = frozenset({"clock_idx", "e_dyn", "e_floor", "floor_w", "index", "pending_clock", "pending_t",
                         "power_factor", "profile", "replicas", "t_floor", "version"})
 _REPLICA_ATTRS = frozenset({
-    "D", "E0", "F", "T0", "_coeffs", "after_load", "batch", "bs", "budget", "cap_blocks", "dest", "fe", "free_blocks",
-    "ft", "gpu", "index", "load_ready", "load_t", "load_wait", "local", "max_seqs", "mem_share", "migrate", "model",
-    "pcache", "pending_start", "profile", "reserve_full", "run_k", "run_reqs", "running", "seg", "seg_energy",
-    "seg_floor_acc", "seg_floor_t", "seg_floor_w", "seg_log", "share", "state", "t0", "t1", "unf", "version",
-    "waiting", "wake_t"})
+    "D", "E0", "F", "T0", "_coeffs", "after_load", "batch", "bs", "budget", "cap_blocks", "clock_levels", "dest", "fe",
+    "free_blocks", "ft", "gpu", "index", "load_ready", "load_t", "load_wait", "local", "max_seqs", "mem_share",
+    "migrate", "model", "pcache", "pending_start", "profile", "reserve_full", "run_k", "run_reqs", "running", "seg",
+    "seg_energy", "seg_floor_acc", "seg_floor_t", "seg_floor_w", "seg_log", "share", "state", "t0", "t1", "unf",
+    "version", "waiting", "wake_t"})
 _REQ_SLOTS = ("slot", "arrival", "prompt", "out", "computed", "generated", "blocks", "replica", "started", "deadline",
               "first_t", "preemptions", "model", "captured", "hashes", "prefix", "pfx_next")
 
