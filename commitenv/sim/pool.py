@@ -926,17 +926,20 @@ class Pool:
             return
         for g in range(len(self.gpus)) if gpus is None else gpus:
             gpu = self.gpus[g]
-            idx = gpu.profile.clock_index(mhz)
-            target = gpu.pending_clock if gpu.pending_clock is not None else gpu.clock_idx
-            if idx == target:
-                continue
-            gpu.version += 1
-            if idx == gpu.clock_idx:
-                gpu.pending_clock = None  # cancel a pending change back to the current clock
-                continue
-            gpu.pending_clock = idx
-            gpu.pending_t = t + gpu.profile.latencies.clock_change_s
-            self._push(gpu.pending_t, EV_CLOCK, g, gpu.version)
+            self._request_clock(gpu, gpu.profile.clock_index(mhz), t)
+
+    def _request_clock(self, gpu: GPU, idx: int, t: float) -> None:
+        """`set_clock` on one GPU, for clock level ``idx`` (nothing when it is already the GPU's target)."""
+        target = gpu.pending_clock if gpu.pending_clock is not None else gpu.clock_idx
+        if idx == target:
+            return
+        gpu.version += 1
+        if idx == gpu.clock_idx:
+            gpu.pending_clock = None  # cancel a pending change back to the current clock
+            return
+        gpu.pending_clock = idx
+        gpu.pending_t = t + gpu.profile.latencies.clock_change_s
+        self._push(gpu.pending_t, EV_CLOCK, gpu.index, gpu.version)
 
     def _apply_clock(self, gpu: GPU, t: float) -> None:
         """The clock becomes effective: a step in flight finishes under the law it started with; decode runs
@@ -1325,9 +1328,9 @@ class Pool:
             if mhz not in levels:
                 raise ValueError(f"local policy {rep.local.name!r}: clock {mhz} MHz is not one of the "
                                  f"GPU's levels {list(levels)}")
-            target = gpu.pending_clock if gpu.pending_clock is not None else gpu.clock_idx
-            if gpu.profile is not rep.profile or levels.index(mhz) != target:  # (else set_clock changes nothing)
-                self.set_clock(t, int(mhz), [gpu.index])
+            # (the replica's own levels are its GPU's when it set the GPU's profile, the common case)
+            self._request_clock(gpu, levels.index(mhz) if gpu.profile is rep.profile else gpu.profile.clock_index(mhz),
+                                t)
         return tuple(plan.order)
 
     def _seen(self, r: Req) -> tuple[int, float]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from commitenv.envs.wrappers import ActionCodec
 from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA
 from commitenv.train.config import AlgoConfig, InitialAction, default_config, load_config, parse_config
 from commitenv.train.envs import SeedRanges, make_env, seed_ranges
@@ -411,7 +412,7 @@ def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
     return {"net_arch": list(pk["net_arch"]), "activation_fn": acts[pk["activation_fn"]]}
 
 
-def start_near(model: Any, codec: Any, init: InitialAction) -> dict[str, int]:
+def start_near(model: Any, codec: ActionCodec, init: InitialAction) -> dict[str, int]:
     """Bias a new categorical policy's action head (`InitialAction`): each component's logit of the chosen value
     raised to ln(p (n - 1) / (1 - p)) above the others (SB3 initializes the head's weights near zero, so the
     softmax then gives that value probability p whatever the observation). Returns the configuration; ValueError
