@@ -87,7 +87,7 @@ _TABLE = [  # (summary key, header, width)
     ("controller", "controller", 12), ("attainment_pct", "attain_%", 12), ("mean_abs_dev_pct", "|dev|_%", 12),
     ("hours_within_5pct", "h<=5%", 12), ("cost_kwh_eq", "cost_kWh", 12), ("energy_mj", "energy_MJ", 12),
     ("commitment_mj", "commit_MJ", 12), ("misses", "misses", 8), ("rejected", "rejected", 8),
-    ("slo_gate_pass", "gate", 5), ("wall_s", "wall_s", 12),
+    ("slo_gate_pass", "gate", 5), ("score", "score", 9), ("wall_s", "wall_s", 12),
 ]
 
 
@@ -119,14 +119,65 @@ def _print_table(rows: list[dict]) -> None:
         print("  ".join(cells))
     if any(r.get("settlement") == "energy_only" for r in rows):
         print("energy-only: no commitment; cost_kWh = lambda_plus x energy in kWh (no deviation)")
-    eps = {r["slo_gate_epsilon"] for r in rows if "slo_gate_epsilon" in r}
-    if eps:
-        print("gate: every arrival hour attains >= " + " / ".join(f"{100 * (1 - e):g} %" for e in sorted(eps))
-              + " (epsilon " + " / ".join(f"{e:g}" for e in sorted(eps)) + ")")
+    if rows:
+        print(_gate_text(rows[0]))
+        print(_SCORE_TEXT)
     for r in rows:
         if r.get("rejected"):
             print(f"{r['controller']}: {r['rejected']} of {r['requests']} requests rejected ({r['rejected_reason']}), "
                   f"counted as misses")
+
+
+_SCORE_TEXT = ("score: 100 (cost_vllm - cost) / (cost_vllm - cost_oracle) on the same episode (vLLM 0, the hindsight "
+               "optimum 100); a failed gate scores min(score, 0) - shortfall in pp (commitenv.scoring)")
+
+
+def _gate_text(summary: dict) -> str:
+    """What the scenario's SLO gate asks, from a run's recorded objective."""
+    obj = summary.get("objective") or {}
+    gate = obj.get("gate") or {}
+    if gate.get("kind") == "relative":
+        return (f"gate: every arrival hour attains >= {obj.get('lower', 'vllm')}'s own attainment in that hour - "
+                f"{gate['tolerance_pp']:g} pp (relative gate)")
+    eps = obj.get("epsilon", summary.get("slo_gate_epsilon"))
+    return "gate: every arrival hour attains >= " + (f"{100 * (1 - eps):g} % (epsilon {eps:g})" if eps is not None
+                                                     else "the scenario's threshold")
+
+
+def _references(args: argparse.Namespace, scenario: str, seeds: list[int]) -> dict[int, tuple[dict, dict]]:
+    """The objective's reference runs of every seed (cached; `commitenv.references`), or {} when they cannot be had
+    (a warning says why; the runs then carry no score, and a relative gate stays undecided)."""
+    from commitenv.references import scenario_references
+    from commitenv.runner import run_jobs
+    from commitenv.references import run_reference
+    from commitenv.scenarios import load_scenario
+
+    if not getattr(args, "score", True):
+        return {}
+    sc = load_scenario(scenario)
+
+    def run(jobs: list) -> list[dict]:
+        return run_jobs(jobs, n_jobs=getattr(args, "jobs", None) or 1, fn=run_reference, progress=not args.quiet,
+                        desc="references")
+
+    try:
+        refs = scenario_references(sc, seeds, run=run)
+    except (ValueError, OSError) as e:
+        log.warning("no score: the reference runs (%s, %s) failed: %s", sc.objective.lower, sc.objective.upper, e)
+        return {}
+    return dict(zip(seeds, refs))
+
+
+def _apply_score(summary: dict, refs: tuple[dict, dict] | None) -> None:
+    """Set the score and the gate of ``summary`` from its episode's references (`commitenv.scoring.score`)."""
+    from commitenv.scoring import score
+
+    if refs is None:
+        return
+    try:
+        summary.update(score(summary, *refs).fields())
+    except ValueError as e:
+        log.warning("%s seed %s: no score (%s)", summary.get("controller"), summary.get("seed"), e)
 
 
 def _check_out(out: str | None, *, beside: bool = False) -> Path | None:
@@ -251,6 +302,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise ValueError("--backend: one episode at a time (a pool of GPUs serves one trace), not with --seeds")
         return _run_seeds(args, [(resolved, kwargs)])
     out = _check_out(args.out, beside=True)
+    refs = _references(args, args.scenario, [args.seed]).get(args.seed) if backend is None else None
     if backend is not None:
         from commitenv.evaluation import run_episode
 
@@ -259,6 +311,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         res = evaluate(args.controller, args.scenario, seed=args.seed, progress=not args.quiet,
                        controller_kwargs=kwargs or None)
+    _apply_score(res.summary, refs)
     _print_table([res.summary])
     if out is not None:
         _write_run(res, out, out)
@@ -335,6 +388,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         return _run_seeds(args, todo)
     out = _check_out(args.out)
+    refs = _references(args, args.scenario, [args.seed]).get(args.seed)
     rows: list[dict] = []
     errors: list[dict] = []
     for resolved, kwargs in todo:
@@ -352,6 +406,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
             errors.append({"controller": name, "error": error_text(e)})
         else:
+            _apply_score(res.summary, refs)
             rows.append(res.summary)
             if out is not None:
                 _write_run(res, out / name, out, requests=False)
@@ -390,8 +445,9 @@ def _write_compare(out: Path, args: argparse.Namespace, rows: list[dict], errors
 
 
 _SEED_TABLE = [  # (metric, header, format)
-    ("attainment_pct", "attain_%", ".3f"), ("mean_abs_dev_pct", "|dev|_%", ".3f"), ("cost_kwh_eq", "cost_kWh", ".4f"),
-    ("energy_mj", "energy_MJ", ".3f"), ("misses", "misses", ".1f"),
+    ("score", "score", ".2f"), ("attainment_pct", "attain_%", ".3f"), ("mean_abs_dev_pct", "|dev|_%", ".3f"),
+    ("cost_kwh_eq", "cost_kWh", ".4f"), ("energy_mj", "energy_MJ", ".3f"), ("misses", "misses", ".1f"),
+    ("rejected", "rejected", ".1f"),
 ]
 
 
@@ -418,6 +474,7 @@ def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
         seeds = parse_seeds(args.seeds)
     sc_name, sc_file = sc.name, _scenario_file(sc)
     out = _check_out(args.out)
+    refs = _references(args, args.scenario, seeds)
     controllers = [{"controller": r.name, "origin": r.origin, "kwargs": kw} for r, kw in todo]
     episodes: dict[str, dict[int, dict]] = {r.name: {} for r, _ in todo}
     errors: list[dict] = []
@@ -425,9 +482,10 @@ def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
     for r, kw in todo:
         for s in seeds:
             dest = None if out is None else str(episode_dir(out, r.name, s))
-            job = Job(r.spec, r.name, r.origin, kw, args.scenario, s, dest)
+            job = Job(r.spec, r.name, r.origin, kw, args.scenario, s, dest, references=refs.get(s))
             prev = None if args.rerun else finished(job, sc_name, sc_file)
             if prev is not None:
+                _apply_score(prev, refs.get(s))
                 episodes[r.name][s] = prev
             else:
                 pending.append(job)
@@ -479,6 +537,12 @@ def _print_seed_table(doc: dict) -> None:
                 cells.append(f"{format(m['mean'], fmt) + ' +- ' + format(m['half_width'], fmt):>20}")
         print("  ".join(cells))
     print(f"mean +- 95 % CI half-width (t-distribution) over seeds {_seed_text(doc['seeds'])}; gate: SLO gate passes")
+    print(_SCORE_TEXT)
+    for c in doc["controllers"]:
+        rej = c["metrics"].get("rejected")
+        if rej and rej["mean"]:
+            print(f"{c['controller']}: {rej['mean']:.1f} requests rejected per episode on average (prompt at or over the "
+                  f"context limit), counted as misses")
     for e in doc["errors"]:
         print(f"{e['controller']} seed {e['seed']}: FAILED ({e['error']})")
 
@@ -756,6 +820,9 @@ def _seed_args(p: argparse.ArgumentParser) -> None:
                         "ADDRESS (ray://HOST:10001, auto); this process writes the results (needs the 'ray' extra: "
                         'pip install "commitenv[ray]")')
     p.add_argument("--rerun", action="store_true", help="with --seeds: run again episodes already in OUT")
+    p.add_argument("--no-score", dest="score", action="store_false",
+                   help="skip the reference runs (the objective's lower and upper controllers, cached per scenario and "
+                        "seed) that the normalised score and a relative SLO gate need")
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from commitenv.profiles.schema import Profile
+from commitenv.scenarios.schema import GateSpec
 from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy
 from commitenv.sim.local import LocalPolicy, LocalView, StepPlan, TaskView
 from commitenv.sim.migration import MIGRATE_MODES
@@ -94,6 +95,7 @@ class ControllerContext:
     epsilon: float
     actuation_delay_s: float
     miss_penalty_kwh: float = 0.0  # the scenario's price of one deadline miss in the reward (kWh-eq)
+    gate: GateSpec = GateSpec()  # the objective's SLO gate (absolute: epsilon; relative: vLLM's attainment - tolerance)
     profile: Profile | None = None
     probe: Probe | None = None
     # --- hindsight door (oracle only): None unless built with from_env(env, hindsight=True) -----------------
@@ -215,6 +217,7 @@ class ControllerContext:
             alpha=sc.alpha,
             epsilon=sc.epsilon,
             miss_penalty_kwh=sc.miss_penalty_kwh,
+            gate=sc.objective.gate,
             actuation_delay_s=sc.actuation_delay_s,
             profile=e.profile.model_copy(deep=True),
             probe=EnvProbe(e),

@@ -65,6 +65,7 @@ from commitenv.latency_slo import CLASS_NAMES, LatencyOutcome, attainment_by, la
 from commitenv.metrics import (deviation_cost_kwh, deviation_pct_or_none, settlement_kind, slo_gate, slo_outcome,
                                summarize)
 from commitenv.scenarios.build import derived_seed
+from commitenv.scoring import score
 from commitenv.scenarios.schema import Scenario
 from commitenv.sim.migration import MIGRATE_MODES
 
@@ -368,7 +369,13 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
     if src is not None:
         summary["scenario_file"] = src  # a scenario not shipped: where `commitenv attribute` finds it again
     summary.update(summarize(energy, commit, sc.lambda_plus, sc.lambda_minus, slo))
+    tail_cost = float(getattr(env, "tail_cost_kwh", 0.0))  # the completion tail, settled as overuse (the env's reward)
+    summary["hours_cost_kwh_eq"] = summary["cost_kwh_eq"]
+    summary["tail_cost_kwh_eq"] = tail_cost
+    summary["cost_kwh_eq"] = summary["hours_cost_kwh_eq"] + tail_cost
     summary["settlement"] = settlement_kind(commit)  # "energy_only": no commitment, deviations None
+    summary["objective"] = {"gate": sc.objective.gate.model_dump(exclude={"reason"}), "epsilon": sc.epsilon,
+                            "lower": sc.objective.lower, "upper": sc.objective.upper}
     summary.update(
         {
             "misses": int(len(table) - slo.met.sum()),
@@ -377,17 +384,25 @@ def score_episode(env: Any, controller_name: str, seed: int, wall_s: float, epis
             "rejected": n_rejected,
             "rejected_reason": reason,
             "requests": int(len(table)),
-            "slo_gate_pass": gate.passed,
+            "slo_gate_pass": gate.passed,  # (a relative gate: None here, set once the reference is known)
             "slo_gate_epsilon": gate.epsilon,
             "slo_gate_worst_hour_pct": gate.worst_hour_pct,
             "slo_gate_worst_hour": gate.worst_hour,
             "slo_gate_pass_eps0": gate0.passed,
+            "slo_arrivals_by_hour": slo.arrivals.tolist(),
+            "slo_misses_by_hour": (slo.arrivals - slo.met).tolist(),
             "tail_energy_mj": float(env.tail_energy_j / 1e6),
-            "episode_return": float(episode_return),
+            "episode_return": float(episode_return),  # the env's reward: -cost + reward_offset_kwh
+            "penalised_return": float(episode_return - sc.miss_penalty_kwh * int(len(table) - slo.met.sum())),
             "reward_offset_kwh": float(env.reward_offset_kwh),
             "wall_s": round(float(wall_s), 3),
         }
     )
+    if sc.objective.gate.kind == "absolute":  # the scoring function's gate, with the same fields as once scored
+        summary.update({k: v for k, v in score(summary).fields().items() if k.startswith("slo_gate")})
+    else:  # a relative gate is judged against the reference run of the same episode (`commitenv.scoring`)
+        summary.update(slo_gate_kind="relative", slo_gate_pass=None, slo_gate_shortfall_pct=None,
+                       slo_gate_failed_hours=None)
     lat = latency_outcome(table.arrival_s, pool.first_t, pool.finish_t, table.prompt_tokens, pool.out_tokens,
                           ~rejected)
     summary.update(latency_summary(lat, getattr(pool, "model_of", np.zeros(len(table), dtype=np.int64)),

@@ -131,6 +131,7 @@ class Job:
     out: str | None = None
     requests: bool = False
     figure: bool = True
+    references: tuple[dict[str, Any], dict[str, Any]] | None = None  # (lower, upper) summaries: score the episode
 
 
 def episode_dir(out: str | Path, name: str, seed: int) -> Path:
@@ -163,6 +164,10 @@ def run_job(job: Job) -> dict[str, Any]:
 
     try:
         _, res = evaluation.run_episode(job.spec, job.scenario, job.seed, controller_kwargs=job.kwargs or None)
+        if job.references is not None:
+            from commitenv.scoring import score
+
+            res.summary.update(score(res.summary, *job.references).fields())
         if job.out is not None:
             res.write(job.out, requests=job.requests, figure=job.figure)
         return {"summary": res.summary}

@@ -4,7 +4,8 @@ against the commitments (used by the environment, the fixed-configuration runner
 Each hour is settled alone (ePACT eq. 1 and 6): C_h = lambda_plus [E_h - E*_h]+ + lambda_minus [E*_h - E_h]+ in
 kWh-equivalent, with E_h the energy metered in [h, h+1) hours. Feeding the meter reading at every interval
 boundary gives the change of the open hour's cost, whose sum over an episode telescopes to
--(sum_h C_h) + lambda_minus sum_h E*_h (the environment's reward without the miss penalty).
+-(sum_h C_h) + lambda_minus sum_h E*_h (the environment's reward, which also pays `tail_cost` for the energy drawn
+after the last hour).
 
 A commitment may be 0 (energy-only settlement, ``commitment: {energy_only: true}``): the formula is unchanged, so
 such an hour costs lambda_plus E_h (kWh), the reward offset is 0 and the hour's deviation is undefined
@@ -83,6 +84,13 @@ class HourlySettlement:
 
     def cost(self, energy_j: float, hour: int) -> float:
         return float(deviation_cost_kwh(energy_j, self.commit_j[hour], self.lambda_plus, self.lambda_minus))
+
+    def tail_cost(self, energy_j: float) -> float:
+        """The cost of energy drawn after the last settled hour (the completion tail): an hour for which nothing
+        was bought, so every joule is overuse, lambda_plus E (kWh-eq; the energy-only formula, E* = 0)."""
+        if not (energy_j >= -1e-6 and np.isfinite(energy_j)):
+            raise ValueError(f"settlement: the tail's energy must be finite and >= 0, got {energy_j} J")
+        return float(self.lambda_plus * max(energy_j, 0.0) / J_PER_KWH)
 
     def record(self, meter_j: float) -> IntervalSettled:
         """Book the cumulative meter reading at the end of the next interval."""

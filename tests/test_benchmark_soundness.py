@@ -107,9 +107,9 @@ def test_neglecting_deadlines_returns_less_than_vllm(name, request):
     vllm = _run(name, "vllm").summary
     for policy in ("do_nothing", "under_serve"):
         s = _run(name, policy).summary
-        assert s["episode_return"] < vllm["episode_return"], (
-            f"{name}: {policy} returns {s['episode_return']:.3f} (misses {s['misses']}, cost "
-            f"{s['cost_kwh_eq']:.3f}) >= vLLM {vllm['episode_return']:.3f} (misses {vllm['misses']})")
+        assert s["penalised_return"] < vllm["penalised_return"], (  # the return LagrangianReward gives learners
+            f"{name}: {policy} returns {s['penalised_return']:.3f} (misses {s['misses']}, cost "
+            f"{s['cost_kwh_eq']:.3f}) >= vLLM {vllm['penalised_return']:.3f} (misses {vllm['misses']})")
         assert s["misses"] > vllm["misses"]
 
 
@@ -120,12 +120,14 @@ def test_return_is_minus_score_plus_offset(name, policy):
     res = _run(name, policy)
     sc = load_scenario(name)
     s = res.summary
-    cost = math.fsum(h["cost_kwh_eq"] for h in res.hourly)
+    cost = math.fsum(h["cost_kwh_eq"] for h in res.hourly) + s["tail_cost_kwh_eq"]
+    assert s["tail_cost_kwh_eq"] == pytest.approx(sc.lambda_plus * s["tail_energy_mj"] / 3.6, rel=1e-12, abs=1e-15)
     assert cost == pytest.approx(s["cost_kwh_eq"], rel=1e-12)
     penalty = sc.miss_penalty_kwh * s["misses"]
     rhs = -(cost + penalty) + s["reward_offset_kwh"]
     scale = max(1.0, abs(cost) + abs(penalty) + abs(s["reward_offset_kwh"]))
-    assert abs(s["episode_return"] - rhs) <= 1e-9 * scale, (s["episode_return"], rhs)
+    assert abs(s["episode_return"] - (rhs + penalty)) <= 1e-9 * scale, (s["episode_return"], rhs + penalty)
+    assert abs(s["penalised_return"] - rhs) <= 1e-9 * scale, (s["penalised_return"], rhs)
     assert penalty > 0 or policy == "vllm"  # the identity is exercised with misses in it
 
 

@@ -234,17 +234,35 @@ def test_slo_counts_in_arrival_hour_in_env(three):
 
 # ------------------------------------------------------------------------------------------ 2. return identity
 def test_return_identity_with_miss_penalty(scen_dir):
+    """The reward is minus the cost (hours, then the tail at the overuse rate); the misses are the separate
+    constraint signal info["cost"]; LagrangianReward at the scenario's miss penalty gives the penalised return."""
+    from commitenv.envs import LagrangianReward
+
     path = toy_miss(scen_dir)
     env = CommitServeEnv(str(path))
     rewards, infos, _ = run_episode(env, lambda k: {"active": 1, "clock": 0})
     assert env.misses > 0, "the scenario must produce deadline misses"
     assert sum(i["new_misses"] for i in infos[1:]) == env.misses == infos[-1]["misses"]
+    assert [i["cost"] for i in infos[1:]] == [float(i["new_misses"]) for i in infos[1:]]
     costs = [i["settlement"]["cost_kwh_eq"] for i in infos if "settlement" in i]
     assert len(costs) == 2
     offset = infos[-1]["reward_offset_kwh"]
     assert offset == pytest.approx(0.5 * 0 + 1.0 * 2 * 0.2e6 / J_PER_KWH, rel=1e-12)
-    expected = -(sum(costs) + 0.01 * env.misses) + offset
-    assert math.fsum(rewards) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    tail_j = env.pool.energy_j() - env.pool.energy_j(2 * 3600.0)  # drawn after the horizon (ideal: one meter)
+    assert infos[-1]["tail_energy_j"] == pytest.approx(tail_j, rel=1e-9, abs=1e-6)
+    tail = 2.0 * tail_j / J_PER_KWH  # priced at lambda_plus (the toy's 2.0)
+    assert infos[-1]["tail_cost_kwh_eq"] == pytest.approx(tail, rel=1e-9, abs=1e-15)
+    assert math.fsum(rewards) == pytest.approx(-(sum(costs) + tail) + offset, rel=1e-9, abs=1e-9)
+    # today's penalised return, exactly, from the wrapper at the scenario's multiplier
+    wrapped = LagrangianReward(CommitServeEnv(str(path)))
+    assert wrapped.multiplier == 0.01
+    penalised, _, _ = run_episode(wrapped, lambda k: {"active": 1, "clock": 0})
+    expected = -(sum(costs) + tail + 0.01 * env.misses) + offset
+    assert math.fsum(penalised) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    per_hour = np.bincount(np.minimum(env.table.arrival_s // 3600, 1).astype(int),
+                           weights=~(env.pool.finish_t <= env.pool.deadline), minlength=2)
+    arrivals = np.bincount(np.minimum(env.table.arrival_s // 3600, 1).astype(int), minlength=2)
+    assert infos[-1]["miss_fraction_by_hour"] == pytest.approx((per_hour / arrivals).tolist())
     # the misses the env counted are the engine's deadline outcomes
     assert env.misses == int(np.count_nonzero(~(env.pool.finish_t <= env.pool.deadline)))
     # the score from engine records (evaluation) equals the same numbers
@@ -252,10 +270,11 @@ def test_return_identity_with_miss_penalty(scen_dir):
 
     res = score_episode(env, "hand", 0, 0.0, math.fsum(rewards))
     s = res.summary
-    assert s["cost_kwh_eq"] == pytest.approx(sum(costs), rel=1e-12)
+    assert s["cost_kwh_eq"] == pytest.approx(sum(costs) + tail, rel=1e-12)
+    assert s["tail_cost_kwh_eq"] == pytest.approx(tail, rel=1e-12, abs=1e-15)
     assert s["misses"] == env.misses
-    assert s["episode_return"] == pytest.approx(-(s["cost_kwh_eq"] + 0.01 * s["misses"]) + s["reward_offset_kwh"],
-                                                rel=1e-9, abs=1e-9)
+    assert s["episode_return"] == pytest.approx(-s["cost_kwh_eq"] + s["reward_offset_kwh"], rel=1e-9, abs=1e-9)
+    assert s["penalised_return"] == pytest.approx(math.fsum(penalised), rel=1e-9, abs=1e-9)
     assert s["attainment_pct"] == pytest.approx(100.0 * (len(env.table) - env.misses) / len(env.table))
 
 
@@ -388,6 +407,8 @@ def test_info_is_scalars_and_hourly_lists(busy_env):
             assert all(isinstance(x, (int, float)) for x in v.values())
         elif k == "slo_by_hour":
             assert all(len(x) == busy_env.H for x in v.values())
+        elif k == "miss_fraction_by_hour":
+            assert len(v) == busy_env.H and all(isinstance(x, float) and 0.0 <= x <= 1.0 for x in v)
         else:
             assert isinstance(v, (int, float, np.integer, np.floating)), (k, type(v))
 

@@ -47,7 +47,10 @@ def test_summary_keys_and_vllm_deviation(vllm_hour):
     assert vllm_hour.hourly[0]["deviation_pct"] == pytest.approx(expected, abs=1e-6)
     assert s["commitment_mj"] == pytest.approx(0.85 * s["energy_mj"], rel=1e-9)
     assert s["hours_within_5pct"] == 0
-    assert s["cost_kwh_eq"] == pytest.approx(2.0 * (s["energy_mj"] - s["commitment_mj"]) / 3.6, rel=1e-9)
+    assert s["hours_cost_kwh_eq"] == pytest.approx(2.0 * (s["energy_mj"] - s["commitment_mj"]) / 3.6, rel=1e-9)
+    # the completion tail after the hour is all overuse: 2 x its kWh on top
+    assert s["cost_kwh_eq"] == pytest.approx(2.0 * (s["energy_mj"] - s["commitment_mj"] + s["tail_energy_mj"]) / 3.6,
+                                             rel=1e-9)
     assert 0.0 <= s["attainment_pct"] <= 100.0
     assert s["wall_s"] >= 0.0
     assert s["requests"] == len(vllm_hour.requests["arrival_s"]) > 1000
@@ -83,9 +86,11 @@ def test_score_from_records_matches_rewards_with_misses(tmp_path):
     assert s["misses"] == int(np.count_nonzero(~req["met"]))
     e = np.array([h["energy_mj"] for h in res.hourly]) * 1e6
     c = np.array([h["commitment_mj"] for h in res.hourly]) * 1e6
-    assert s["cost_kwh_eq"] == pytest.approx(float(np.sum(deviation_cost_kwh(e, c, 2.0, 1.0))), rel=1e-12)
-    assert s["episode_return"] == pytest.approx(-(s["cost_kwh_eq"] + 0.01 * s["misses"]) + s["reward_offset_kwh"],
-                                                rel=1e-9, abs=1e-9)
+    tail = 2.0 * s["tail_energy_mj"] / 3.6  # the completion tail, at the overuse rate
+    assert s["cost_kwh_eq"] == pytest.approx(float(np.sum(deviation_cost_kwh(e, c, 2.0, 1.0))) + tail, rel=1e-12)
+    assert s["episode_return"] == pytest.approx(-s["cost_kwh_eq"] + s["reward_offset_kwh"], rel=1e-9, abs=1e-9)
+    assert s["penalised_return"] == pytest.approx(-(s["cost_kwh_eq"] + 0.01 * s["misses"]) + s["reward_offset_kwh"],
+                                                  rel=1e-9, abs=1e-9)
     # hourly attainment by arrival hour from the request table
     hour = np.minimum(req["arrival_s"] // 3600, 1).astype(int)
     for h in range(2):

@@ -28,8 +28,13 @@ LIMITS = {"cpu_s_per_decision": 5, "wall_s_per_decision": 20, "wall_s_per_episod
 
 # ================================================================================================ score by hand
 def _summary(cost, gate=True, att=99.5, worst=99.5):
+    # one arrival hour of 1000 requests whose attainment is ``worst`` (the gate recomputed from the counts)
+    misses = round(1000 * (100.0 - worst) / 100.0)
+    assert gate == (misses <= 10)
     return {"cost_kwh_eq": cost, "slo_gate_pass": gate, "attainment_pct": att, "misses": 3, "energy_mj": 1.0,
-            "mean_abs_dev_pct": 2.0, "slo_gate_epsilon": 0.01, "slo_gate_worst_hour_pct": worst}
+            "mean_abs_dev_pct": 2.0, "slo_gate_epsilon": 0.01, "slo_gate_worst_hour_pct": worst,
+            "slo_arrivals_by_hour": [1000], "slo_misses_by_hour": [misses],
+            "objective": {"gate": {"kind": "absolute", "tolerance_pp": None}, "epsilon": 0.01}}
 
 
 def test_episode_score_by_hand():

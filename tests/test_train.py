@@ -159,7 +159,7 @@ def test_training_writes_model_normalizer_and_record(run_dir):
         assert s["per_seed"][0]["seed"] == 100099
         assert s["cost_kwh_eq"] >= 0 and 0 <= s["attainment_pct"] <= 100
     best = rec["evaluations"]["best"]
-    assert rec["scores"]["best"]["episode_return"] == pytest.approx(best["mean_return"], rel=1e-6)
+    assert rec["scores"]["best"]["penalised_return"] == pytest.approx(best["mean_return"], rel=1e-6)
 
 
 def test_resume_continues_the_step_count(run_dir, tmp_path):

@@ -59,17 +59,24 @@ they are the same number. ``info["settlement"]`` (once an hour closes) is the se
 A controller may report how long its decision took (``report_planning_delay``, through its probe); the
 action then applies that much later, and not at all once it would fall past the interval (stale).
 
-Reward: each step pays minus the change of the current hour's settlement cost as its energy accrues,
--(C(M_{k+1}) - C(M_k)) with C(M) = lambda_plus [M - E*]+ + lambda_minus [E* - M]+ in kWh-equivalent, minus
-``miss_penalty_kwh`` per deadline miss when it becomes known (a deadline passing unfinished, or at the
-end, after the tail runs to completion; at realism levels whose deadlines a controller sees only through predicted
-lengths, when the late answer arrives). Since C(0) = lambda_minus E*, an episode's return is exactly
+Reward and constraint (the scenario's objective: minimise the settlement cost subject to the SLO gate, ePACT eq. 1;
+a constrained MDP as Safety-Gymnasium states one). Each step pays minus the change of the current hour's settlement
+cost as its energy accrues, -(C(M_{k+1}) - C(M_k)) with C(M) = lambda_plus [M - E*]+ + lambda_minus [E* - M]+ in
+kWh-equivalent. The episode runs until every request is served: the energy drawn after the last hour (the completion
+tail) was bought by nobody, so the last step also pays it at the overuse rate, lambda_plus x tail kWh (`info
+["tail_cost_kwh_eq"]`); starving the pool at the end to under-use the last hour never pays. Since C(0) = lambda_minus
+E*, an episode's return is exactly
 
-    return = -(sum_h C_h + miss_penalty_kwh * misses) + lambda_minus * sum_h E*_h
+    return = -(sum_h C_h + lambda_plus * tail_kWh) + lambda_minus * sum_h E*_h
 
-i.e. minus the score up to the constant ``reward_offset_kwh`` (reported in ``info``; 0 for an energy-only scenario,
-whose return is -(lambda_plus x settled energy in kWh + miss_penalty_kwh x misses)). Scores themselves
-are computed by `commitenv.metrics` from the engine's records, never from rewards.
+i.e. minus the episode's settlement cost (``cost_kwh_eq`` of `commitenv.scoring`) up to the constant
+``reward_offset_kwh`` (0 for an energy-only scenario). The constraint is a separate signal: ``info["cost"]`` is the
+number of deadline misses that became known in the step (a deadline passing unfinished, or at the end, after the
+tail; at realism levels whose deadlines a controller sees only through predicted lengths, when the late answer
+arrives), and ``info["miss_fraction_by_hour"]`` the running miss fraction of every arrival hour so far (known misses
+/ arrivals). `commitenv.envs.LagrangianReward` turns the pair into one penalised reward (at the scenario's
+``miss_penalty_kwh``: reward - miss_penalty_kwh x cost, the return of earlier versions). Scores themselves are
+computed by `commitenv.scoring` from the engine's records, never from rewards.
 
 Attribution (``CommitServeEnv(..., attribution=True)``; off by default: the engine must then report every step,
 which costs time (docs/performance.md), and it adds a nested ``info`` entry): StepSplit's closed-form
@@ -107,7 +114,7 @@ from gymnasium import spaces
 from commitenv.attribution.cost_split import hour_cost_shares
 from commitenv.attribution.hardware import HardwareAttributor
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
-from commitenv.metrics import slo_outcome
+from commitenv.metrics import arrival_hours, slo_outcome
 from commitenv.envs.meters import ControllerMeter
 from commitenv.scenarios import (commitments_mj, engine_options, load_scenario, scenario_layout, scenario_profiles,
                                  scenario_tenant_model, scenario_workload)
@@ -301,6 +308,10 @@ class CommitServeEnv(gym.Env):
         self._dl_sorted = pool.deadline[self._dl_order]
         self._dl_ptr = 0
         self.tail_energy_j = 0.0
+        self.tail_cost_kwh = 0.0
+        self._hour_of = arrival_hours(table.arrival_s, self.H)
+        self._hour_rows = np.searchsorted(self._hour_of, np.arange(self.H + 1))  # the table is in arrival order
+        self.misses_by_hour = np.zeros(self.H, dtype=np.int64)
         self._planning_delay = 0.0
         self.history: list[dict[str, float]] = []
         return self._obs(), self._info(0.0, new_misses=0)
@@ -450,15 +461,18 @@ class CommitServeEnv(gym.Env):
         if booked.closed is not None:
             settlement = booked.closed.as_dict()
             self.meter_hour_start = reading
-        if terminated:
-            pool.run_until(math.inf)  # completion tails count for SLOs; their energy is not settled
+        tail_cost = 0.0
+        if terminated:  # the episode runs until drained: the tail counts for SLOs and is settled as overuse
+            pool.run_until(math.inf)
             self.tail_energy_j = pool.energy_j() * self._settle_factor - e_now
+            tail_cost = self.settlement.tail_cost(self.tail_energy_j)
+            self.tail_cost_kwh = tail_cost
         attribution = None
         if split is not None:
             attribution = self._attribution(split, settlement, terminated)
         new_misses = self._count_misses(math.inf if terminated else t1)
         self.misses += new_misses
-        reward = -d_cost - self.scenario.miss_penalty_kwh * new_misses
+        reward = -d_cost - tail_cost
         self.history.append({"t": t1, "interval_j": interval_j, "active": asked[0], "clock_mhz": self.clocks_mhz[asked[1]]})
         info = self._info(interval_j, new_misses=new_misses, settlement=settlement)
         info["stale_decision"] = stale
@@ -466,6 +480,7 @@ class CommitServeEnv(gym.Env):
             info["attribution"] = attribution
         if terminated:
             info["tail_energy_j"] = self.tail_energy_j
+            info["tail_cost_kwh_eq"] = tail_cost
         return self._obs(), float(reward), terminated, False, info
 
     # ------------------------------------------------------------------------------------------ attribution
@@ -536,14 +551,21 @@ class CommitServeEnv(gym.Env):
         idx = self._dl_order[self._dl_ptr : q]
         self._dl_ptr = q
         ok = self.pool.finish_t[idx] <= self.pool.deadline[idx]
-        return int(len(idx) - np.count_nonzero(ok))
+        return self._book_misses(idx[~ok])
+
+    def _book_misses(self, missed: np.ndarray) -> int:
+        """Count the requests ``missed`` (table rows) in their arrival hours; their number."""
+        if len(missed):
+            self.misses_by_hour += np.bincount(self._hour_of[missed], minlength=self.H)[: self.H]
+        return int(len(missed))
 
     def _count_misses_at_completion(self, t: float) -> int:
         pool = self.pool
         if t == math.inf:
             fin, dl = pool.finish_t, pool.deadline
-            total = int(np.count_nonzero(~(fin <= dl)))  # NaN (never finished) and rejected (inf) miss
-            new = total - self.misses
+            missed = ~(fin <= dl)  # NaN (never finished) and rejected (inf) miss
+            new = int(np.count_nonzero(missed)) - self.misses
+            self.misses_by_hour = np.bincount(self._hour_of[missed], minlength=self.H)[: self.H].astype(np.int64)
             self._pending_done = []
             pool.done_slots.clear()
             return new
@@ -555,7 +577,8 @@ class CommitServeEnv(gym.Env):
         fin = pool.finish_t[idx]
         seen = fin <= t  # the client has the answer (overheads can carry it past the boundary)
         self._pending_done = idx[~seen].tolist()
-        return int(np.count_nonzero(fin[seen] > pool.deadline[idx[seen]]))
+        late = idx[seen][fin[seen] > pool.deadline[idx[seen]]]
+        return self._book_misses(late)
 
     # ------------------------------------------------------------------------------------------ views
     def _obs(self) -> np.ndarray:
@@ -624,6 +647,8 @@ class CommitServeEnv(gym.Env):
                 "migrated_requests": self.pool.migrated} if self.shared else {}),
             "new_misses": new_misses,
             "misses": self.misses,
+            "cost": float(new_misses),  # the constraint signal (Safety-Gymnasium's name): misses known this step
+            "miss_fraction_by_hour": self._miss_fractions(),
             "reward_offset_kwh": self.reward_offset_kwh,
         }
         if settlement is not None:
@@ -632,6 +657,12 @@ class CommitServeEnv(gym.Env):
                               self.pool.deadline[: self.pool.arrived], self.H)
             info["slo_by_hour"] = {"arrivals": slo.arrivals.tolist(), "met_so_far": slo.met.tolist()}
         return info
+
+    def _miss_fractions(self) -> list[float]:
+        """Known misses / arrivals so far of every arrival hour (0 for an hour without arrivals yet)."""
+        lo, hi = self._hour_rows[:-1], self._hour_rows[1:]
+        arrived = np.clip(self.pool.arrived - lo, 0, hi - lo)
+        return np.divide(self.misses_by_hour, arrived, out=np.zeros(self.H), where=arrived > 0).tolist()
 
     # ------------------------------------------------------------------------------------------ controller API
     def snapshot(self) -> Snapshot:

@@ -54,6 +54,13 @@ MISS_PENALTY_SRC = ("not from the paper (its reward has no misses): 0.015 kWh-eq
                     "(epsilon x N_h) on the reference hours (0.012-0.018 across the H20/H200 hours and days): using up "
                     "the whole miss tolerance costs as much as leaving the hour's commitment unused, and one miss "
                     "costs ~35x the overuse cost of an average request's energy, so serving fewer requests never pays")
+H20_GATE_REASON = ("vLLM at full capacity cannot meet 1 - epsilon on the H20 pool (ePACT Table 2: it misses 2.70/1.51/"
+                   "1.00 % at SLO scales 2.5/3/3.5 on the paper's hardware; here 1.8 % at 3), so the gate is vLLM's own "
+                   "attainment in each arrival hour minus 100 x epsilon = 1 pp: the paper reports attainment as gaps "
+                   "to vLLM's (ePACT within 0.09 pp on the single hours, sec. 5.2)")
+GATE_LINES = {"h20": ["objective:\n", "  gate:\n", "    kind: relative\n", "    tolerance_pp: 1.0\n",
+                      f"    reason: {json.dumps(H20_GATE_REASON)}\n"],
+              "h200": []}
 REALISM_IDEAL_SRC = ("reproduction file: truth = the calibrated profile up to the legacy per-segment noise below, true "
                      "deadlines visible (docs/realism.md); the benchmark twin bench-* runs at realism 'paper'")
 REALISM_PAPER_SRC = "realism 'paper': every component and its source in docs/realism.md and commitenv/scenarios/realism.py"
@@ -136,6 +143,7 @@ def render(gpu: str, setting: str, scale: str, bench: bool = False) -> str:
         f"alpha: {alpha}\n",
         "epsilon: 0.01\n",
         f"miss_penalty_kwh: {MISS_PENALTY_KWH}\n",
+        *GATE_LINES[gpu],
         *see_lines,
         "paper:\n",
         f"  pool: {_q('ePACT sec. 5.1: 32-GPU pool, one vLLM-hosted single-GPU replica of Qwen3.8-27B-FP8 per device; App. C.1: ' + g['clock'])}\n",

@@ -273,6 +273,39 @@ class CommitmentSpec(_Strict):
         return self
 
 
+class GateSpec(_Strict):
+    """The SLO constraint of the objective, checked per arrival hour h with N_h arrivals and m_h misses.
+
+    ``absolute`` (ePACT eq. 1): m_h <= epsilon N_h, i.e. attainment >= 100 (1 - epsilon) %. ``relative``: m_h <=
+    m_h^ref + tolerance_pp / 100 x N_h, the reference run's (``objective.lower``, vLLM at full capacity) own
+    attainment in that hour minus ``tolerance_pp`` percentage points: for pools where the reference itself cannot
+    meet 1 - epsilon (the ePACT paper reports attainment as gaps to vLLM's). ``reason`` says why a scenario uses it."""
+
+    kind: Literal["absolute", "relative"] = "absolute"
+    tolerance_pp: float | None = Field(default=None, ge=0, le=100)
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "GateSpec":
+        if self.kind == "relative" and self.tolerance_pp is None:
+            raise ValueError("objective.gate.tolerance_pp: a relative gate needs the tolerance in percentage points "
+                             "below the reference's attainment (e.g. 1.0)")
+        if self.kind == "absolute" and self.tolerance_pp is not None:
+            raise ValueError("objective.gate.tolerance_pp: only for kind 'relative'; the absolute gate's tolerance is "
+                             "the scenario's epsilon")
+        return self
+
+
+class ObjectiveSpec(_Strict):
+    """The problem a scenario poses (ePACT eq. 1): minimise the hourly settlement cost subject to the SLO ``gate``.
+    The normalised score puts the ``lower`` reference's cost at 0 and the ``upper`` one's (the hindsight optimum) at
+    100 (`commitenv.scoring`); ``lower`` is also the relative gate's reference."""
+
+    gate: GateSpec = GateSpec()
+    lower: str = Field(default="vllm", min_length=1)
+    upper: str = Field(default="oracle", min_length=1)
+
+
 class ObservationSpec(_Strict):
     """What a controller may see: oracle output lengths or predictions with a log-normal error."""
 
@@ -309,6 +342,7 @@ class Scenario(_Strict):
     alpha: float = Field(default=3.0, gt=0)
     epsilon: float = Field(default=0.01, ge=0, le=1)
     miss_penalty_kwh: float = Field(default=0.0, ge=0)
+    objective: ObjectiveSpec = ObjectiveSpec()
     actuation_delay_s: float = Field(default=0.0, ge=0)
     observation: ObservationSpec = ObservationSpec()
     noise: NoiseSpecModel = NoiseSpecModel()

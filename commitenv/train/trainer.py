@@ -38,7 +38,8 @@ log = logging.getLogger("commitenv.train")
 
 __all__ = ["TrainSpec", "checkpoints", "start_near", "train"]
 
-SCORE_KEYS = ("cost_kwh_eq", "attainment_pct", "misses", "mean_abs_dev_pct", "energy_mj", "episode_return")
+SCORE_KEYS = ("cost_kwh_eq", "attainment_pct", "misses", "mean_abs_dev_pct", "energy_mj", "episode_return",
+              "penalised_return")  # penalised: the learner's return (LagrangianReward at the miss penalty)
 _CKPT = re.compile(r"^model_(\d+)_steps\.zip$")
 
 

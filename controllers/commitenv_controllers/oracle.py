@@ -15,7 +15,8 @@ breaking ties; None: the scenario's ``miss_penalty_kwh``, i.e. the environment's
 the requests arriving in hour h (`TruthRun.misses_by_hour`, counted as the scores count them) and M_h that hour's
 budget (`miss_budget`), the SLO gate's own form: by default floor(epsilon x the hour's requests), or vLLM's own
 misses among them on the same truth (all replicas at the reference clock, simulated with hindsight) where vLLM
-misses more; ``slo_rule="vllm_minus_epsilon"`` takes the issue's literal rule, attainment no lower than vLLM's minus
+misses more (a scenario with a relative gate: vLLM's misses + floor(tolerance_pp / 100 x the hour's requests), the
+gate itself); ``slo_rule="vllm_minus_epsilon"`` takes the issue's literal rule, attainment no lower than vLLM's minus
 epsilon (vLLM's misses + floor(epsilon x requests), hour by hour), which can fail the gate. ``max_misses`` replaces
 the hourly budgets by one pooled budget.
 
@@ -778,7 +779,14 @@ class OracleController(Controller):
                                  (0,) * root.k + vllm.certain_misses)
         else:  # the gate's form: a budget per arrival hour
             n_h = np.bincount(arrival_hours(arrivals, H), minlength=H)
-            hour_budgets = tuple(miss_budget(v, int(n), eps, self.slo_rule) for v, n in zip(vllm.misses_by_hour, n_h))
+            gate = getattr(ctx, "gate", None)
+            if self.slo_rule == "gate" and gate is not None and gate.kind == "relative" and self.slo_slack is None:
+                # the scenario's relative gate: vLLM's own misses in the hour plus its tolerance
+                hour_budgets = tuple(miss_budget(v, int(n), gate.tolerance_pp / 100.0, "vllm_minus_epsilon")
+                                     for v, n in zip(vllm.misses_by_hour, n_h))
+            else:
+                hour_budgets = tuple(miss_budget(v, int(n), eps, self.slo_rule)
+                                     for v, n in zip(vllm.misses_by_hour, n_h))
             budget = sum(hour_budgets)
             if paced:
                 hour_pace = hour_miss_pace(hour_budgets, arrivals, ctx.interval_s, ctx.intervals_per_hour,
