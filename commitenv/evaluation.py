@@ -31,7 +31,11 @@ applied_s          when the environment applied the change (start + actuation de
                    empty when nothing changed or the decision was stale (it would have applied after the
                    interval's end)
 stale              1 when the decision came too late for its interval
-planning_delay_s   the planning delay the controller reported for this decision (``probe.report_planning_delay``)
+planning_delay_s   the planning delay charged: the decision applied this long after the interval started (plus the
+                   actuation delay); ``realism.planning_delay`` says how it is set (`commitenv.planning`)
+reported_delay_s   what the controller reported (``probe.report_planning_delay``; 0 when it said nothing)
+measured_s         what the runner measured around ``act()`` (wall or CPU of the controller and its workers,
+                   whichever is larger); empty where the scenario does not charge it (``ideal``, ``fixed``)
 =================  ===========================================================================================
 
 A controller's optional ``stats()`` dict adds its numeric entries to summary.json. ``"hindsight": true`` marks a
@@ -64,9 +68,10 @@ from commitenv.hindsight import uses_hindsight
 from commitenv.latency_slo import CLASS_NAMES, LatencyOutcome, attainment_by, latency_outcome
 from commitenv.metrics import (deviation_cost_kwh, deviation_pct_or_none, settlement_kind, slo_gate, slo_outcome,
                                summarize)
+from commitenv.planning import PlanningClock
 from commitenv.scenarios.build import derived_seed
-from commitenv.scoring import score
 from commitenv.scenarios.schema import Scenario
+from commitenv.scoring import score
 from commitenv.sim.migration import MIGRATE_MODES
 
 log = logging.getLogger("commitenv")
@@ -144,7 +149,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
-DECISION_COLUMNS = ("interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s")
+DECISION_COLUMNS = ("interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s",
+                    "reported_delay_s", "measured_s")
 
 
 SHARED_DECISION_COLUMNS = ("active_by_model", "clocks_mhz", "shares", "placement", "migrate")  # a shared pool's (space-separated lists)
@@ -206,13 +212,16 @@ def run_episode(
     controller_kwargs: dict[str, Any] | None = None,
     attribution: bool = False,
     backend: Any = None,
+    charge_planning: bool = True,
 ) -> tuple[Any, EvalResult]:
     """`evaluate`, also returning the finished environment (its pool, table, actions and attributor).
 
     ``controller`` is an instance or a spec string (a registered or entry-point name, ``module:Class`` or
     ``path/to/file.py:Class``; see `commitenv_controllers.registry.resolve`). ``backend``: None for the simulator,
     or a pool factory (`commitenv.backends.pool.fake_backend`, or one of real GPUs); the run is marked
-    ``"backend": "hardware"``."""
+    ``"backend": "hardware"``. ``charge_planning`` False leaves the runner's measurement out where the scenario
+    asks for it (the delay is then what the controller reports; for tests that compare two runs of a slow planner
+    bit for bit)."""
     from commitenv.envs import CommitServeEnv
     from commitenv.control import Controller, ControllerContext
     from commitenv.registry import controller_name, origin_of, resolve
@@ -248,13 +257,21 @@ def run_episode(
     ret = 0.0
     terminated = False
     decisions: list[dict[str, Any]] = []
+    charge = env.charges_planning and charge_planning  # the runner measures each decision (realism paper, hard)
+    clock = PlanningClock()
     try:
         while not terminated:
-            action = ctrl.act(obs, info)
-            delay = env.reported_planning_delay_s  # what the controller reported for this action
+            if charge:
+                with clock:
+                    action = ctrl.act(obs, info)
+                env.charge_planning(clock.seconds)
+            else:
+                action = ctrl.act(obs, info)
+            reported = env.reported_planning_delay_s  # what the controller reported for this action
             n_changes = len(env.actions)
             obs, reward, terminated, truncated, info = env.step(action)
-            decisions.append(_decision(env, action, env.actions[n_changes:], delay, bool(info.get("stale_decision"))))
+            decisions.append(_decision(env, action, env.actions[n_changes:], env.applied_planning_delay_s,
+                                       bool(info.get("stale_decision")), reported, clock.seconds if charge else None))
             ret += reward
             if bar is not None:
                 bar.update(1)
@@ -267,6 +284,12 @@ def run_episode(
     wall = time.perf_counter() - t_start
     res = score_episode(env, name, seed, wall, ret)
     res.decisions = decisions
+    charged = [d["planning_delay_s"] for d in decisions]
+    mode = env.realism.planning_delay.mode
+    res.summary.update(planning_delay_mode=mode if charge or mode != "measured" else "measured, not charged",
+                       planning_delay_s_mean=float(np.mean(charged)) if charged else 0.0,
+                       planning_delay_s_max=float(max(charged, default=0.0)),
+                       planning_measured_s_total=float(sum(d["measured_s"] or 0.0 for d in decisions)))
     if hindsight:
         res.summary["hindsight"] = True  # a bound, not a competitor: the leaderboard refuses it
     if backend is not None:
@@ -295,8 +318,10 @@ def refuses_hindsight(controller_or_summary: Any) -> bool:
     return uses_hindsight(controller_or_summary)
 
 
-def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale: bool) -> dict[str, Any]:
-    """One row of decisions.csv: the (validated) action of interval ``env.k - 1`` and when it was applied."""
+def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale: bool, reported_s: float = 0.0,
+              measured_s: float | None = None) -> dict[str, Any]:
+    """One row of decisions.csv: the (validated) action of interval ``env.k - 1``, when it was applied and the
+    planning delay charged, reported and measured."""
     k = env.k - 1
     act = np.asarray(action["active"])
     clock = int(np.asarray(action["clock"]).item())
@@ -308,6 +333,8 @@ def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale
         "applied_s": float(changes[0][1]) if changes else None,
         "stale": int(stale),
         "planning_delay_s": delay_s,
+        "reported_delay_s": reported_s,
+        "measured_s": measured_s,
     }
     if getattr(env, "shared", False):
         row["active_by_model"] = " ".join(str(int(a)) for a in act.reshape(-1))

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import hmac
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,10 +131,15 @@ def run_reference(job: Any) -> dict[str, Any]:
     from commitenv.evaluation import run_episode
     from commitenv.runner import error_text
 
+    quiet = logging.getLogger("commitenv")  # the episode's own warnings (rejections) belong to the scored runs
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         _, res = run_episode(job.controller, job.scenario, job.seed)
     except Exception as e:  # noqa: BLE001  (reported with the episode's label)
         return {"error": error_text(e)}
+    finally:
+        quiet.setLevel(level)
     return {"summary": {k: res.summary[k] for k in KEEP if k in res.summary}}
 
 

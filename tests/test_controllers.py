@@ -98,7 +98,9 @@ def test_plain_gymnasium_loop(name, active):
         steps += 1
     assert steps == 60 and not truncated
     assert "settlement" in info
-    assert ret == pytest.approx(-info["settlement"]["cost_kwh_eq"] + info["reward_offset_kwh"], rel=1e-9)
+    cost = info["settlement"]["cost_kwh_eq"] + info["tail_cost_kwh_eq"]  # the hour, then the tail as overuse
+    assert info["tail_cost_kwh_eq"] == pytest.approx(2.0 * info["tail_energy_j"] / 3.6e6, rel=1e-12)
+    assert ret == pytest.approx(-cost + info["reward_offset_kwh"], rel=1e-9)
     env.close()
 
 

@@ -362,8 +362,10 @@ def test_decisions_record_actions_application_times_and_planning_delays(files, t
     assert sorted(applied) == [0, 1, 2] + list(range(5, 18))
     out = res.write(tmp_path / "run", figure=False)
     table = _read_csv(out / "decisions.csv")
-    assert list(table[0]) == ["interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s"]
+    assert list(table[0]) == ["interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s",
+                              "reported_delay_s", "measured_s"]
     assert table[3]["applied_s"] == "" and table[3]["stale"] == "1" and table[3]["planning_delay_s"] == "700"
+    assert table[3]["reported_delay_s"] == "700" and table[3]["measured_s"] == ""  # ideal: the report, not measured
     assert table[4]["applied_s"] == "" and table[4]["stale"] == "0" and table[4]["active"] == "1"
     assert table[5]["applied_s"] == "3000" and table[5]["active"] == "2"
 
@@ -467,7 +469,8 @@ def test_many_seeds_parallel_equals_serial_and_resumes(files, tmp_path, capsys, 
     assert {p: p.stat().st_mtime_ns for p in a.rglob("summary.json")} == mtimes
     assert main(["compare", str(files.scenario), "--controllers", specs, "--seeds", "0-3", "--quiet",
                  "--out", str(a)]) == 0
-    assert sorted(calls) == sorted([("vllm", 3), (f"{files.ctl}:HalfPool", 3)])
+    # the new seed's episodes, and its two reference runs for the score (seeds 0-2's are cached)
+    assert sorted(calls) == sorted([("vllm", 3), (f"{files.ctl}:HalfPool", 3), ("vllm", 3), ("oracle", 3)])
     assert json.loads((a / "compare.json").read_text())["controllers"][0]["episodes"] == 4
     # other arguments are another episode: run again, as is everything with --rerun
     calls.clear()

@@ -53,5 +53,8 @@ def test_env_runner_and_scoring_settle_the_same_energy():
                       hours=sc.horizon_hours, interval_s=sc.interval_s)
     np.testing.assert_array_equal(env.settlement.energy_j, fixed.hourly_energy_j)
     res = score_episode(env, "vllm", 0, 0.0, ret)
-    assert res.summary["cost_kwh_eq"] == pytest.approx(float(env.settlement.cost_kwh.sum()), rel=1e-15)
+    assert res.summary["hours_cost_kwh_eq"] == pytest.approx(float(env.settlement.cost_kwh.sum()), rel=1e-15)
+    tail = env.scenario.lambda_plus * env.tail_energy_j / 3.6e6  # after the hour: all overuse
+    assert res.summary["cost_kwh_eq"] == pytest.approx(float(env.settlement.cost_kwh.sum()) + tail, rel=1e-15)
+    assert ret == pytest.approx(-res.summary["cost_kwh_eq"] + env.reward_offset_kwh, rel=1e-12)
     assert res.summary["energy_mj"] == pytest.approx(float(env.settlement.energy_j.sum()) / 1e6, rel=1e-15)

@@ -429,3 +429,36 @@ def test_two_envs_in_subprocesses(tmp_path):
                           progress=False, score=False, hyperparameters={"n_steps": 64, "batch_size": 32}))
     assert rec["steps_done"] == 256 and rec["envs"] == 2
     assert rec["train_seeds_used"] == ["0-5"]  # env 0: 0, 2, 4; env 1: 1, 3, 5
+
+
+# ================================================================================================ ppo-lagrangian
+def test_ppo_lagrangian_updates_one_shared_multiplier_by_dual_ascent(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from commitenv.train.trainer import TrainSpec, train
+
+    rec = train(TrainSpec(SCENARIO, "ppo-lagrangian", steps=192, out=tmp_path / "lag", eval_freq=0, eval_episodes=1,
+                          progress=False, score=False,
+                          hyperparameters={"n_steps": 64, "batch_size": 32, "lagrangian": {"lr": 0.5}}))
+    lag = rec["lagrangian"]
+    assert rec["algo"] == "ppo-lagrangian" and rec["action_mapping"] == "flat"
+    assert lag["limit"] == 0.01 and lag["lr"] == 0.5 and len(lag["history"]) == 3  # an episode ends in each rollout
+    lam = 0.015  # the scenario's miss penalty: where the multiplier starts
+    for steps, got, worst in lag["history"]:
+        assert 0.0 <= worst <= 1.0
+        lam = max(0.0, lam + 0.5 * (worst - 0.01))  # dual ascent on the measured violation, by hand
+        assert got == pytest.approx(lam, rel=1e-12)
+    assert lag["multiplier"] == pytest.approx(lam, rel=1e-12)
+
+
+def test_lagrangian_reward_refuses_bad_multipliers_and_config():
+    from commitenv.envs import CommitServeEnv, LagrangianReward
+    from commitenv.train.config import parse_config
+
+    env = CommitServeEnv(SCENARIO)
+    for bad in ("0.1", -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="multiplier must be a finite number >= 0"):
+            LagrangianReward(env, bad)
+    with pytest.raises(ValueError, match="lagrangian.initial_multiplier"):
+        parse_config({"lagrangian": {"initial_multiplier": "high"}}, "ppo-lagrangian")
+    with pytest.raises(ValueError, match="lagrangian"):
+        parse_config({"lagrangian": {"lr": 1.0}}, "ppo")  # only ppo-lagrangian has a multiplier

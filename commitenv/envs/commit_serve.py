@@ -56,8 +56,10 @@ Two meters (realism levels, docs/realism.md): observations and ``info`` energies
 NVML-like counters read (`commitenv.envs.meters`); the settlement and the reward use the pool meter. At ``ideal``
 they are the same number. ``info["settlement"]`` (once an hour closes) is the settled bill.
 
-A controller may report how long its decision took (``report_planning_delay``, through its probe); the
-action then applies that much later, and not at all once it would fall past the interval (stale).
+Planning time (``realism.planning_delay``): at ``paper`` and ``hard`` the runner measures each decision
+(`commitenv.planning`) and hands the seconds to ``charge_planning``; the action then applies that much after the
+interval starts (at least what the controller reports through its probe), and not at all once it would fall past
+the interval (stale). At ``ideal`` only a controller's own report delays it (0 by default).
 
 Reward and constraint (the scenario's objective: minimise the settlement cost subject to the SLO gate, ePACT eq. 1;
 a constrained MDP as Safety-Gymnasium states one). Each step pays minus the change of the current hour's settlement
@@ -115,6 +117,7 @@ from commitenv.attribution.cost_split import hour_cost_shares
 from commitenv.attribution.hardware import HardwareAttributor
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import arrival_hours, slo_outcome
+from commitenv.planning import quantize
 from commitenv.envs.meters import ControllerMeter
 from commitenv.scenarios import (commitments_mj, engine_options, load_scenario, scenario_layout, scenario_profiles,
                                  scenario_tenant_model, scenario_workload)
@@ -313,6 +316,8 @@ class CommitServeEnv(gym.Env):
         self._hour_rows = np.searchsorted(self._hour_of, np.arange(self.H + 1))  # the table is in arrival order
         self.misses_by_hour = np.zeros(self.H, dtype=np.int64)
         self._planning_delay = 0.0
+        self._charged_delay = 0.0
+        self.applied_planning_delay_s = 0.0
         self.history: list[dict[str, float]] = []
         return self._obs(), self._info(0.0, new_misses=0)
 
@@ -430,9 +435,16 @@ class CommitServeEnv(gym.Env):
         t0 = self.k * self.dt
         t1 = t0 + self.dt
         pd = self.realism.planning_delay
-        delay = pd.seconds if pd.mode == "fixed" else self._planning_delay
+        if pd.mode == "fixed":
+            delay = pd.seconds
+        elif pd.mode == "measured":
+            delay = quantize(max(self._charged_delay, self._planning_delay, pd.seconds), pd.resolution_s)
+        else:
+            delay = self._planning_delay
+        self.applied_planning_delay_s = float(delay)
         t_apply = t0 + self.scenario.actuation_delay_s + delay
         self._planning_delay = 0.0
+        self._charged_delay = 0.0
         return t1, t_apply, t_apply >= t1
 
     def _step_shared(self, new: SharedConfig):
@@ -679,6 +691,19 @@ class CommitServeEnv(gym.Env):
         if not (seconds >= 0 and math.isfinite(seconds)):
             raise ValueError(f"planning delay: expected a finite number of seconds >= 0, got {seconds}")
         self._planning_delay = float(seconds)
+
+    def charge_planning(self, seconds: float) -> None:
+        """The runner measured the coming action's decision at ``seconds`` (`commitenv.planning.PlanningClock`): at
+        realism levels whose planning delay is ``measured`` the action applies that much after the interval starts
+        (at least what the controller reported; rounded to ``resolution_s``); ignored in the other modes."""
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise ValueError(f"planning time: expected a finite number of seconds >= 0, got {seconds}")
+        self._charged_delay = float(seconds)
+
+    @property
+    def charges_planning(self) -> bool:
+        """Whether the runner's measurement of each decision applies (``realism.planning_delay.mode: measured``)."""
+        return self.realism.planning_delay.mode == "measured"
 
     @property
     def reported_planning_delay_s(self) -> float:

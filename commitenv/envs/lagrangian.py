@@ -52,6 +52,10 @@ class LagrangianReward(gym.Wrapper):
             raise ValueError(f"LagrangianReward: limit is a miss fraction in [0, 1], got {limit!r}")
         self._fractions: list[float] = []
 
+    def set_multiplier(self, value: float) -> None:
+        """Set the multiplier (a trainer's dual update shared by its vectorised workers)."""
+        self.multiplier = _number("multiplier", value)
+
     def step(self, action: Any):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if "cost" not in info:

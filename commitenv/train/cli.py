@@ -22,7 +22,8 @@ def add_train_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("scenario", help="scenario name or file (commitenv scenarios lists them)")
     t.add_argument("--algo", choices=ALGORITHMS, default="ppo",
                    help="ppo / a2c (MultiDiscrete actions), sac (Box actions), dqn (one Discrete action per "
-                        "(active, clock) pair); default ppo")
+                        "(active, clock) pair), ppo-lagrangian (PPO with the miss price as an adaptive Lagrange "
+                        "multiplier, docs/objective.md); default ppo")
     t.add_argument("--steps", type=int, default=100_000, help="environment steps in total (default 100000)")
     t.add_argument("--envs", type=int, default=1, help="parallel envs: 1 in this process, more in subprocesses")
     t.add_argument("--config", default=None, metavar="FILE", help="YAML of hyperparameters (docs/training.md)")

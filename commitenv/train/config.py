@@ -21,8 +21,9 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
 
 from commitenv.train import ALGORITHMS
 
-__all__ = ["A2CConfig", "AlgoConfig", "DQNConfig", "InitialAction", "NormalizeConfig", "PPOConfig", "PolicyConfig",
-           "SACConfig", "config_class", "default_config", "load_config", "parse_config"]
+__all__ = ["A2CConfig", "AlgoConfig", "DQNConfig", "InitialAction", "LagrangianConfig", "NormalizeConfig", "PPOConfig",
+           "PPOLagrangianConfig", "PolicyConfig", "SACConfig", "config_class", "default_config", "load_config",
+           "parse_config"]
 
 
 class _Strict(BaseModel):
@@ -56,7 +57,7 @@ class AlgoConfig(_Strict):
 
     def algo_kwargs(self) -> dict[str, Any]:
         """The algorithm's constructor arguments (``policy_kwargs`` with the activation still a name)."""
-        return self.model_dump(exclude={"normalize", "initial_action"})
+        return self.model_dump(exclude={"normalize", "initial_action", "lagrangian"})
 
 
 class InitialAction(_Strict):
@@ -89,6 +90,22 @@ class PPOConfig(_CategoricalConfig):
     vf_coef: NonNegativeFloat = 0.5
     max_grad_norm: PositiveFloat = 0.5
     target_kl: PositiveFloat | None = None
+
+
+class LagrangianConfig(_Strict):
+    """The dual variable of ``ppo-lagrangian`` (`commitenv.envs.LagrangianReward`): its start (kWh-eq per miss; null:
+    the scenario's ``miss_penalty_kwh``), its step per unit of violation after each rollout, and the miss fraction
+    the worst arrival hour may reach (null: the scenario's epsilon)."""
+
+    initial_multiplier: NonNegativeFloat | None = None
+    lr: NonNegativeFloat = 1.0
+    limit: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class PPOLagrangianConfig(PPOConfig):
+    """PPO on the Lagrangian reward with an adaptive multiplier (flat ``MultiDiscrete`` actions)."""
+
+    lagrangian: LagrangianConfig = Field(default_factory=LagrangianConfig)
 
 
 class A2CConfig(_CategoricalConfig):
@@ -135,7 +152,8 @@ class DQNConfig(AlgoConfig):
     max_grad_norm: PositiveFloat = 10.0
 
 
-_CLASSES: dict[str, type[AlgoConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "sac": SACConfig, "dqn": DQNConfig}
+_CLASSES: dict[str, type[AlgoConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "sac": SACConfig, "dqn": DQNConfig,
+                                         "ppo-lagrangian": PPOLagrangianConfig}
 
 
 def config_class(algo: str) -> type[AlgoConfig]:

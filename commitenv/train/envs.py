@@ -69,15 +69,15 @@ class SeedSchedule(gym.Wrapper):
 
 
 def make_env(scenario: str | Scenario, mapping: str, lo: int, hi: int, first: int, stride: int = 1,
-             honor_given: bool = False, monitor: bool = True) -> gym.Env:
-    """One env for a learner: `CommitServeEnv` -> `LagrangianReward` at the scenario's miss penalty (the learner's
-    reward is the cost plus the priced misses) -> the action wrapper ``mapping`` -> `SeedSchedule` -> ``Monitor``
+             honor_given: bool = False, monitor: bool = True, multiplier: float | None = None) -> gym.Env:
+    """One env for a learner: `CommitServeEnv` -> `LagrangianReward` at ``multiplier`` (None: the scenario's miss
+    penalty; the learner's reward is the cost plus the priced misses) -> the action wrapper ``mapping`` -> `SeedSchedule` -> ``Monitor``
     (a module-level function, so that SubprocVecEnv can send it to its workers)."""
     from commitenv.envs.commit_serve import CommitServeEnv
     from commitenv.envs.lagrangian import LagrangianReward
     from commitenv.envs.wrappers import ACTION_WRAPPERS
 
-    base = LagrangianReward(CommitServeEnv(scenario))
+    base = LagrangianReward(CommitServeEnv(scenario), multiplier)
     env: gym.Env = SeedSchedule(ACTION_WRAPPERS[mapping](base), lo, hi, first, stride, honor_given)
     if monitor:
         from stable_baselines3.common.monitor import Monitor

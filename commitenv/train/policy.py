@@ -17,7 +17,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from commitenv.envs.wrappers import ActionCodec, codec_for
-from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA
+from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA, SB3_CLASS
 
 __all__ = ["FILES", "PolicyFiles", "TrainedPolicy", "algorithm_class", "policy_files"]
 
@@ -32,7 +32,7 @@ def algorithm_class(algo: str) -> Any:
         import stable_baselines3 as sb3
     except ImportError as e:
         raise ValueError(f"trained policies need stable-baselines3 (the 'rl' extra: {RL_EXTRA}): {e}") from None
-    return getattr(sb3, algo.upper())
+    return getattr(sb3, SB3_CLASS[algo])
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,9 @@ class TrainedPolicy:
             raise ValueError(f"{self.files.record}: cannot read it ({e})") from None
         self.algo = str(self.record.get("algo"))
         self.mapping = str(self.record.get("action_mapping", ACTION_MAPPING.get(self.algo, "")))
+        if self.algo == "ppo-lagrangian" and self.mapping != "flat":
+            raise ValueError(f"{self.files.record}: action_mapping: ppo-lagrangian trains a categorical policy on the "
+                             f"flat MultiDiscrete action ('flat'), got {self.mapping!r}")
         cls = algorithm_class(self.algo)
         try:
             self.model = cls.load(str(self.files.model), device="cpu")

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from commitenv.envs.wrappers import ActionCodec
-from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA
+from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA, SB3_CLASS
 from commitenv.train.config import AlgoConfig, InitialAction, default_config, load_config, parse_config
 from commitenv.train.envs import SeedRanges, make_env, seed_ranges
 
@@ -232,7 +232,36 @@ def _callbacks() -> dict[str, type]:
                         f.unlink(missing_ok=True)
             return ok
 
-    return {"tqdm": TqdmCallback, "normalizer": SaveNormalizer, "eval": SeededEval, "checkpoints": Checkpoints}
+    class DualUpdate(BaseCallback):
+        """``ppo-lagrangian``'s dual ascent: after each rollout, multiplier <- max(0, multiplier + lr x (mean over the
+        episodes finished in it of the worst arrival hour's miss fraction - limit)), sent to every worker's
+        `LagrangianReward`, so that all of them penalise misses at the same price."""
+
+        def __init__(self, multiplier: float, lr: float, limit: float) -> None:
+            super().__init__()
+            self.multiplier, self.lr, self.limit = multiplier, lr, limit
+            self.worst: list[float] = []
+            self.history: list[list[float]] = []  # (steps, multiplier, mean worst-hour miss fraction) per update
+
+        def _on_step(self) -> bool:
+            for done, info in zip(self.locals["dones"], self.locals["infos"]):
+                if done:
+                    self.worst.append(max(info.get("miss_fraction_by_hour") or [0.0]))
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if not self.worst:
+                return
+            violation = float(np.mean(self.worst)) - self.limit
+            self.worst = []
+            self.multiplier = max(0.0, self.multiplier + self.lr * violation)
+            self.training_env.env_method("set_multiplier", self.multiplier)
+            self.history.append([int(self.num_timesteps), self.multiplier, violation + self.limit])
+            self.logger.record("lagrangian/multiplier", self.multiplier)
+            self.logger.record("lagrangian/violation", violation)
+
+    return {"tqdm": TqdmCallback, "normalizer": SaveNormalizer, "eval": SeededEval, "checkpoints": Checkpoints,
+            "dual": DualUpdate}
 
 
 # ================================================================================================ training
@@ -292,7 +321,14 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     episodes_done = -(-start_steps // (episode_steps * n))
     lo, hi = ranges.train
     width = hi - lo
-    fns = [_EnvFn(spec.scenario, mapping, lo, hi, lo + (i + n * episodes_done) % width, n) for i in range(n)]
+    dual = getattr(cfg, "lagrangian", None)  # ppo-lagrangian: the multiplier the workers start from
+    lam = None
+    if dual is not None:
+        lam = (prior or {}).get("lagrangian", {}).get("multiplier") if prior else None
+        if lam is None:
+            lam = sc.miss_penalty_kwh if dual.initial_multiplier is None else dual.initial_multiplier
+    fns = [_EnvFn(spec.scenario, mapping, lo, hi, lo + (i + n * episodes_done) % width, n, multiplier=lam)
+           for i in range(n)]
     venv = SubprocVecEnv(fns) if n > 1 else DummyVecEnv(fns)
     eval_venv, model = None, None
     try:
@@ -308,7 +344,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
                                             1, honor_given=True)])
             eval_env = VecNormalize(eval_venv, training=False, norm_obs=norm_cfg.norm_obs, norm_reward=False,
                                     clip_obs=norm_cfg.clip_obs, gamma=cfg.gamma)
-        cls = getattr(sb3, spec.algo.upper())
+        cls = getattr(sb3, SB3_CLASS[spec.algo])
         if ckpt is not None:
             model = cls.load(str(ckpt[0]), env=train_env, device=spec.device)
             buf = ckpt[0].parent / f"model_replay_buffer_{start_steps}_steps.pkl"
@@ -354,6 +390,10 @@ def train(spec: TrainSpec) -> dict[str, Any]:
                                     verbose=0)
             _restore_evaluations(evaluator, out, prior)
             callbacks.append(evaluator)
+        dual_cb = None
+        if dual is not None:
+            dual_cb = cbs["dual"](lam, dual.lr, sc.epsilon if dual.limit is None else dual.limit)
+            callbacks.append(dual_cb)
         rich = importlib.util.find_spec("rich") is not None and importlib.util.find_spec("tqdm") is not None
         if spec.progress and not rich:
             callbacks.append(cbs["tqdm"]())
@@ -381,6 +421,10 @@ def train(spec: TrainSpec) -> dict[str, Any]:
                       train_seeds_used=_seed_text([s for seg in record["segments"]
                                                    for s in _expand(seg["train_seeds"])]),
                       evaluations=_evaluations(evaluator), files=_files(out))
+        if dual_cb is not None:
+            history = list((record.get("lagrangian") or {}).get("history", [])) + dual_cb.history
+            record["lagrangian"] = {"multiplier": dual_cb.multiplier, "lr": dual_cb.lr, "limit": dual_cb.limit,
+                                    "history": history}
         _write_json(out / "train.json", record)
     finally:
         logger = getattr(model, "_logger", None)
@@ -399,11 +443,12 @@ class _EnvFn:
     """A picklable env factory for the vector envs (`make_env` with fixed arguments)."""
 
     def __init__(self, scenario: str, mapping: str, lo: int, hi: int, first: int, stride: int,
-                 honor_given: bool = False) -> None:
+                 honor_given: bool = False, multiplier: float | None = None) -> None:
         self.args = (scenario, mapping, lo, hi, first, stride, honor_given)
+        self.multiplier = multiplier
 
     def __call__(self) -> Any:
-        return make_env(*self.args)
+        return make_env(*self.args, multiplier=self.multiplier)
 
 
 def _policy_kwargs(pk: dict[str, Any]) -> dict[str, Any]:
