@@ -147,9 +147,8 @@ def _gate_text(summary: dict) -> str:
 def _references(args: argparse.Namespace, scenario: str, seeds: list[int]) -> dict[int, tuple[dict, dict]]:
     """The objective's reference runs of every seed (cached; `commitenv.references`), or {} when they cannot be had
     (a warning says why; the runs then carry no score, and a relative gate stays undecided)."""
-    from commitenv.references import scenario_references
+    from commitenv.references import run_reference, scenario_references
     from commitenv.runner import run_jobs
-    from commitenv.references import run_reference
     from commitenv.scenarios import load_scenario
 
     if not getattr(args, "score", True):
