@@ -5,47 +5,72 @@ Action (``Dict``): ``active`` replicas in 1..N and ``clock`` (index into the pro
 applied ``actuation_delay_s`` after the interval starts. The shared-GPU variant extends this dict with SM
 shares and placement keys; it never replaces these two.
 
-Observation (``Box`` float32, 16 features, ``OBS_FEATURES`` names them in order): only what a controller may legally
-know, each scaled so that it stays in about [-1, 1] in operation with its unit kept readable: fractions stay linear,
-energy ratios are compressed only far from their normal range (``soft``: x up to 1, 1 + ln x beyond; ``slog``:
-sign(x) ln(1 + |x|), about x near 0), counts are log-scaled. Nothing is cut off: the ``observation_space`` bounds hold
-every value a scenario can produce (the final guard clip binds only at an energy ratio or a count beyond about 10^8).
-Learners: docs/training.md.
+Observation (``Box`` float32, 16 features, ``OBS_FEATURES`` names them in order): a function of the controller's view
+alone (``info``, `commitenv.control.ControllerContext` and its probe's ``snapshot()`` / ``recent_arrivals()``; test:
+tests/test_observation_view.py recomputes every feature from them), each scaled so that it stays in about [-1, 1] in
+operation with its unit kept readable: fractions stay linear, energy ratios are compressed only far from their normal
+range (``soft``: x up to 1, 1 + ln x beyond; ``slog``: sign(x) ln(1 + |x|), about x near 0), counts are log-scaled.
+Nothing is cut off: the ``observation_space`` bounds hold every value a scenario can produce (the final guard clip
+binds only at an energy ratio or a count beyond about 10^8). Learners: docs/training.md.
+
+Symbols, each with where the view has it. K = intervals per hour, H = horizon hours (``ctx.intervals_per_hour``,
+``ctx.horizon_hours``); k = interval of the hour and h = hour (``info["interval"]``, ``info["hour"]``: h = min(steps //
+K, H - 1), k = steps - hK); N = GPUs (``ctx.n_replicas`` for one model, ``len(ctx.placement)`` on a shared pool), TDP
+= ``ctx.profile.gpu.tdp_w``; E*_h = the hour's commitment, J (``info["commitment_j"]`` = ``ctx.commitments_j[h]``);
+D_h = E*_h, or N x TDP x 3600 s when E*_h = 0 (energy-only); M = the controller meter's energy of the hour so far, J
+(``info["hour_energy_j"]``; ``snapshot.meter_j`` minus its reading when the hour began) and e = the last interval's,
+J (``info["interval_energy_j"]``; the change of ``snapshot.meter_j``; 0 at the reset); A = requests arrived so far,
+rejected ones included (``len(recent_arrivals(w))`` for a window w reaching back past t = 0); live requests = the
+arrived, unfinished requests of ``snapshot.requests`` (running batches, queues, unrouted, migrating), with visible
+deadlines ``deadline_s`` and now = ``snapshot.t``.
 
 ====  =======================  ===========================================  ==========  ===================
-idx   name                     meaning and scaling                          bounds      typical (bench hour)
+idx   name                     formula (unit, scale)                        bounds      typical (bench hour)
 ====  =======================  ===========================================  ==========  ===================
-0     time_in_hour             elapsed fraction of the current hour k/K     [0, 1]      0 .. 1
-1     hour_of_horizon          hour index / horizon hours (constant 0 in    [0, 1]      0
-                               single-hour scenarios)
-2     commitment               soft(E*_h / (N x TDP x 1 h)) (constant in    [0, 20]     0.16
-                               single-hour scenarios)
-3     hour_energy              soft(metered energy so far this hour /       [0, 20]     0 .. 1.1
-                               E*_h): 1 = the commitment is used up
-4     last_interval_energy     slog(last interval's metered energy /        [-20, 20]   -0.7 .. 0.35
-                               (E*_h / K) - 1): 0 = at the nominal share
-5     target                   slog(equal split of the remaining            [-20, 20]   -2.3 .. 2.8
-                               commitment (E*_h - M_k)/(K - k) / (E*_h / K)
-                               - 1): 0 = on track, > 0 behind, < 0 ahead
-6     arrivals                 log1p(arrivals in the last interval) / 10    [0, 2]      0 .. 0.7
-7     waiting                  log1p(queued requests) / 10                  [0, 2]      0 .. 0.6
-8     running                  log1p(running requests) / 10                 [0, 2]      0 .. 0.5
-9     waiting_tokens           log1p(prompt tokens still to prefill) / 15   [0, 2]      0 .. 0.9
-10    slack_min                tanh(min over live requests of visible       [-1, 1]     -1 .. 1
-                               deadline - now, s / 60)
-11    slack_mean               tanh(mean slack, s / 60)                     [-1, 1]     -0.6 .. 1
-12    overdue_frac             fraction of live requests already past       [0, 1]      0 .. 1
-                               their deadline
-13    active                   configured active replicas / N               [0, 1]      0.03 .. 1
-14    clock                    clock level index / (levels - 1)             [0, 1]      0 .. 1
-15    misses                   log1p(deadline misses so far) / 10           [0, 2]      0 .. 1
+0     time_in_hour             k / K (K in the final observation)           [0, 1]      0 .. 1
+1     hour_of_horizon          h / H (constant 0 in single-hour scenarios)  [0, 1]      0
+2     commitment               soft(E*_h / (N x TDP x 3600 s)): the         [0, 20]     0.16
+                               commitment against the pool's full power
+3     hour_energy              soft(M / D_h): 1 = the commitment is used    [0, 20]     0 .. 1.1
+                               up
+4     last_interval_energy     slog(e / (D_h / K) - 1): 0 = at the nominal  [-20, 20]   -0.7 .. 0.35
+                               share, -ln 2 = nothing
+5     target                   slog(T / (D_h / K) - 1), T = (D_h - M) /     [-20, 20]   -2.3 .. 2.8
+                               (K - k) the remaining commitment split
+                               evenly (T = 0 at k = K): 0 = on track,
+                               > 0 behind, < 0 ahead
+6     arrivals                 log1p(A - A at the last boundary) / 10       [0, 2]      0 .. 0.7
+7     waiting                  log1p(live requests not in a running         [0, 2]      0 .. 0.6
+                               batch: queued, unrouted, migrating) / 10
+8     running                  log1p(live requests in running batches)/10   [0, 2]      0 .. 0.5
+9     waiting_tokens           log1p(sum over live requests of max(0,       [0, 2]      0 .. 0.9
+                               prompt + generated - computed - [generated
+                               > 0])) / 15: tokens to compute before each
+                               next output token (the prompt still to
+                               prefill; after a recompute preemption the
+                               generated tokens too)
+10    slack_min                tanh(min over live requests of (visible      [-1, 1]     -1 .. 1
+                               deadline - now) / 60 s); 1 with none live
+11    slack_mean               tanh(mean of the same slacks / 60 s); 1      [-1, 1]     -0.6 .. 1
+                               with none live
+12    overdue_frac             live requests with visible deadline < now /  [0, 1]      0 .. 1
+                               live requests; 0 with none live
+13    active                   ``info["active"]`` / ``ctx.n_replicas``:     [0, 1]      0.03 .. 1
+                               configured active replicas (summed over
+                               models on a shared pool) / replicas
+14    clock                    index of ``info["clock_mhz"]`` in            [0, 1]      0 .. 1
+                               ``ctx.clocks_mhz`` / max(levels - 1, 1)
+                               (the highest GPU's on a shared pool)
+15    misses                   log1p(``info["misses"]``) / 10: deadline     [0, 2]      0 .. 1
+                               misses known so far (the sum of
+                               ``info["cost"]``)
 ====  =======================  ===========================================  ==========  ===================
 
-Energy-only hours (a scenario with ``commitment: {energy_only: true}``, E*_h = 0): feature 2 is 0 (soft(0)), which
-tells a policy it is in the energy-only regime, and features 3, 4 and 5 use D_h = N x TDP x 1 h (the pool's
-full-power hourly energy, feature 2's scale) in place of E*_h: 3 = soft(M_k / D_h), 4 = slog(last interval's energy /
-(D_h / K) - 1), 5 = slog((D_h - M_k)/(K - k) / (D_h / K) - 1). Nothing divides by E*_h = 0. ``info["commitment_j"]``
-is 0 and ``info["target_j"]`` keeps its formula (E*_h - M_k)/(K - k), i.e. -M_k/(K - k).
+The reset's observation has e = 0 (feature 4 = -ln 2); the final one (after the last step and the drain) has k = K and
+M = 0 (the hour has closed), so feature 5 is slog(-1) = -ln 2, and no live requests. Energy-only hours (``commitment:
+{energy_only: true}``, E*_h = 0): feature 2 is 0 (soft(0)), which tells a policy it is in the energy-only regime, and
+features 3, 4 and 5 use D_h = N x TDP x 1 h, so nothing divides by E*_h = 0. ``info["commitment_j"]`` is then 0 and
+``info["target_j"]`` keeps its formula (E*_h - M)/(K - k), i.e. -M/(K - k).
 
 ``hour_of_horizon`` and ``commitment`` are constant in a single-hour scenario; they are kept so that the observation is
 the same vector in every scenario (a policy can be carried to multi-hour days and other commitment levels), and a
