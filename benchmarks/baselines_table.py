@@ -20,14 +20,15 @@ def _cell(m: dict, fmt: str) -> str:
 
 
 def table(doc: dict, penalty_kwh: float) -> str:
-    """One scenario's rows: cost, mean |dev|, attainment, misses, total (cost + penalty x misses), gap to oracle."""
+    """One scenario's rows: the normalised score (`commitenv.scoring`), cost, mean |dev|, attainment, misses, total
+    (cost + penalty x misses), gap to oracle, SLO gate passes and the mean planning delay charged per decision."""
     rows = {c["controller"]: c for c in doc["controllers"]}
     bound = rows.get("oracle")
     lines = [f"**{doc['scenario']}**, seeds {doc['seeds'][0]}-{doc['seeds'][-1]} (mean ± 95 % t-interval half-width)",
              "",
-             "| controller | cost kWh-eq | mean abs dev % | attainment % | misses | cost + misses x penalty | "
-             "gap to oracle (cost) | SLO gate |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| controller | score | cost kWh-eq | mean abs dev % | attainment % | misses | cost + misses x penalty | "
+             "gap to oracle (cost) | SLO gate | planning delay s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in rows.items():
         m = c["metrics"]
         seeds = [str(s) for s in c["seeds"]]
@@ -38,9 +39,12 @@ def table(doc: dict, penalty_kwh: float) -> str:
         else:
             gap = "0" if name == "oracle" else "n/a"
         dev = _cell(m["mean_abs_dev_pct"], ".2f") if "mean_abs_dev_pct" in m else "energy-only"  # (no commitment)
-        lines.append(f"| {name} | {_cell(m['cost_kwh_eq'], '.4f')} | {dev} | "
+        score = _cell(m["score"], ".2f") if "score" in m else "-"
+        delay = _cell(m["planning_delay_s_mean"], ".2f") if "planning_delay_s_mean" in m else "-"
+        lines.append(f"| {name} | {score} | {_cell(m['cost_kwh_eq'], '.4f')} | {dev} | "
                      f"{_cell(m['attainment_pct'], '.3f')} | {_cell(m['misses'], '.1f')} | "
-                     f"{_cell(mean_ci95(total), '.4f')} | {gap} | {c['slo_gate_pass_count']}/{c['episodes']} |")
+                     f"{_cell(mean_ci95(total), '.4f')} | {gap} | {c['slo_gate_pass_count']}/{c['episodes']} | "
+                     f"{delay} |")
     return "\n".join(lines)
 
 

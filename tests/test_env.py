@@ -248,7 +248,7 @@ def test_return_identity_with_miss_penalty(scen_dir):
     assert len(costs) == 2
     offset = infos[-1]["reward_offset_kwh"]
     assert offset == pytest.approx(0.5 * 0 + 1.0 * 2 * 0.2e6 / J_PER_KWH, rel=1e-12)
-    tail_j = env.pool.energy_j() - env.pool.energy_j(2 * 3600.0)  # drawn after the horizon (ideal: one meter)
+    tail_j = env.pool.energy_j() - env.settlement.energy_j.sum()  # drawn after the horizon (ideal: one meter)
     assert infos[-1]["tail_energy_j"] == pytest.approx(tail_j, rel=1e-9, abs=1e-6)
     tail = 2.0 * tail_j / J_PER_KWH  # priced at lambda_plus (the toy's 2.0)
     assert infos[-1]["tail_cost_kwh_eq"] == pytest.approx(tail, rel=1e-9, abs=1e-15)

@@ -58,3 +58,37 @@ def test_env_runner_and_scoring_settle_the_same_energy():
     assert res.summary["cost_kwh_eq"] == pytest.approx(float(env.settlement.cost_kwh.sum()) + tail, rel=1e-15)
     assert ret == pytest.approx(-res.summary["cost_kwh_eq"] + env.reward_offset_kwh, rel=1e-12)
     assert res.summary["energy_mj"] == pytest.approx(float(env.settlement.energy_j.sum()) / 1e6, rel=1e-15)
+
+
+# ------------------------------------------------------------------------------------------ the tail is not free
+def test_starving_the_pool_at_the_end_pays_for_the_backlog_at_the_overuse_rate(tmp_path):
+    """A burst in the hour's last interval; one policy serves it at full capacity, the other starves the pool (one
+    replica, lowest clock) in that interval and leaves a backlog. Starving lowers the hour's metered energy, but the
+    backlog's energy after the hour is settled at lambda_plus, so it is billed, not free."""
+    from test_env import write_scenario, write_trace
+
+    rng = np.random.default_rng(3)
+    t = np.concatenate([[0.0], np.sort(rng.uniform(1, 3000, 20)), np.full(300, 3590.0)])
+    trace = write_trace(tmp_path / "burst.csv", t, rng.integers(4, 20, len(t)), np.full(len(t), 40))
+    sc = write_scenario(tmp_path, "toy-burst", workload={"trace": str(trace)}, horizon_hours=1,
+                        commitment={"mj": [0.05]}, lambda_plus=2.0, lambda_minus=1.0, alpha=50.0)
+    tails, costs = {}, {}
+    for name, last in (("serve", {"active": 2, "clock": 1}), ("starve", {"active": 1, "clock": 0})):
+        env = CommitServeEnv(str(sc))
+        env.reset(seed=0)
+        ret, done, k = 0.0, False, 0
+        while not done:
+            _, r, done, _, info = env.step(last if k == env.K - 1 else {"active": 2, "clock": 1})
+            ret += r
+            k += 1
+        s = score_episode(env, name, 0, 0.0, ret).summary
+        tail_kwh = env.tail_energy_j / J_PER_KWH
+        # energy is conserved: the settled hour and the tail make up everything the pool drew (ideal: one meter)
+        assert env.settlement.energy_j.sum() + env.tail_energy_j == pytest.approx(env.pool.energy_j(), rel=1e-12)
+        # the tail is all overuse (the hour bought for it is 0): the cost and the return both carry it
+        assert s["tail_cost_kwh_eq"] == pytest.approx(2.0 * tail_kwh, rel=1e-12)
+        assert s["cost_kwh_eq"] == pytest.approx(s["hours_cost_kwh_eq"] + 2.0 * tail_kwh, rel=1e-12)
+        assert ret == pytest.approx(-s["cost_kwh_eq"] + env.reward_offset_kwh, rel=1e-9, abs=1e-12)
+        tails[name], costs[name] = tail_kwh, s
+    assert tails["starve"] > tails["serve"] > 0  # starving left a larger backlog after the hour
+    assert costs["starve"]["hours_cost_kwh_eq"] != costs["serve"]["hours_cost_kwh_eq"]
