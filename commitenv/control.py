@@ -96,6 +96,7 @@ class ControllerContext:
     actuation_delay_s: float
     miss_penalty_kwh: float = 0.0  # the scenario's price of one deadline miss in the reward (kWh-eq)
     gate: GateSpec = GateSpec()  # the objective's SLO gate (absolute: epsilon; relative: vLLM's attainment - tolerance)
+    n_gpus: int = 0  # GPUs in the pool (one replica each unless shared; 0: not given)
     profile: Profile | None = None
     probe: Probe | None = None
     # --- hindsight door (oracle only): None unless built with from_env(env, hindsight=True) -----------------
@@ -218,6 +219,7 @@ class ControllerContext:
             epsilon=sc.epsilon,
             miss_penalty_kwh=sc.miss_penalty_kwh,
             gate=sc.objective.gate,
+            n_gpus=sc.pool.gpus,
             actuation_delay_s=sc.actuation_delay_s,
             profile=e.profile.model_copy(deep=True),
             probe=EnvProbe(e),
