@@ -15,9 +15,11 @@ import yaml
 from commitenv._paths import data_dir
 from commitenv.evaluation import run_episode
 from commitenv.leaderboard.suite import episodes, load_suite
-from commitenv.scenarios import list_scenarios, load_scenario
+from commitenv.scenarios import commitments_mj, list_scenarios, load_scenario
+from commitenv.scenarios.build import reference_workload
 from commitenv.scenarios.make_heldout_files import FAMILIES, main as make_main, render_all
 from commitenv.scoring import gate_outcome
+from commitenv.workload.builtin import AZURE_CODE_DAY_HOURLY_COUNTS, AZURE_CONV_HOUR_COUNT
 from commitenv_controllers import make
 
 # The families the secret draw must cover, written out here (not read from the generator) so that a family dropped
@@ -125,6 +127,19 @@ def test_heldout_families_are_not_in_dev():
     for name in HELDOUT:
         assert workload_key(name) not in dev_keys, name
     assert len({workload_key(n) for n in HELDOUT if "-h200-" in n}) == 5  # five distinct H200 workloads
+
+
+@pytest.mark.parametrize("name", HELDOUT)
+def test_the_stated_miss_penalty_formula_matches_the_historical_hour(name):
+    """paper.miss_penalty states what lambda_minus E*_h / (epsilon N_h) gives on this hour (the benchmark keeps 0.015):
+    recomputed from the commitment and the historical hour's arrivals."""
+    sc = load_scenario(name)
+    n_hist = (AZURE_CONV_HOUR_COUNT if sc.workload.builtin == "azure-conv-hour"
+              else AZURE_CODE_DAY_HOURLY_COUNTS[int(sc.workload.start_hour)])
+    assert len(reference_workload(sc, sc.commitment.reference.workload_seed)) == n_hist
+    want = sc.lambda_minus * commitments_mj(sc)[0] / 3.6 / (sc.epsilon * n_hist)
+    stated = float(re.search(r"formula gives ([0-9.]+)", sc.paper["miss_penalty"]).group(1))
+    assert stated == pytest.approx(want, abs=0.001), (stated, want)
 
 
 # ------------------------------------------------------------------------------------------ vLLM meets the gate

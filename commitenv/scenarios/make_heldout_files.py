@@ -77,21 +77,26 @@ def _code(h: int) -> tuple[int, float]:
 
 
 # name -> settings. ``arrivals``: realism.arrivals override (None: paper's); ``gate``: None (absolute) or the reason
-# of a relative gate at 1 pp.
+# of a relative gate at 1 pp; ``penalty_here``: lambda_minus E*_h / (epsilon N_h) of the historical hour, kWh-eq
+# (measured; tests/test_heldout_scenarios.py recomputes it).
 SCENARIOS: dict[str, dict] = {
     "heldout-h200-conv-hour-a30": dict(
+        penalty_here=0.028,
         family="conversation", gpu="h200", builtin="azure-conv-hour", start_hour=0, fraction=0.85,
         desc="conversation hour (built-in azure-conv-hour: the Azure 2023 conversation trace's volume and lengths, "
              "long outputs)", arrivals=None, gate=None),
     "heldout-h20-conv-hour-a30": dict(
+        penalty_here=0.029,
         family="conversation", gpu="h20", builtin="azure-conv-hour", start_hour=0, fraction=0.85,
         desc="conversation hour (built-in azure-conv-hour: the Azure 2023 conversation trace's volume and lengths, "
              "long outputs)", arrivals=None, gate=None),
     "heldout-h200-code-burst-hour-a30": dict(
+        penalty_here=0.010,
         family="code-bursts", gpu="h200", builtin="azure-code-day", start_hour=16, fraction=0.95,
         desc="coding-day hour 16 with stronger minute-scale bursts (minute_sigma 0.5, paper 0.21)",
         arrivals=0.5, gate=None),
     "heldout-h200-code-tracebursts-hour-a30": dict(
+        penalty_here=0.012,
         family="code-bursts", gpu="h200", builtin="azure-code-day", start_hour=13, fraction=0.95,
         desc="coding-day hour 13 with the 2023 code trace's minute-scale bursts (minute_sigma 1.0, paper 0.21)",
         arrivals=1.0,
@@ -100,9 +105,11 @@ SCENARIOS: dict[str, dict] = {
               "lowest 89.6 %): a burst overloads the pool whatever the controller does, so the gate is vLLM's own "
               "attainment in the hour minus 100 x epsilon = 1 pp, as on the H20 hours")),
     "heldout-h200-code-valley-hour-a30": dict(
+        penalty_here=0.025,
         family="code-diurnal", gpu="h200", builtin="azure-code-day", start_hour=10, fraction=0.75,
         desc="coding-day hour 10, the night valley (lowest load of the day)", arrivals=None, gate=None),
     "heldout-h200-code-evening-hour-a30": dict(
+        penalty_here=0.010,
         family="code-diurnal", gpu="h200", builtin="azure-code-day", start_hour=20, fraction=0.95,
         desc="coding-day hour 20, the evening descent from the daily peak", arrivals=None, gate=None),
 }
@@ -145,6 +152,9 @@ def render(name: str) -> str:
                             "between the conversation trace's 0.21 and the 2023 code trace's 1.0 (docs/realism.md, "
                             "which places the paper's 2024 coding day between the two; 0.5 ~ their geometric mean "
                             "0.46); no public per-minute count series of the 2024 day is shipped to measure it")
+    penalty_src = (f"{MISS_PENALTY_SRC}. Kept at the benchmark-wide 0.015 so that a miss costs the same on every "
+                   f"suite episode; on this hour the same formula gives {s['penalty_here']:.3f} (E*_h of the historical "
+                   f"hour over epsilon x its arrivals)")
     family_src = (f"{s['family']}: a workload family the dev suite (hour 12 of the coding day) does not have; drawn "
                   f"by the secret suite leaderboard/suites/test.yaml")
     lines = [
@@ -196,7 +206,7 @@ def render(name: str) -> str:
         f"  lambdas: {_q(LAMBDAS_SRC)}\n",
         f"  alpha: {_q(ALPHA_SRC)}\n",
         f"  epsilon: {_q(EPSILON_SRC)}\n",
-        f"  miss_penalty: {_q(MISS_PENALTY_SRC)}\n",
+        f"  miss_penalty: {_q(penalty_src)}\n",
         f"  gate: {_q(GATE_ABS_SRC if s['gate'] is None else 'relative at 1 pp: see objective.gate.reason')}\n",
         f"  realism: {_q(REALISM_PAPER_SRC + ('' if s['arrivals'] is None else '; arrivals.minute_sigma overridden, see paper.arrivals'))}\n",
         f"  seeds: {_q(SEEDS_SRC)}\n",
