@@ -3,10 +3,11 @@ seed of a ``bench-*`` scenario is a new trace against a fixed commitment, and tr
 
 Runtime: the deadline-cost comparison runs every shipped scenario, but only the ``a30`` single hours by
 default: {H20, H200} x {fixed, decreasing} x {ideal (``epact-*``), paper (``bench-*``)}, 8 scenarios sharing
-4 reference runs (the commitment's cache key includes alpha, not the commitment setting). The other single
-hours (alpha 2.5 and 3.5, ~6 s each) and the days are ``slow`` and run only when asked for (``-m slow`` or
-``COMMITENV_RUN_SLOW=1``): a day takes ~20 min (bench-h200-day, measured: vLLM 42 s, under-serving 312 s,
-do-nothing 757 s; the backlog of ~1M requests is walked in Python by every observation).
+4 reference runs (the commitment's cache key includes alpha, not the commitment setting), and the six held-out
+hours (``heldout-*``, alpha 3, about a second each). The other single hours (alpha 2.5 and 3.5, ~6 s each) and the
+days are ``slow`` and run only when asked for (``-m slow`` or ``COMMITENV_RUN_SLOW=1``): a day takes ~20 min
+(bench-h200-day, measured: vLLM 42 s, under-serving 312 s, do-nothing 757 s; the backlog of ~1M requests is walked
+in Python by every observation).
 """
 
 from __future__ import annotations
