@@ -3,20 +3,55 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
+import sys
 from pathlib import Path
+from typing import Iterator
 
 from commitenv.runner import RAY_LOCAL
 
 
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) while scoring, so that every sandbox is stopped and its folder removed on the
+    way out (SIGINT already raises KeyboardInterrupt); the previous handler comes back afterwards."""
+
+    def stop(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave the signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
+    from commitenv.leaderboard.sandbox import SubmissionInvalid
     from commitenv.leaderboard.submission import load_submission
     from commitenv.leaderboard.submit import submit
+    from commitenv.leaderboard.suite import SECRET_ENV, read_secret
 
     if args.jobs < 1:
         raise ValueError(f"--jobs: expected at least 1, got {args.jobs}")
     sub = load_submission(args.path, name=args.name)
-    res = submit(sub, args.suite, board=Path(args.board), n_jobs=args.jobs, ray_address=args.ray,
-                 secret_file=args.secret_file, progress=not args.quiet, render=not args.no_render)
+    # read once here, then out of the environment, so that no process started from now on inherits it
+    secret = read_secret(args.secret_file)
+    os.environ.pop(SECRET_ENV, None)
+    try:
+        with _terminate_as_exit():
+            res = submit(sub, args.suite, board=Path(args.board), n_jobs=args.jobs, ray_address=args.ray,
+                         secret_file=args.secret_file, progress=not args.quiet, render=not args.no_render,
+                         isolation=args.isolation, secret=secret)
+    except SubmissionInvalid as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if res.refused:
         print(f"refused: {sub.name}: {res.refused}")
         return 3
@@ -68,6 +103,9 @@ def add_leaderboard_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--secret-file", default=None, metavar="FILE",
                    help="the maintainer's secret for the test suite (else $COMMITENV_LEADERBOARD_SECRET)")
     s.add_argument("--no-render", action="store_true", help="do not re-render LEADERBOARD.md and index.html")
+    s.add_argument("--isolation", choices=("auto", "kernel", "process"), default="auto",
+                   help="the sandbox: kernel (namespaces, seccomp, rlimits: bubblewrap), process (a plain process "
+                        "behind Python's audit hook; public suites only), auto (kernel where the machine allows)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_submit)
     lb = sub.add_parser("leaderboard", help="leaderboard maintenance: render the table from the results")
