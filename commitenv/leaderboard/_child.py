@@ -169,7 +169,13 @@ def main() -> int:
     sys.addaudithook(make_hook(tuple(spec["read_roots"]), root, tuple(spec["denied"])))
     stage = "load"
     try:
-        ctrl = resolve(spec["controller"]).make(**spec["kwargs"])
+        factory = resolve(spec["controller"])
+        try:
+            ctrl = factory.make(**spec["kwargs"])
+        except TypeError as e:
+            names = ", ".join(sorted(spec["kwargs"])) or "none"
+            raise TypeError(f"{spec['controller']}: building it with the submission's kwargs ({names}) failed: {e}"
+                            ) from None
         if not isinstance(ctrl, Controller):
             raise TypeError(f"{spec['controller']}: expected a commitenv.control.Controller, got {type(ctrl).__name__}")
         if uses_hindsight(ctrl):

@@ -328,7 +328,8 @@ class SandboxedController(Controller):
                 return msg
             if op == "error":
                 kind = "memory" if msg.get("kind") == "memory" else "crash"
-                tb = str(msg.get("traceback", "")).strip().splitlines()
+                tb = [ln for ln in str(msg.get("traceback", "")).strip().splitlines()
+                      if set(ln.strip()) - set("^~ ")]  # not the caret lines under a source line
                 self._fail(kind, _printable(f"{what} ({str(msg.get('stage'))[:20]}): {str(msg.get('error'))[:2000]}"
                                             + (f" [{tb[-2].strip()[:500]}]" if len(tb) >= 2 else "")))
             self._answer(msg, what)
