@@ -232,6 +232,25 @@ def test_a_hidden_episodes_reason_is_scrubbed_of_its_terms_and_the_secret():
     assert redact(text, public, None) == text
 
 
+def test_the_callers_frames_hold_no_env(tmp_path, toy):
+    """The in-process frame door (tests/test_no_leaks.py::test_act_cannot_reach_the_env_through_its_callers_frame):
+    in the sandbox, act()'s callers are the child's message loop; no frame holds an env, a pool or a trace table."""
+    body = """
+    class A(Attack):
+        def act(self, observation, info):
+            frame, n = sys._getframe(1), 0
+            while frame is not None:
+                n += sum(type(v).__name__ in ("CommitServeEnv", "Pool", "RequestTable", "EnvProbe")
+                         for v in frame.f_locals.values())
+                frame = frame.f_back
+            self.hits["frames"] = self.hits.get("frames", 0.0) + n
+            return super().act(observation, info)
+        def attack(self):
+            return {"frames": 0}
+    """
+    assert attack(tmp_path, toy, body, isolation="kernel" if KERNEL else "process")["frames"] == 0
+
+
 # ================================================================================================ processes
 @needs_kernel
 def test_no_process_can_be_started(tmp_path, toy):
