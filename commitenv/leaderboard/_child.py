@@ -5,11 +5,13 @@ bubblewrap's namespaces where the kernel allows, `commitenv.leaderboard.isolatio
 Before any submission code runs, this process sets hard resource limits (address space, CPU seconds over the whole
 episode, file size, open files, no core files), imports what the host will send, loads the seccomp filter
 (`commitenv.leaderboard.seccomp_policy`; under the kernel isolation) and, as a second layer with its own error text,
-installs an audit hook (`sys.addaudithook`, which cannot be removed) that refuses: opening files outside the Python
-installation, the commitenv packages, the shipped scenarios and profiles and its own folder (writes: its folder only);
-starting processes; sockets; signals to other processes; raising resource limits; and ctypes beyond loading
-libraries that live in those folders. The submission then sees only what the host sends: the context without a
-probe into the environment, observations, info and snapshots on request.
+installs an audit hook (`sys.addaudithook`, which cannot be removed but can be switched off from Python, which is
+why it is not the boundary) that refuses: opening files outside the Python installation, the commitenv packages, the
+shipped scenarios and profiles and its own folder (writes: its folder only); starting processes; sockets; signals to
+other processes; raising resource limits; and, without the kernel boundary, ctypes beyond loading libraries that live
+in those folders (behind it ctypes is let through: numba's compiler needs it, and native code meets seccomp). The
+submission then sees only what the host sends: the context without a probe into the environment, observations, info
+and snapshots on request.
 """
 
 from __future__ import annotations
@@ -43,9 +45,15 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def make_hook(read_roots: tuple[str, ...], write_root: str, denied: tuple[str, ...]):
-    """The audit hook: ``read_roots`` may be read, ``write_root`` written, ``denied`` never touched."""
+_CTYPES = frozenset(e for e in _BLOCKED if e.startswith("ctypes."))
+
+
+def make_hook(read_roots: tuple[str, ...], write_root: str, denied: tuple[str, ...], native_ok: bool = False):
+    """The audit hook: ``read_roots`` may be read, ``write_root`` written, ``denied`` never touched; ``native_ok``
+    (behind the kernel boundary, where native code meets seccomp and the namespaces) lets ctypes through, which
+    numba's compiler (the what-if engine's) needs."""
     own = f"/proc/{os.getpid()}"
+    blocked = _BLOCKED - _CTYPES if native_ok else _BLOCKED
     reads = tuple(os.path.realpath(r) for r in read_roots) + _SYSTEM_OK + _ETC_OK + (own,)
     write_root = os.path.realpath(write_root)
     denied = tuple(os.path.realpath(d) for d in denied)
@@ -66,9 +74,9 @@ def make_hook(read_roots: tuple[str, ...], write_root: str, denied: tuple[str, .
                 a = args[i] if i < len(args) else None
                 if isinstance(a, (str, bytes, os.PathLike)) and not _under(os.path.realpath(os.fsdecode(a)), (write_root,)):
                     raise PermissionError(f"sandbox (audit hook): {event} on {os.fsdecode(a)} is not allowed")
-        elif event in _BLOCKED or (event == "os.kill" and args and args[0] not in (0, os.getpid())):
+        elif event in blocked or (event == "os.kill" and args and args[0] not in (0, os.getpid())):
             raise PermissionError(f"sandbox (audit hook): {event} is not allowed")
-        elif event == "ctypes.dlopen":
+        elif event == "ctypes.dlopen" and not native_ok:
             name = args[0] if args else None
             p = os.path.realpath(os.fsdecode(name)) if isinstance(name, (str, bytes)) and "/" in os.fsdecode(name) else None
             if p is None or not _under(p, reads):
@@ -153,6 +161,10 @@ def main() -> int:
 
     import commitenv.sim.whatif  # noqa: F401
     import commitenv.workload.table  # noqa: F401
+    try:  # numba reads CPython's hash secret through ctypes when it first compiles; the hook refuses that later
+        import numba.cpython.hashing  # noqa: F401
+    except ImportError:
+        pass
     from commitenv.control import Controller
     from commitenv.hindsight import uses_hindsight
     from commitenv.leaderboard.wire import recv_pickle, send_json
@@ -166,7 +178,7 @@ def main() -> int:
         install(os.getpid())
         kernel = boundary_status()
         seccomp = kernel.get("Seccomp") == 2 and kernel.get("NoNewPrivs") == 1
-    sys.addaudithook(make_hook(tuple(spec["read_roots"]), root, tuple(spec["denied"])))
+    sys.addaudithook(make_hook(tuple(spec["read_roots"]), root, tuple(spec["denied"]), native_ok=seccomp))
     stage = "load"
     try:
         factory = resolve(spec["controller"])

@@ -327,6 +327,7 @@ class SandboxedController(Controller):
             if op in until:
                 return msg
             if op == "error":
+                log.debug("%s: the child's traceback:\n%s", self.name, str(msg.get("traceback", ""))[:4000])
                 kind = "memory" if msg.get("kind") == "memory" else "crash"
                 tb = [ln for ln in str(msg.get("traceback", "")).strip().splitlines()
                       if set(ln.strip()) - set("^~ ")]  # not the caret lines under a source line
