@@ -28,7 +28,7 @@ from pathlib import Path
 BOX = "/sandbox"  # the child's folder, as it sees it
 NOBODY = 65534  # the uid and gid inside the user namespace (mapped to the scorer's own outside)
 # system files a Python process may want; bound read-only where they exist
-_ETC = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group")
+_ETC = ("/etc/ld.so.cache", "/etc/localtime")
 
 
 def _public_roots() -> list[str]:
