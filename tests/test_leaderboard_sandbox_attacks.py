@@ -495,6 +495,51 @@ def test_a_killed_scorers_folders_are_swept_on_the_next_start(tmp_path, toy):
     assert not folder.exists()
 
 
+HANG = """
+import time
+class Hang(Controller):
+    def act(self, observation, info):
+        open("acting", "w").close()
+        time.sleep(120)
+        return self.ctx.action(1, self.ctx.reference_clock_mhz)
+"""
+
+
+def test_a_scorer_with_workers_sigtermed_stops_every_sandbox_and_removes_its_folder(tmp_path, toy):
+    """``--jobs 2``: the episodes run in the runner's worker processes; SIGTERM to the scorer reaches them too, and
+    each removes its sandbox's folder (a folder is named after the worker that made it)."""
+    sub = submission(tmp_path, HANG, "Hang")
+    board = _board(tmp_path, toy)
+    suite = board / "suites" / "dev.yaml"
+    doc = yaml.safe_load(suite.read_text())
+    doc["episodes"][0]["seeds"] = [0, 1]
+    doc["limits"]["wall_s_per_decision"] = 300  # the workers would wait out the 120 s sleep, were they not stopped
+    suite.write_text(yaml.safe_dump(doc))
+    before = set(boxes.parent().iterdir())
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "commitenv"), "submit", str(sub.folder), "--board",
+                             str(board), "--quiet", "--no-render", "--jobs", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    acting: list[Path] = []
+    for _ in range(2400):  # the references run first; then both episodes reach their first decision
+        acting = [d for d in set(boxes.parent().iterdir()) - before if (d / "box" / "acting").exists()]
+        if len(acting) == 2 or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    try:
+        assert len(acting) == 2, "both episodes should be running"
+        assert not any(d.name.startswith(f"{proc.pid}.") for d in acting)  # made by the workers
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("the scorer and its workers did not stop within 60 s of SIGTERM") from None
+    assert code != 0
+    assert not any(d.exists() for d in acting)
+    assert not (board / "results").exists()
+
+
 # ================================================================================================ validate first
 @pytest.mark.parametrize("files, controller, kwargs, says", [
     ({"ctl.py": "from commitenv.control import Controller\nclass C(Controller): pass\n"}, "missing.py:C", {},

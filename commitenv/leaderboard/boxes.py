@@ -4,17 +4,21 @@ Each sandboxed episode gets ``<tmp>/commitenv-sandbox/<pid>.<start>.<random>/`` 
 its folder, and ``child.log``, its output, which it cannot see), where ``<pid>`` and ``<start>`` (the process's
 start time in clock ticks since boot) name the scoring process that made it. The scorer removes its folder when the
 episode ends however it ends (the child's exit or SIGKILL, a limit, the host's SIGINT or SIGTERM, which
-`commitenv submit` turns into an exception); a scorer that is itself SIGKILLed cannot, so `sweep` (run when scoring
+`commitenv submit` and the runner's workers turn into an exception, `terminate_as_exit`); a scorer that is itself
+SIGKILLed cannot, so `sweep` (run when scoring
 starts) removes every folder whose owner is no longer running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import stat
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 
 def parent() -> Path:
@@ -67,3 +71,32 @@ def sweep() -> int:
             remove(d)
             n += 1
     return n
+
+
+@contextlib.contextmanager
+def terminate_as_exit(forward: bool = False) -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) in this process while the block runs, so that every sandbox is stopped and its
+    folder removed on the way out (SIGINT already raises KeyboardInterrupt); with ``forward``, the signal is first
+    passed on to this process's multiprocessing children (the runner's workers, which do the same). The previous
+    handler comes back afterwards; outside the main thread nothing changes."""
+
+    def stop(signum: int, _frame) -> None:
+        if forward:
+            import multiprocessing
+
+            for child in multiprocessing.active_children():
+                try:
+                    os.kill(child.pid, signum)
+                except OSError:
+                    pass
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

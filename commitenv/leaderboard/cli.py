@@ -3,36 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from commitenv.runner import RAY_LOCAL
 
 
-@contextlib.contextmanager
-def _terminate_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) while scoring, so that every sandbox is stopped and its folder removed on the
-    way out (SIGINT already raises KeyboardInterrupt); the previous handler comes back afterwards."""
-
-    def stop(signum: int, _frame) -> None:
-        raise SystemExit(128 + signum)
-
-    try:
-        old = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: leave the signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def _cmd_submit(args: argparse.Namespace) -> int:
+    from commitenv.leaderboard.boxes import terminate_as_exit
     from commitenv.leaderboard.sandbox import SubmissionInvalid
     from commitenv.leaderboard.submission import load_submission
     from commitenv.leaderboard.submit import submit
@@ -45,7 +24,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     secret = read_secret(args.secret_file)
     os.environ.pop(SECRET_ENV, None)
     try:
-        with _terminate_as_exit():
+        with terminate_as_exit(forward=True):
             res = submit(sub, args.suite, board=Path(args.board), n_jobs=args.jobs, ray_address=args.ray,
                          secret_file=args.secret_file, progress=not args.quiet, render=not args.no_render,
                          isolation=args.isolation, secret=secret)

@@ -105,13 +105,23 @@ def bwrap_argv(box: Path, command: list[str], *, denied: tuple[str, ...] = (), i
 
 def app_pid(bwrap_child_pid: int) -> int | None:
     """The host pid of the sandboxed program: the only child of bubblewrap's init in the new pid namespace (the
-    ``child-pid`` of its ``--info-fd`` report); None while it has not started yet."""
+    ``child-pid`` of its ``--info-fd`` report), from /proc's ``children`` list or, on a kernel without it, a scan
+    of /proc for the process whose parent it is; None while it has not started yet."""
     try:
         with open(f"/proc/{bwrap_child_pid}/task/{bwrap_child_pid}/children") as fh:
             kids = fh.read().split()
+        return int(kids[0]) if kids else None
     except OSError:
-        return None
-    return int(kids[0]) if kids else None
+        pass
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == bwrap_child_pid:
+                        return int(entry)
+            except (OSError, IndexError, ValueError):
+                continue
+    return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -175,6 +175,9 @@ class SandboxedController(Controller):
             raise SubmissionRefused(str(ready.get("reason", "refused"))[:500])
         if self.isolation == "kernel" and ready.get("seccomp") is not True:
             self._fail("crash", "start-up: the child did not confirm its seccomp filter")
+        if self._find_pid() is None:  # the host's problem, not the submission's: its CPU could not be charged
+            self._kill()
+            raise RuntimeError("the sandboxed process cannot be found in /proc to measure its CPU time")
         return ready
 
     def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict[str, int]:

@@ -46,7 +46,8 @@ def run_sandbox_job(job: SandboxJob) -> dict[str, Any]:
     from commitenv.runner import error_text
 
     try:
-        return run_sandboxed(job)
+        with boxes.terminate_as_exit():  # a worker SIGTERMed stops its sandbox and removes its folder
+            return run_sandboxed(job)
     except Exception as e:  # noqa: BLE001
         return {"error": error_text(e)}
 
