@@ -320,11 +320,13 @@ class SandboxedController(Controller):
             try:
                 msg = recv_json(self._from)
             except WireError as e:
-                try:
-                    proc.wait(timeout=2.0)
-                    why = f"the controller's process exited with {self._exit_text()}"
-                except subprocess.TimeoutExpired:
-                    why = str(e)
+                why = f"a malformed message: {e}"
+                if e.closed:  # most likely it is exiting: say how
+                    try:
+                        proc.wait(timeout=2.0)
+                        why = f"the controller's process exited with {self._exit_text()}"
+                    except subprocess.TimeoutExpired:
+                        why = str(e)
                 self._fail("crash", f"{what}: {why}{self._log_tail()}")
             op = msg["op"]
             if op in until:

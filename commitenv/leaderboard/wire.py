@@ -23,7 +23,11 @@ _BRACKETS = re.compile(rb"[\[\]{}]")
 
 
 class WireError(Exception):
-    """The other side closed the pipe, or sent a malformed or oversized message."""
+    """The other side closed the pipe (``closed``), or sent a malformed or oversized message."""
+
+    def __init__(self, message: str, closed: bool = False) -> None:
+        super().__init__(message)
+        self.closed = closed
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -38,7 +42,7 @@ def _read_exact(fd: int, n: int) -> bytes:
     while left:
         b = os.read(fd, min(left, 1 << 16))
         if not b:
-            raise WireError("the pipe closed")
+            raise WireError("the pipe closed", closed=True)
         chunks.append(b)
         left -= len(b)
     return b"".join(chunks)
