@@ -94,6 +94,18 @@ def test_calibrate_refuses_an_out_under_a_file_before_measuring(tmp_path, capsys
     assert "is a folder" in capsys.readouterr().err
 
 
+def test_calibrate_warns_when_the_profile_fits_poorly(tmp_path, capsys):
+    """--fake-noise 1 (the largest allowed) gives a validation latency WAPE near 0.9: said on stderr; a quiet
+    calibration says nothing."""
+    out = tmp_path / "noisy.yaml"
+    assert main(["calibrate", "--fake", "h200-qwen3.8-27b-fp8", "--out", str(out), "--quick", "--fake-noise", "1"]) == 0
+    err = capsys.readouterr().err
+    assert out.is_file() and "warning: the profile fits its validation runs poorly (latency WAPE" in err
+    assert "--fake-noise 1 is large" in err
+    assert main(["calibrate", "--fake", "h200-qwen3.8-27b-fp8", "--out", str(tmp_path / "q.yaml"), "--quick"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_calibrate_function_refuses_bad_seed_and_clocks():
     from commitenv.backends.calibrate import calibrate
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,7 @@ import yaml
 from commitenv.argtypes import bounded_float, clock_levels, seed
 
 MAX_FAKE_NOISE = 1.0  # a lognormal sigma above this makes the fakes' steps meaningless (latency WAPE > 1)
+WAPE_WARN = 0.25  # a validation error above this is said out loud: the profile fits its measurements poorly
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -83,6 +85,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     v = cal.validation
     print(f"wrote {out}" + (f" and {report}" if report else "") + f"; validation latency WAPE {v['latency_wape']:.4f}, "
           f"energy WAPE {v['energy_wape']:.4f}")
+    poor = [f"{k.replace('_wape', '')} WAPE {v[k]:.2f}" for k in ("latency_wape", "energy_wape") if v[k] > WAPE_WARN]
+    if poor:
+        print(f"warning: the profile fits its validation runs poorly ({', '.join(poor)} > {WAPE_WARN:g})"
+              + (f"; --fake-noise {args.fake_noise:g} is large" if args.fake and args.fake_noise else ""),
+              file=sys.stderr)
     return 0
 
 

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commitenv.leaderboard import references
+from commitenv.leaderboard import boxes, references
 from commitenv.leaderboard.results import append_result, provenance
-from commitenv.leaderboard import boxes
 from commitenv.leaderboard.sandbox import SandboxJob, resolve_isolation, run_sandboxed, validate_submission
 from commitenv.leaderboard.score import episode_row, suite_summary
 from commitenv.leaderboard.submission import Submission
@@ -56,14 +55,13 @@ def _suite_episodes(suite_name: str, board: Path, secret_file: str | Path | None
     """(suite, its hash, its episodes, the secret): a secret suite without the secret falls back to ``dev``."""
     suite, shash = load_suite(suite_name, board)
     if not suite.secret:
-        secret = None
-    elif secret is None:
+        return suite, shash, episodes(suite, shash), None
+    if secret is None:
         secret = read_secret(secret_file)
-    if suite.secret:
-        if secret is None:
-            log.warning("suite '%s' needs the maintainer's secret (COMMITENV_LEADERBOARD_SECRET or --secret-file); "
-                        "running the public 'dev' suite instead", suite.name)
-            suite, shash = load_suite("dev", board)
+    if secret is None:
+        log.warning("suite '%s' needs the maintainer's secret (COMMITENV_LEADERBOARD_SECRET or --secret-file); "
+                    "running the public 'dev' suite instead", suite.name)
+        suite, shash = load_suite("dev", board)
     return suite, shash, episodes(suite, shash, secret), secret
 
 
