@@ -131,10 +131,12 @@ def boundary() -> tuple[bool, str]:
         return False, f"the kernel boundary needs Linux (this is {sys.platform})"
     if shutil.which("bwrap") is None:
         return False, "bubblewrap (bwrap) is not installed (Debian: apt-get install bubblewrap)"
-    try:
-        import pyseccomp  # noqa: F401  (loads libseccomp)
-    except (ImportError, OSError) as e:
-        return False, f"libseccomp cannot be loaded through pyseccomp ({e})"
+    try:  # loads libseccomp and builds (without loading) the filter the child will load
+        from commitenv.leaderboard.seccomp_policy import build
+
+        build(os.getpid())
+    except Exception as e:  # noqa: BLE001  (ImportError, OSError, a missing symbol: the same answer)
+        return False, f"libseccomp cannot be used through pyseccomp ({type(e).__name__}: {e})"
     try:
         r = subprocess.run([shutil.which("bwrap"), "--unshare-user", "--unshare-pid", "--unshare-net",
                             "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
