@@ -14,10 +14,11 @@ import statistics
 import time
 from pathlib import Path
 
+from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
+
 from commitenv.leaderboard.sandbox import SandboxJob, run_sandboxed, validate_submission
 from commitenv.leaderboard.submission import load_submission
 from commitenv.leaderboard.suite import episodes, load_suite
-from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
 
 
 def main() -> None:

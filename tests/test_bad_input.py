@@ -5,15 +5,14 @@ trace dated before 1970. Each was accepted silently, or failed without naming th
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from test_env import toy_three_hour
 
 from commitenv.cli import main
 from commitenv.envs.commit_serve import CommitServeEnv
 from commitenv.workload.loaders import load_azure_csv
-from test_env import toy_three_hour
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,26 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_env import toy_three_hour
 
 from commitenv.control import Controller
 from commitenv.evaluation import run_episode
 from commitenv.leaderboard import boxes
 from commitenv.leaderboard import isolation as iso
-from commitenv.leaderboard.sandbox import (DoNothing, SandboxedController, SandboxJob, SandboxUnavailable,
-                                           SubmissionInvalid, resolve_isolation, run_sandboxed, validate_submission)
+from commitenv.leaderboard.sandbox import (
+    DoNothing,
+    SandboxedController,
+    SandboxJob,
+    SandboxUnavailable,
+    SubmissionInvalid,
+    resolve_isolation,
+    run_sandboxed,
+    validate_submission,
+)
 from commitenv.leaderboard.submission import load_submission
 from commitenv.leaderboard.submit import redact
 from commitenv.leaderboard.suite import Episode, Limits
 from commitenv.leaderboard.wire import MAX_DEPTH, json_depth
-from test_env import toy_three_hour
 
 KERNEL, WHY_NOT = iso.boundary()
 needs_kernel = pytest.mark.skipif(not KERNEL, reason=f"the kernel sandbox is not available here: {WHY_NOT}")

@@ -17,8 +17,8 @@ import shutil
 import signal
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def parent() -> Path:

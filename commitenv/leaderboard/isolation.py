@@ -34,8 +34,9 @@ _ETC = ("/etc/ld.so.cache", "/etc/localtime")
 def _public_roots() -> list[str]:
     """What the child may read besides /usr: the Python installation, the environment's packages, the commitenv
     packages and the shipped scenarios and profiles (all public)."""
-    import commitenv
     import commitenv_controllers
+
+    import commitenv
     from commitenv._paths import data_dir
 
     paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix}
@@ -140,7 +141,7 @@ def boundary() -> tuple[bool, str]:
     try:
         r = subprocess.run([shutil.which("bwrap"), "--unshare-user", "--unshare-pid", "--unshare-net",
                             "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
-                           capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+                           capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"}, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"bubblewrap could not be started ({e})"
     if r.returncode != 0:

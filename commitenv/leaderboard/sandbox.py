@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from commitenv.control import Controller, ControllerContext
-from commitenv.leaderboard import boxes, isolation as iso
+from commitenv.leaderboard import boxes
+from commitenv.leaderboard import isolation as iso
 from commitenv.leaderboard.submission import Submission, sandbox_spec
 from commitenv.leaderboard.suite import Episode, Limits
 from commitenv.leaderboard.wire import WireError, recv_json, send_pickle
@@ -99,8 +100,9 @@ def resolve_isolation(isolation: str = "auto", *, secret: bool = False) -> str:
 def read_roots() -> tuple[str, ...]:
     """What the audit hook lets a sandboxed controller read: the Python installation, the commitenv packages (with
     the shipped scenarios and profiles, which are public)."""
-    import commitenv
     import commitenv_controllers
+
+    import commitenv
     from commitenv._paths import data_dir
 
     paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
@@ -224,7 +226,7 @@ class SandboxedController(Controller):
     # ------------------------------------------------------------------------------------------ the child
     def _rlimits(self) -> dict[str, int]:
         lim = self.limits
-        return {"as": lim.memory_mb << 20, "cpu": int(math.ceil(lim.startup_s + lim.wall_s_per_episode)),
+        return {"as": lim.memory_mb << 20, "cpu": math.ceil(lim.startup_s + lim.wall_s_per_episode),
                 "fsize": FILE_MB << 20, "nofile": OPEN_FILES}
 
     def _start(self) -> None:
@@ -254,13 +256,12 @@ class SandboxedController(Controller):
             r_info, w_info = os.pipe()
             fds.append(w_info)
             argv = iso.bwrap_argv(box, argv, denied=self.denied, info_fd=w_info)
-        log_fh = open(self._dir / "child.log", "wb")
         try:
-            self._proc = subprocess.Popen(argv, cwd=box, env=env, stdin=subprocess.DEVNULL, stdout=log_fh,
-                                          stderr=subprocess.STDOUT, pass_fds=tuple(fds), close_fds=True,
-                                          start_new_session=True)
+            with open(self._dir / "child.log", "wb") as log_fh:  # the child's stdout and stderr (it keeps its copy)
+                self._proc = subprocess.Popen(argv, cwd=box, env=env, stdin=subprocess.DEVNULL, stdout=log_fh,
+                                              stderr=subprocess.STDOUT, pass_fds=tuple(fds), close_fds=True,
+                                              start_new_session=True)
         finally:
-            log_fh.close()
             for fd in fds:
                 os.close(fd)
         self._to, self._from, self._info = w_in, r_out, r_info
