@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from commitenv.argtypes import seed as seed_arg
 from commitenv.runner import RAY_LOCAL
 from commitenv.runner import log as _runner_log
 
@@ -731,7 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--active", type=int, default=None, help="active replicas (default: all)")
     s.add_argument("--clock", type=int, default=None, help="GPU clock in MHz (default: the profile's reference)")
     s.add_argument("--alpha", type=float, default=3.0, help="SLO scale: deadline = arrival + alpha * L_ref")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed_arg, default=0)
     s.add_argument("--hours", type=int, default=None, help="only the first N hours")
     s.add_argument("--out", default=None, help="folder for summary.json")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -767,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("reproduce", help="reproduce a paper's tables (epact, festina) and write a report")
     rp.add_argument("paper", choices=["epact", "festina"])
     rp.add_argument("--quick", action="store_true", help="a reduced set (single hour, alpha 3, both GPUs)")
-    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--seed", type=seed_arg, default=0)
     rp.add_argument("--workers", type=int, default=None, help="ePACT what-if processes (default: all cores)")
     rp.add_argument("--out", default="runs/reproduce-epact")
     rp.add_argument("--quiet", action="store_true")
@@ -806,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _seed_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=seed_arg, default=0)
     g.add_argument("--seeds", default=None, metavar="LIST",
                    help="many episodes: 0-9, 0,3,7, 0-4,10, or test[:N] / train[:N] (the scenario's declared seed "
                         "ranges); results under OUT/<controller>/seed-<s>/ with the "

@@ -15,7 +15,8 @@ from commitenv.cli import main
 from commitenv.evaluation import run_episode
 from commitenv.leaderboard import episode_score, load_submission, submit
 from commitenv.leaderboard.results import append_result
-from commitenv.leaderboard.sandbox import DoNothing
+from commitenv.leaderboard.isolation import boundary
+from commitenv.leaderboard.sandbox import DoNothing, SandboxUnavailable
 from commitenv.leaderboard.score import episode_row, suite_summary
 from commitenv.leaderboard.suite import SECRET_ENV, episodes, load_suite, seeds_hash
 from commitenv.scenarios import load_scenario
@@ -245,6 +246,10 @@ def test_secret_suite_without_the_secret_runs_dev_and_with_it_hides_seeds(board,
     assert rec["suite"] == "dev" and "running the public 'dev' suite" in caplog.text
     secret = tmp_path / "secret"
     secret.write_text("s3cret\n")
+    if not boundary()[0]:  # a secret suite is never scored without the kernel sandbox
+        with pytest.raises(SandboxUnavailable, match="secret suite"):
+            submit(sub, str(hidden), board=d, secret_file=secret, render=False)
+        return
     rec = submit(sub, str(hidden), board=d, secret_file=secret, render=False).record
     assert rec["suite"] == "hidden" and rec["seeds_hash"].startswith("sha256:")
     assert [r["seed"] for r in rec["episodes"]] == [None, None]

@@ -189,6 +189,11 @@ def calibrate(gpu: GpuControl, engine: ServingEngine, clock: Clock, template: Pr
     """Measure ``engine`` on ``gpu`` and fit a profile; ``template`` gives what is not measured (model and
     hardware facts, scheduler limits, SM-share scaling; it should describe the engine's configuration)."""
     say = progress or (lambda msg: None)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"calibrate: seed must be a whole number >= 0, got {seed!r}")
+    if clocks_mhz is not None and (not clocks_mhz or len(set(clocks_mhz)) != len(clocks_mhz) or any(
+            isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in clocks_mhz)):
+        raise ValueError(f"calibrate: clocks_mhz must be distinct whole numbers of MHz > 0, got {clocks_mhz!r}")
     supported = gpu.supported_clocks_mhz()
     levels = sorted(clocks_mhz or [c.mhz for c in template.clocks if c.mhz in supported])
     bad = [m for m in levels if m not in supported]

@@ -1,12 +1,17 @@
 """The submission's side of a sandboxed episode (run by `commitenv.leaderboard.sandbox` as
-``python -I -m commitenv.leaderboard._child SPEC_JSON``, in a fresh folder, with a scrubbed environment).
+``python -I -m commitenv.leaderboard._child SPEC_JSON``, in a fresh folder, with a scrubbed environment; under
+bubblewrap's namespaces where the kernel allows, `commitenv.leaderboard.isolation`).
 
-Before any submission code runs, this process caps its address space, imports what the host will send, and installs
-an audit hook (`sys.addaudithook`, which cannot be removed) that refuses: opening files outside the Python
-installation, the commitenv packages, the shipped scenarios and profiles and its own folder (writes: its folder only);
-starting processes; sockets; signals to other processes; raising resource limits; and ctypes beyond loading
-libraries that live in those folders. The submission then sees only what the host sends: the context without a
-probe into the environment, observations, info and snapshots on request.
+Before any submission code runs, this process sets hard resource limits (address space, CPU seconds over the whole
+episode, file size, open files, no core files), imports what the host will send, loads the seccomp filter
+(`commitenv.leaderboard.seccomp_policy`; under the kernel isolation) and, as a second layer with its own error text,
+installs an audit hook (`sys.addaudithook`, which cannot be removed but can be switched off from Python, which is
+why it is not the boundary) that refuses: opening files outside the Python installation, the commitenv packages, the
+shipped scenarios and profiles and its own folder (writes: its folder only); starting processes; sockets; signals to
+other processes; raising resource limits; and, without the kernel boundary, ctypes beyond loading libraries that live
+in those folders (behind it ctypes is let through: numba's compiler needs it, and native code meets seccomp). The
+submission then sees only what the host sends: the context without a probe into the environment, observations, info
+and snapshots on request.
 """
 
 from __future__ import annotations
@@ -40,9 +45,15 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def make_hook(read_roots: tuple[str, ...], write_root: str, denied: tuple[str, ...]):
-    """The audit hook: ``read_roots`` may be read, ``write_root`` written, ``denied`` never touched."""
+_CTYPES = frozenset(e for e in _BLOCKED if e.startswith("ctypes."))
+
+
+def make_hook(read_roots: tuple[str, ...], write_root: str, denied: tuple[str, ...], native_ok: bool = False):
+    """The audit hook: ``read_roots`` may be read, ``write_root`` written, ``denied`` never touched; ``native_ok``
+    (behind the kernel boundary, where native code meets seccomp and the namespaces) lets ctypes through, which
+    numba's compiler (the what-if engine's) needs."""
     own = f"/proc/{os.getpid()}"
+    blocked = _BLOCKED - _CTYPES if native_ok else _BLOCKED
     reads = tuple(os.path.realpath(r) for r in read_roots) + _SYSTEM_OK + _ETC_OK + (own,)
     write_root = os.path.realpath(write_root)
     denied = tuple(os.path.realpath(d) for d in denied)
@@ -56,19 +67,20 @@ def make_hook(read_roots: tuple[str, ...], write_root: str, denied: tuple[str, .
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
                 isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
             if _under(p, denied) or not _under(p, (write_root,) if writing else reads + (write_root,)):
-                raise PermissionError(f"sandbox: {'writing' if writing else 'reading'} {p} is not allowed")
+                raise PermissionError(f"sandbox (audit hook): {'writing' if writing else 'reading'} {p} is not "
+                                      "allowed")
         elif event in _PATH_EVENTS:
             for i in _PATH_EVENTS[event]:
                 a = args[i] if i < len(args) else None
                 if isinstance(a, (str, bytes, os.PathLike)) and not _under(os.path.realpath(os.fsdecode(a)), (write_root,)):
-                    raise PermissionError(f"sandbox: {event} on {os.fsdecode(a)} is not allowed")
-        elif event in _BLOCKED or (event == "os.kill" and args and args[0] not in (0, os.getpid())):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        elif event == "ctypes.dlopen":
+                    raise PermissionError(f"sandbox (audit hook): {event} on {os.fsdecode(a)} is not allowed")
+        elif event in blocked or (event == "os.kill" and args and args[0] not in (0, os.getpid())):
+            raise PermissionError(f"sandbox (audit hook): {event} is not allowed")
+        elif event == "ctypes.dlopen" and not native_ok:
             name = args[0] if args else None
             p = os.path.realpath(os.fsdecode(name)) if isinstance(name, (str, bytes)) and "/" in os.fsdecode(name) else None
             if p is None or not _under(p, reads):
-                raise PermissionError(f"sandbox: loading the library {name!r} is not allowed")
+                raise PermissionError(f"sandbox (audit hook): loading the library {name!r} is not allowed")
 
     return hook
 
@@ -116,12 +128,32 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+_RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,
+            "nofile": resource.RLIMIT_NOFILE}
+
+
+def set_limits(limits: dict[str, int]) -> None:
+    """Hard resource limits (soft = hard, so the submission can only lower them), and no core files."""
+    for name, value in limits.items():
+        resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def boundary_status() -> dict[str, Any]:
+    """What the kernel says about this process: its seccomp mode (2: a filter) and no_new_privs."""
+    out: dict[str, Any] = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            if key in ("Seccomp", "NoNewPrivs"):
+                out[key] = int(value.strip())
+    return out
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
     in_fd, out_fd = int(spec["in_fd"]), int(spec["out_fd"])
-    mem = int(spec["memory_mb"]) << 20
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    set_limits(spec["rlimits"])
     root = spec["root"]
     os.chdir(root)
     # what the host sends, and the registry that builds the submission, are imported before the hook
@@ -129,23 +161,40 @@ def main() -> int:
 
     import commitenv.sim.whatif  # noqa: F401
     import commitenv.workload.table  # noqa: F401
+    try:  # numba reads CPython's hash secret through ctypes when it first compiles; the hook refuses that later
+        import numba.cpython.hashing  # noqa: F401
+    except ImportError:
+        pass
     from commitenv.control import Controller
     from commitenv.hindsight import uses_hindsight
     from commitenv.leaderboard.wire import recv_pickle, send_json
     from commitenv.registry import controller_name, resolve
 
     sys.path.insert(0, str(Path(root) / "submission"))
-    sys.addaudithook(make_hook(tuple(spec["read_roots"]), root, tuple(spec["denied"])))
+    seccomp = False
+    if spec.get("seccomp"):
+        from commitenv.leaderboard.seccomp_policy import install
+
+        install(os.getpid())
+        kernel = boundary_status()
+        seccomp = kernel.get("Seccomp") == 2 and kernel.get("NoNewPrivs") == 1
+    sys.addaudithook(make_hook(tuple(spec["read_roots"]), root, tuple(spec["denied"]), native_ok=seccomp))
     stage = "load"
     try:
-        ctrl = resolve(spec["controller"]).make(**spec["kwargs"])
+        factory = resolve(spec["controller"])
+        try:
+            ctrl = factory.make(**spec["kwargs"])
+        except TypeError as e:
+            names = ", ".join(sorted(spec["kwargs"])) or "none"
+            raise TypeError(f"{spec['controller']}: building it with the submission's kwargs ({names}) failed: {e}"
+                            ) from None
         if not isinstance(ctrl, Controller):
             raise TypeError(f"{spec['controller']}: expected a commitenv.control.Controller, got {type(ctrl).__name__}")
         if uses_hindsight(ctrl):
             send_json(out_fd, {"op": "refused", "reason": "the controller declares hindsight = True (a bound, "
                                                           "not a competitor)"})
             return 0
-        send_json(out_fd, {"op": "ready", "name": controller_name(ctrl)})
+        send_json(out_fd, {"op": "ready", "name": controller_name(ctrl), "seccomp": seccomp})
         probe = PipeProbe(in_fd, out_fd)
         while True:
             msg = recv_pickle(in_fd)

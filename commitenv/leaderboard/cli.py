@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 from commitenv.runner import RAY_LOCAL
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
+    from commitenv.leaderboard.boxes import terminate_as_exit
+    from commitenv.leaderboard.sandbox import SubmissionInvalid
     from commitenv.leaderboard.submission import load_submission
     from commitenv.leaderboard.submit import submit
+    from commitenv.leaderboard.suite import SECRET_ENV, read_secret
 
     if args.jobs < 1:
         raise ValueError(f"--jobs: expected at least 1, got {args.jobs}")
     sub = load_submission(args.path, name=args.name)
-    res = submit(sub, args.suite, board=Path(args.board), n_jobs=args.jobs, ray_address=args.ray,
-                 secret_file=args.secret_file, progress=not args.quiet, render=not args.no_render)
+    # read once here, then out of the environment, so that no process started from now on inherits it
+    secret = read_secret(args.secret_file)
+    os.environ.pop(SECRET_ENV, None)
+    try:
+        with terminate_as_exit(forward=True):
+            res = submit(sub, args.suite, board=Path(args.board), n_jobs=args.jobs, ray_address=args.ray,
+                         secret_file=args.secret_file, progress=not args.quiet, render=not args.no_render,
+                         isolation=args.isolation, secret=secret)
+    except SubmissionInvalid as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if res.refused:
         print(f"refused: {sub.name}: {res.refused}")
         return 3
@@ -68,6 +82,9 @@ def add_leaderboard_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--secret-file", default=None, metavar="FILE",
                    help="the maintainer's secret for the test suite (else $COMMITENV_LEADERBOARD_SECRET)")
     s.add_argument("--no-render", action="store_true", help="do not re-render LEADERBOARD.md and index.html")
+    s.add_argument("--isolation", choices=("auto", "kernel", "process"), default="auto",
+                   help="the sandbox: kernel (namespaces, seccomp, rlimits: bubblewrap), process (a plain process "
+                        "behind Python's audit hook; public suites only), auto (kernel where the machine allows)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_submit)
     lb = sub.add_parser("leaderboard", help="leaderboard maintenance: render the table from the results")

@@ -92,11 +92,30 @@ class Snapshot:
 
     def simulate(self, active: int | tuple[int, ...], clock_mhz: int, horizon_s: float, arrivals: "RequestTable | None" = None, *,
                  max_tail_s: float = 3600.0, track_arrivals: bool = False) -> "WhatIf":
-        """What-if run from this state under (active, clock); see `commitenv.sim.whatif.simulate`."""
+        """What-if run from this state under (active, clock); see `commitenv.sim.whatif.simulate`. ValueError
+        naming the argument for a negative, NaN or infinite horizon or tail, or an ``active`` that is not a whole
+        number (4.0 and True are not) or a tuple of them."""
         from commitenv.sim.whatif import simulate
 
+        _check_simulate_args(active, horizon_s, max_tail_s)
         return simulate(self, active, clock_mhz, horizon_s, arrivals, max_tail_s=max_tail_s,
                         track_arrivals=track_arrivals)
+
+
+def _whole(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_simulate_args(active: object, horizon_s: object, max_tail_s: object) -> None:
+    """`Snapshot.simulate`'s arguments checked before the engine sees them (a controller's typo, not a crash)."""
+    for name, v in (("horizon_s", horizon_s), ("max_tail_s", max_tail_s)):
+        if (not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, (bool, np.bool_))
+                or not np.isfinite(v) or v < 0):
+            raise ValueError(f"simulate: {name} must be a finite number of seconds >= 0, got {v!r}")
+    counts = tuple(active) if isinstance(active, (tuple, list)) else (active,)
+    if not counts or not all(_whole(a) for a in counts):
+        raise ValueError(f"simulate: active must be a whole number of replicas (or a tuple of them, one per model), "
+                         f"got {active!r}")
 
 
 def take_snapshot(pool: Pool, model: int = 0, meter_j: float | None = None) -> Snapshot:

@@ -90,6 +90,11 @@ def load_azure_csv(path: str | Path) -> RequestTable:
     if not ts:
         _no_rows(path, 1)
     times, ln = np.concatenate(ts), np.concatenate(lines)
+    early = np.flatnonzero(times < 0)  # absolute dates: before 1970 is a corrupt or mis-formatted file
+    if len(early):
+        k = int(early[0])
+        raise fail(path, int(ln[k]), f"column 'TIMESTAMP': {_ns_iso(times[k])} is before 1970-01-01 (the Unix epoch); "
+                                     "expected the trace's own dates, e.g. '2023-11-16 18:15:46.6805900'")
     check_time(times, ln, path, "TIMESTAMP", show=_ns_iso, allow_negative=True)  # absolute dates
     return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1e-9,
                    meta={"format": "azure", "start_time": _ns_iso(times[0]) + "+00:00",

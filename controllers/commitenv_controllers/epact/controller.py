@@ -84,6 +84,11 @@ class EPACT(Controller):
         self.slo_scope = slo_scope
         if isinstance(planning_delay, str) and planning_delay != "measured":
             raise ValueError(f"planning_delay: expected seconds or 'measured', got {planning_delay!r}")
+        if not isinstance(planning_delay, str) and (
+                isinstance(planning_delay, bool) or not isinstance(planning_delay, (int, float))
+                or not math.isfinite(planning_delay) or planning_delay < 0):
+            raise ValueError(f"planning_delay: expected a finite number of seconds >= 0 or 'measured', got "
+                             f"{planning_delay!r}")
         self.workers_n = workers
         self.static_target = static_target
         self.planning_delay = planning_delay
