@@ -66,3 +66,23 @@ def test_clone_of_vllm_runs_as_sb3_controller_and_acts_as_vllm(tmp_path):
     with pytest.raises(ValueError, match="already holds"):
         train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc", expert="vllm", demo_episodes=1, demos=demos),
                  progress=False)
+
+
+def test_bc_config_file_checked_and_flags_win(tmp_path, monkeypatch):
+    from commitenv.train import bc
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("expert: mpc\ndemo_episode: 3\n")
+    with pytest.raises(ValueError, match="bad.yaml: unknown key 'demo_episode'"):
+        bc.load_options(bad)
+    bad.write_text("epochs: ten\n")
+    with pytest.raises(ValueError, match="epochs: wrong type"):
+        bc.load_options(bad)
+    good = tmp_path / "bc.yaml"
+    good.write_text("expert: epact_plus\nepochs: 7\nnet_arch: [32, 16]\nlearning_rate: 3.0e-4\n")
+    seen = {}
+    monkeypatch.setattr(bc, "train_bc", lambda spec: seen.setdefault("spec", spec) and {"wall_s": 0, "bc": {"rounds": []}})
+    assert bc.main(["bench-h200-hour-fixed-a30", "--config", str(good), "--epochs", "9", "--out", str(tmp_path / "o")]) == 0
+    spec = seen["spec"]
+    assert (spec.expert, spec.epochs, spec.net_arch, spec.learning_rate) == ("epact_plus", 9, [32, 16], 3e-4)
+    assert "--config" in spec.command()

@@ -55,6 +55,7 @@ class BCSpec:
     net_arch: list[int] = field(default_factory=lambda: [64, 64])
     demos: str | Path | None = None
     torch_threads: int = 1
+    config: str | Path | None = None  # the YAML the options came from (recorded in the command)
 
     def command(self) -> str:
         parts = ["python", "-m", "commitenv.train.bc", self.scenario, "--expert", self.expert, "--demo-episodes",
@@ -64,6 +65,8 @@ class BCSpec:
                  ",".join(map(str, self.net_arch)), "--out", str(self.out)]
         if self.demos is not None:
             parts += ["--demos", str(self.demos)]
+        if self.config is not None:
+            parts += ["--config", str(self.config)]
         return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -272,6 +275,31 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
 
 
 # ================================================================================================ CLI
+CONFIG_KEYS = {"expert": str, "demo_episodes": int, "dagger_rounds": int, "dagger_episodes": int, "epochs": int,
+               "batch_size": int, "learning_rate": (float, int, str), "net_arch": list}
+
+
+def load_options(path: str | Path) -> dict[str, Any]:
+    """The options of a BC config file (a YAML mapping of `CONFIG_KEYS`); ValueError naming the file and the key."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"--config {path}: cannot read it ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--config {path}: expected a mapping of options")
+    out = {}
+    for k, v in doc.items():
+        key = str(k).replace("-", "_")
+        if key not in CONFIG_KEYS:
+            raise ValueError(f"{path}: unknown key {k!r} (accepted: {', '.join(CONFIG_KEYS)})")
+        if isinstance(v, bool) or not isinstance(v, CONFIG_KEYS[key]):
+            raise ValueError(f"{path}: {k}: wrong type {type(v).__name__}")
+        out[key] = v
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m commitenv.train.bc", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario")
@@ -287,11 +315,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--net-arch", default="64,64")
     p.add_argument("--demos", default=None)
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--config", default=None, help="YAML of options (their long names with _ or -); flags given "
+                   "on the command line win")
     a = p.parse_args(argv)
     try:
+        if a.config is not None:
+            given = {o for tok in (argv if argv is not None else sys.argv[1:]) if tok.startswith("--")
+                     for o in [tok[2:].split("=")[0].replace("-", "_")]}
+            for k, v in load_options(a.config).items():
+                if k not in given:
+                    setattr(a, k, ",".join(map(str, v)) if k == "net_arch" and isinstance(v, list) else v)
         arch = [int(x) for x in a.net_arch.split(",") if x]
         spec = BCSpec(a.scenario, a.out, a.expert, a.demo_episodes, a.dagger_rounds, a.dagger_episodes, a.seed,
-                      a.epochs, a.batch_size, a.learning_rate, arch, a.demos, a.torch_threads)
+                      a.epochs, a.batch_size, float(a.learning_rate), arch, a.demos, a.torch_threads, a.config)
         rec = train_bc(spec)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
