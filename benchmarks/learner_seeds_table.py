@@ -40,7 +40,7 @@ def main() -> None:
     print("| controller | learner seed | " + " | ".join(COLS) + " | SLO gate |")
     print("|---" * (len(COLS) + 3) + "|")
     for rec in a.recipes:
-        name, _, ctrls = rec.partition("=")
+        name, _, ctrls = rec.rpartition("=")
         means = {k: [] for k in COLS}
         gates, n = 0, 0
         for i, c in enumerate(ctrls.split(",")):
@@ -54,6 +54,8 @@ def main() -> None:
             gates += r["slo_gate_pass_count"]
             n += r["episodes"]
             print(f"| {c} | {i} | " + " | ".join(cells) + f" | {r['slo_gate_pass_count']}/{r['episodes']} |")
+        if len(ctrls.split(",")) < 2:
+            continue
         print(f"| **{name}** (mean over learner seeds) | all | "
               + " | ".join(f"**{fmt(*ci(means[k]), k)}**" for k in COLS) + f" | {gates}/{n} |")
 
