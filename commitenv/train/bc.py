@@ -18,8 +18,9 @@
    configuration (``info["active"]``, ``info["clock_mhz"]``) as it would its own.
 
 The folder holds ``train.json`` (``algo: ppo``, ``action_mapping: flat``, the command, the data set's size and the
-fit's figures), ``model.zip`` and ``vecnormalize.pkl``, like a ``commitenv train`` run: ``sb3:DIR`` runs it, and
-``commitenv train --init-from DIR`` can fine-tune it with PPO.
+fit's figures), ``model.zip`` and ``vecnormalize.pkl``, like a ``commitenv train`` run: ``sb3:DIR`` runs it
+(fine-tuning it with PPO is not offered yet). Results and commands: docs/training.md, "Learned controllers under the
+one objective".
 """
 
 from __future__ import annotations
