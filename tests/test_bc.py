@@ -81,8 +81,10 @@ def test_bc_config_file_checked_and_flags_win(tmp_path, monkeypatch):
     good = tmp_path / "bc.yaml"
     good.write_text("expert: epact_plus\nepochs: 7\nnet_arch: [32, 16]\nlearning_rate: 3.0e-4\n")
     seen = {}
-    monkeypatch.setattr(bc, "train_bc", lambda spec: seen.setdefault("spec", spec) and {"wall_s": 0, "bc": {"rounds": []}})
-    assert bc.main(["bench-h200-hour-fixed-a30", "--config", str(good), "--epochs", "9", "--out", str(tmp_path / "o")]) == 0
+    monkeypatch.setattr(bc, "train_bc",
+                        lambda spec: seen.setdefault("spec", spec) and {"wall_s": 0, "bc": {"rounds": []}})
+    argv = ["bench-h200-hour-fixed-a30", "--config", str(good), "--epochs", "9", "--out", str(tmp_path / "o")]
+    assert bc.main(argv) == 0
     spec = seen["spec"]
     assert (spec.expert, spec.epochs, spec.net_arch, spec.learning_rate) == ("epact_plus", 9, [32, 16], 3e-4)
     assert "--config" in spec.command()

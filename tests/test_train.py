@@ -226,7 +226,8 @@ def test_controller_acts_exactly_as_the_sb3_policy(run_dir):
 
 SHIPPED_POLICIES = {"ppo-h200-hour": SCENARIO, "ppo-h20-hour": "bench-h20-hour-fixed-a30",
                     "ppo-h200-day": "bench-h200-day", "ppo-h20-day": "bench-h20-day"}
-SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-hour-fixed-a30"}  # behaviour cloning (commitenv.train.bc), docs/training.md
+# behaviour cloning (commitenv.train.bc), docs/training.md
+SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-hour-fixed-a30"}
 
 
 def test_every_shipped_baseline_is_listed():
