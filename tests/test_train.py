@@ -226,12 +226,41 @@ def test_controller_acts_exactly_as_the_sb3_policy(run_dir):
 
 SHIPPED_POLICIES = {"ppo-h200-hour": SCENARIO, "ppo-h20-hour": "bench-h20-hour-fixed-a30",
                     "ppo-h200-day": "bench-h200-day", "ppo-h20-day": "bench-h20-day"}
+# behaviour cloning (commitenv.train.bc), docs/training.md
+SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-hour-fixed-a30"}
 
 
 def test_every_shipped_baseline_is_listed():
     from commitenv_controllers.sb3_policy import shipped
 
-    assert shipped() == sorted(SHIPPED_POLICIES)
+    assert shipped() == sorted({**SHIPPED_POLICIES, **SHIPPED_CLONES})
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_CLONES))
+def test_the_shipped_clone_is_its_recorded_run(name):
+    """A shipped behaviour-cloned policy ships its option file, its record says it was fitted with exactly those
+    options on its scenario, and it runs as ``sb3:<name>`` (a PPO policy on the flat action)."""
+    pytest.importorskip("stable_baselines3")
+    from commitenv.control import ControllerContext
+    from commitenv.envs import CommitServeEnv
+    from commitenv.registry import resolve
+    from commitenv.train.bc import load_options
+
+    base = ROOT / "controllers" / "commitenv_controllers" / "data" / name
+    rec = json.loads((base / "train.json").read_text())
+    assert (rec["scenario"], rec["algo"], rec["action_mapping"], rec["status"]) == (SHIPPED_CLONES[name], "ppo",
+                                                                                   "flat", "finished")
+    for k, v in load_options(base / "bc.yaml").items():
+        assert rec["bc"][k] == v, k
+    assert rec["bc"]["demo_samples"] == 60 * rec["bc"]["demo_episodes"]
+    ctrl = resolve(f"sb3:{name}").make()
+    env = CommitServeEnv(SHIPPED_CLONES[name])
+    obs, info = env.reset(seed=100000)
+    ctrl.reset(ControllerContext.from_env(env), 0)
+    for _ in range(3):
+        a = ctrl.act(obs, info)
+        assert 1 <= a["active"] <= env.n_replicas and 0 <= a["clock"] < len(env.clocks_mhz)
+        obs, _, _, _, info = env.step(a)
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_POLICIES))

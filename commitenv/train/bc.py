@@ -1,0 +1,342 @@
+"""Behaviour cloning (and DAgger) of a planner into a policy that ``--controller sb3:DIR`` runs.
+
+``python -m commitenv.train.bc SCENARIO --expert mpc --demo-episodes 40 --seed 0 --out DIR``:
+
+1. **Demonstrations.** The expert (any controller spec: ``mpc``, ``epact_plus``, ...) plays ``--demo-episodes``
+   episodes on the first seeds of the scenario's TRAIN range; every step's env observation (the learner's 16
+   features, `commitenv.envs.OBS_FEATURES`) and the expert's action (encoded by the flat codec: active - 1, clock
+   index) are recorded. The expert's planning time is not charged here (it acts at the interval start, as the
+   learned policy will), so the demonstrations are the same on every run; ``--demos FILE`` caches them (an ``.npz``
+   keyed by scenario, expert and seeds), so the learner seeds of one recipe share one expert run.
+2. **Cloning.** A stable-baselines3 PPO ``MlpPolicy`` (the shipped recipe's [64, 64] tanh network, flat
+   ``MultiDiscrete`` action head) is fitted by maximum likelihood of the expert's actions (Adam, minibatches), on
+   observations standardized with the demonstrations' mean and variance, saved as a ``VecNormalize`` exactly as
+   ``commitenv train`` saves it. ``--seed`` sets the network's initialization and the minibatch order.
+3. **DAgger** (``--dagger-rounds R``, Ross et al. 2011): each round the current policy plays ``--dagger-episodes``
+   further train seeds while the expert, fed the same observations, labels every state the policy visits; the
+   labelled states join the data set and the policy is refitted. The expert's own bookkeeping sees the learner's
+   configuration (``info["active"]``, ``info["clock_mhz"]``) as it would its own.
+
+The folder holds ``train.json`` (``algo: ppo``, ``action_mapping: flat``, the command, the data set's size and the
+fit's figures), ``model.zip`` and ``vecnormalize.pkl``, like a ``commitenv train`` run: ``sb3:DIR`` runs it
+(fine-tuning it with PPO is not offered yet). Results and commands: docs/training.md, "Learned controllers under the
+one objective".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["BCSpec", "collect", "fit_policy", "train_bc", "main"]
+
+
+@dataclass
+class BCSpec:
+    """What ``python -m commitenv.train.bc`` was asked for."""
+
+    scenario: str
+    out: str | Path
+    expert: str = "mpc"
+    demo_episodes: int = 40
+    dagger_rounds: int = 0
+    dagger_episodes: int = 10
+    seed: int = 0
+    epochs: int = 60
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    demos: str | Path | None = None
+    torch_threads: int = 1
+    config: str | Path | None = None  # the YAML the options came from (recorded in the command)
+
+    def command(self) -> str:
+        parts = ["python", "-m", "commitenv.train.bc", self.scenario, "--expert", self.expert, "--demo-episodes",
+                 str(self.demo_episodes), "--dagger-rounds", str(self.dagger_rounds), "--dagger-episodes",
+                 str(self.dagger_episodes), "--seed", str(self.seed), "--epochs", str(self.epochs), "--batch-size",
+                 str(self.batch_size), "--learning-rate", str(self.learning_rate), "--net-arch",
+                 ",".join(map(str, self.net_arch)), "--out", str(self.out)]
+        if self.demos is not None:
+            parts += ["--demos", str(self.demos)]
+        if self.config is not None:
+            parts += ["--config", str(self.config)]
+        return " ".join(shlex.quote(p) for p in parts)
+
+
+# ================================================================================================ data
+def collect(scenario: str, expert: str, seeds: list[int], learner: Callable[[np.ndarray], Any] | None = None,
+            progress: bool = False) -> dict[str, np.ndarray]:
+    """Observations and the expert's flat actions on ``seeds``; with ``learner`` (raw observation -> flat action) the
+    learner's action is executed and the expert only labels (DAgger). Returns ``obs`` (n, F) float32, ``act`` (n, 2)
+    int64, ``seed`` (n,) and, per episode, the return of whoever acted (minus the settlement cost plus the scenario's
+    constant ``reward_offset_kwh``) in ``episode_return``."""
+    from commitenv.control import ControllerContext
+    from commitenv.envs import CommitServeEnv
+    from commitenv.envs.wrappers import codec_for
+    from commitenv.registry import resolve
+    from commitenv.scenarios.build import derived_seed
+
+    spec = resolve(expert)
+    obs_l, act_l, seed_l, costs = [], [], [], []
+    for s in seeds:
+        ctrl = spec.make()
+        env = CommitServeEnv(scenario)
+        obs, info = env.reset(seed=int(s))
+        ctrl.reset(ControllerContext.from_env(env), derived_seed(int(s), "controller"))
+        if ctrl.dispatch_policy() is not None or ctrl.local_policy() is not None:
+            raise ValueError(f"expert {expert}: sets a dispatch or local policy, which a learned policy cannot")
+        codec = codec_for("flat", env.n_replicas, len(env.clocks_mhz), 1, tuple(env.clocks_mhz))
+        terminated, ret = False, 0.0
+        try:
+            while not terminated:
+                a = ctrl.act(obs, info)
+                label = codec.encode(int(a["active"]), int(a["clock"]))
+                obs_l.append(np.asarray(obs, dtype=np.float32))
+                act_l.append(label)
+                seed_l.append(int(s))
+                step = codec.decode(learner(obs)) if learner is not None else {"active": int(a["active"]),
+                                                                                 "clock": int(a["clock"])}
+                obs, reward, terminated, _, info = env.step(step)
+                ret += float(reward)
+        finally:
+            ctrl.close()
+        costs.append(ret)
+        if progress:
+            print(f"  {'dagger' if learner else 'demo'} seed {s}: {len(act_l)} samples", file=sys.stderr, flush=True)
+    return {"obs": np.stack(obs_l), "act": np.stack(act_l).astype(np.int64), "seed": np.asarray(seed_l),
+            "episode_return": np.asarray(costs)}
+
+
+def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([a[k], b[k]]) for k in ("obs", "act", "seed")}
+
+
+# ================================================================================================ fitting
+def fit_policy(model: Any, obs_norm: np.ndarray, act: np.ndarray, epochs: int, batch_size: int, lr: float,
+               seed: int) -> list[float]:
+    """Maximum likelihood of ``act`` under ``model``'s policy (SB3 ``ActorCriticPolicy``) for standardized
+    observations; returns the mean negative log-likelihood of each epoch. Only the actor is trained (the value head
+    stays at its initialization)."""
+    import torch
+
+    policy = model.policy
+    policy.set_training_mode(True)
+    params = list(policy.mlp_extractor.policy_net.parameters()) + list(policy.action_net.parameters())
+    if policy.share_features_extractor:
+        params += list(policy.features_extractor.parameters())
+    opt = torch.optim.Adam(params, lr=lr)
+    x = torch.as_tensor(obs_norm, dtype=torch.float32)
+    y = torch.as_tensor(act, dtype=torch.long)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(epochs):
+        order = rng.permutation(len(x))
+        total = 0.0
+        for i in range(0, len(x), batch_size):
+            idx = torch.as_tensor(order[i:i + batch_size])
+            dist = policy.get_distribution(x[idx])
+            loss = -dist.log_prob(y[idx]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+        losses.append(total / len(x))
+    policy.set_training_mode(False)
+    return losses
+
+
+def _build(scenario: str, seed: int, net_arch: list[int], obs: np.ndarray) -> tuple[Any, Any]:
+    """A PPO model as ``commitenv train --algo ppo`` builds it, and its ``VecNormalize`` with the observation
+    statistics of ``obs`` (frozen)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+    from torch import nn
+
+    from commitenv.scenarios import load_scenario
+    from commitenv.train.envs import make_env, seed_ranges
+
+    lo, hi = seed_ranges(load_scenario(scenario)).train
+    venv = DummyVecEnv([lambda: make_env(scenario, "flat", lo, hi, lo)])
+    norm = VecNormalize(venv, gamma=0.99, norm_obs=True, norm_reward=True, clip_obs=10.0, clip_reward=10.0)
+    norm.obs_rms.mean = obs.mean(axis=0).astype(np.float64)
+    norm.obs_rms.var = obs.var(axis=0).astype(np.float64)
+    norm.obs_rms.count = float(len(obs))
+    norm.training = False
+    model = PPO("MlpPolicy", norm, seed=seed, device="cpu", verbose=0, n_steps=512,
+                policy_kwargs={"net_arch": list(net_arch), "activation_fn": nn.Tanh})
+    return model, norm
+
+
+def _accuracy(model: Any, obs_norm: np.ndarray, act: np.ndarray) -> list[float]:
+    pred, _ = model.predict(obs_norm, deterministic=True)
+    return [float(np.mean(pred[:, j] == act[:, j])) for j in range(act.shape[1])]
+
+
+def _demos(spec: BCSpec, seeds: list[int], progress: bool) -> dict[str, np.ndarray]:
+    path = Path(spec.demos) if spec.demos is not None else None
+    key = json.dumps({"scenario": spec.scenario, "expert": spec.expert, "seeds": seeds})
+    if path is not None and path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) == key:
+                return {k: z[k] for k in ("obs", "act", "seed", "episode_return")}
+        raise ValueError(f"--demos {path}: holds other demonstrations (not {key}); give another file")
+    data = collect(spec.scenario, spec.expert, seeds, progress=progress)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(path, key=key, **data)
+    return data
+
+
+def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
+    """Collect, clone (and DAgger) as ``spec`` says; writes the run folder and returns its train.json record."""
+    import torch
+
+    from commitenv.envs.commit_serve import OBS_FEATURES
+    from commitenv.scenarios import load_scenario
+    from commitenv.train.envs import seed_ranges
+    from commitenv.train.trainer import _versions, _write_json
+
+    for name in ("demo_episodes", "epochs", "batch_size", "torch_threads"):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected a whole number >= 1, got {v!r}")
+    for name in ("dagger_rounds", "dagger_episodes"):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"--{name.replace('_', '-')}: expected a whole number >= 0, got {v!r}")
+    out = Path(spec.out)
+    if (out / "train.json").exists():
+        raise ValueError(f"--out {out}: already holds a run (train.json); give another folder")
+    torch.set_num_threads(spec.torch_threads)
+    torch.manual_seed(spec.seed)
+    sc = load_scenario(spec.scenario)
+    lo, hi = seed_ranges(sc).train
+    t0 = time.perf_counter()
+    demo_seeds = list(range(lo, lo + spec.demo_episodes))
+    data = _demos(spec, demo_seeds, progress)
+    demo_return = float(np.mean(data["episode_return"]))
+    t_demo = time.perf_counter() - t0
+    model, norm = _build(spec.scenario, spec.seed, spec.net_arch, data["obs"])
+    rounds = []
+
+    def refit() -> None:
+        # statistics from the whole data set so far, then the fit (continued from the current weights)
+        norm.obs_rms.mean = data["obs"].mean(axis=0).astype(np.float64)
+        norm.obs_rms.var = data["obs"].var(axis=0).astype(np.float64)
+        norm.obs_rms.count = float(len(data["obs"]))
+        x = norm.normalize_obs(data["obs"])
+        losses = fit_policy(model, x, data["act"], spec.epochs, spec.batch_size, spec.learning_rate, spec.seed
+                            + len(rounds))
+        rounds.append({"samples": int(len(x)), "nll_first": losses[0], "nll_last": losses[-1],
+                       "train_accuracy": _accuracy(model, x, data["act"])})
+
+    refit()
+    next_seed = lo + spec.demo_episodes
+    for r in range(spec.dagger_rounds):
+        seeds = list(range(next_seed, next_seed + spec.dagger_episodes))
+        next_seed += spec.dagger_episodes
+
+        def learner(o: np.ndarray) -> Any:
+            a, _ = model.predict(norm.normalize_obs(np.asarray(o, dtype=np.float32)[None]), deterministic=True)
+            return a[0]
+
+        new = collect(spec.scenario, spec.expert, seeds, learner=learner, progress=progress)
+        rounds[-1]["dagger_seeds"] = [seeds[0], seeds[-1]] if seeds else []
+        rounds[-1]["learner_episode_return"] = float(np.mean(new["episode_return"])) if len(seeds) else None
+        data = _concat(data, new)
+        refit()
+    wall = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(str(out / "model.zip"))
+    norm.save(str(out / "vecnormalize.pkl"))
+    record = {
+        "command": spec.command(), "scenario": sc.name, "algo": "ppo", "action_mapping": "flat",
+        "trainer": "commitenv.train.bc (behaviour cloning" + (", DAgger)" if spec.dagger_rounds else ")"),
+        "bc": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
+               "demo_seeds": [demo_seeds[0], demo_seeds[-1]],
+               "demo_samples": int(np.sum(data["seed"] < lo + spec.demo_episodes)),
+               "expert_demo_mean_return": demo_return,
+               "rounds": rounds, "demo_wall_s": round(t_demo, 1)},
+        "seed": spec.seed, "hyperparameters": {"policy_kwargs": {"net_arch": list(spec.net_arch),
+                                                                 "activation_fn": "tanh"}},
+        "observation_features": list(OBS_FEATURES), "versions": _versions(), "steps_done": 0,
+        "wall_s": round(wall, 1), "status": "finished",
+        "files": {"model.zip": "model.zip", "vecnormalize.pkl": "vecnormalize.pkl", "best_model.zip": None,
+                  "best_vecnormalize.pkl": None},
+    }
+    _write_json(out / "train.json", record)
+    return record
+
+
+# ================================================================================================ CLI
+CONFIG_KEYS = {"expert": str, "demo_episodes": int, "dagger_rounds": int, "dagger_episodes": int, "epochs": int,
+               "batch_size": int, "learning_rate": (float, int, str), "net_arch": list}
+
+
+def load_options(path: str | Path) -> dict[str, Any]:
+    """The options of a BC config file (a YAML mapping of `CONFIG_KEYS`); ValueError naming the file and the key."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"--config {path}: cannot read it ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--config {path}: expected a mapping of options")
+    out = {}
+    for k, v in doc.items():
+        key = str(k).replace("-", "_")
+        if key not in CONFIG_KEYS:
+            raise ValueError(f"{path}: unknown key {k!r} (accepted: {', '.join(CONFIG_KEYS)})")
+        if isinstance(v, bool) or not isinstance(v, CONFIG_KEYS[key]):
+            raise ValueError(f"{path}: {k}: wrong type {type(v).__name__}")
+        out[key] = v
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m commitenv.train.bc", description=__doc__.split("\n\n")[0])
+    p.add_argument("scenario")
+    p.add_argument("--out", required=True)
+    p.add_argument("--expert", default="mpc")
+    p.add_argument("--demo-episodes", type=int, default=40)
+    p.add_argument("--dagger-rounds", type=int, default=0)
+    p.add_argument("--dagger-episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--net-arch", default="64,64")
+    p.add_argument("--demos", default=None)
+    p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--config", default=None, help="YAML of options (their long names with _ or -); flags given "
+                   "on the command line win")
+    a = p.parse_args(argv)
+    try:
+        if a.config is not None:
+            given = {o for tok in (argv if argv is not None else sys.argv[1:]) if tok.startswith("--")
+                     for o in [tok[2:].split("=")[0].replace("-", "_")]}
+            for k, v in load_options(a.config).items():
+                if k not in given:
+                    setattr(a, k, ",".join(map(str, v)) if k == "net_arch" and isinstance(v, list) else v)
+        arch = [int(x) for x in a.net_arch.split(",") if x]
+        spec = BCSpec(a.scenario, a.out, a.expert, a.demo_episodes, a.dagger_rounds, a.dagger_episodes, a.seed,
+                      a.epochs, a.batch_size, float(a.learning_rate), arch, a.demos, a.torch_threads, a.config)
+        rec = train_bc(spec)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out": str(a.out), "wall_s": rec["wall_s"], "rounds": rec["bc"]["rounds"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

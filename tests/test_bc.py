@@ -1,0 +1,90 @@
+"""Behaviour cloning (`commitenv.train.bc`): the fit reproduces a hand-written rule on synthetic data, and a clone of
+vLLM's constant configuration, saved as a run folder, runs as ``sb3:DIR`` and acts as vLLM does."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+
+def test_fit_policy_learns_a_hand_checkable_rule():
+    pytest.importorskip("stable_baselines3")
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from commitenv.envs.wrappers import ACTION_WRAPPERS
+    from commitenv.envs.commit_serve import CommitServeEnv
+    from commitenv.train.bc import fit_policy
+
+    torch.manual_seed(0)
+    env = DummyVecEnv([lambda: ACTION_WRAPPERS["flat"](CommitServeEnv("bench-h200-hour-fixed-a30"))])
+    model = PPO("MlpPolicy", env, seed=0, device="cpu", n_steps=64)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 16)).astype(np.float32)
+    # the rule: feature 0 > 0 -> every replica at the top clock (indices 31, 4); else 8 replicas at clock 1 (7, 1)
+    y = np.where(x[:, :1] > 0, [[31, 4]], [[7, 1]]).astype(np.int64)
+    losses = fit_policy(model, x, y, epochs=40, batch_size=64, lr=3e-3, seed=0)
+    assert losses[-1] < 0.1 * losses[0]
+    pred, _ = model.predict(x, deterministic=True)
+    assert (pred == y).all()
+    test = np.zeros((2, 16), dtype=np.float32)
+    test[0, 0], test[1, 0] = 2.0, -2.0
+    assert model.predict(test, deterministic=True)[0].tolist() == [[31, 4], [7, 1]]
+
+
+def test_clone_of_vllm_runs_as_sb3_controller_and_acts_as_vllm(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from commitenv.control import ControllerContext
+    from commitenv.envs.commit_serve import CommitServeEnv
+    from commitenv.registry import resolve
+    from commitenv.train.bc import BCSpec, train_bc
+
+    demos = tmp_path / "demos.npz"
+    spec = BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc", expert="vllm", demo_episodes=1, epochs=30,
+                  batch_size=16, learning_rate=3e-3, demos=demos)
+    rec = train_bc(spec, progress=False)
+    assert demos.is_file() and rec["bc"]["demo_samples"] == 60  # 60 one-minute intervals
+    assert rec["bc"]["rounds"][-1]["train_accuracy"] == [1.0, 1.0]
+    saved = json.loads((tmp_path / "bc" / "train.json").read_text())
+    assert saved["algo"] == "ppo" and saved["action_mapping"] == "flat" and "commitenv.train.bc" in saved["command"]
+    ctrl = resolve(f"sb3:{tmp_path / 'bc'}").make()
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    obs, info = env.reset(seed=100000)
+    ctrl.reset(ControllerContext.from_env(env), 0)
+    for _ in range(3):
+        assert ctrl.act(obs, info) == {"active": 32, "clock": 4}  # vLLM: every replica at the top clock
+        obs, _, _, _, info = env.step({"active": 32, "clock": 4})
+    # a second learner seed reuses the cached demonstrations; another expert's file is refused
+    train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc2", expert="vllm", demo_episodes=1, epochs=2,
+                    seed=1, demos=demos), progress=False)
+    with pytest.raises(ValueError, match="--demos"):
+        train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc3", expert="fixed_config", demo_episodes=1,
+                        epochs=2, demos=demos), progress=False)
+    with pytest.raises(ValueError, match="already holds"):
+        train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc", expert="vllm", demo_episodes=1, demos=demos),
+                 progress=False)
+
+
+def test_bc_config_file_checked_and_flags_win(tmp_path, monkeypatch):
+    from commitenv.train import bc
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("expert: mpc\ndemo_episode: 3\n")
+    with pytest.raises(ValueError, match="bad.yaml: unknown key 'demo_episode'"):
+        bc.load_options(bad)
+    bad.write_text("epochs: ten\n")
+    with pytest.raises(ValueError, match="epochs: wrong type"):
+        bc.load_options(bad)
+    good = tmp_path / "bc.yaml"
+    good.write_text("expert: epact_plus\nepochs: 7\nnet_arch: [32, 16]\nlearning_rate: 3.0e-4\n")
+    seen = {}
+    monkeypatch.setattr(bc, "train_bc",
+                        lambda spec: seen.setdefault("spec", spec) and {"wall_s": 0, "bc": {"rounds": []}})
+    argv = ["bench-h200-hour-fixed-a30", "--config", str(good), "--epochs", "9", "--out", str(tmp_path / "o")]
+    assert bc.main(argv) == 0
+    spec = seen["spec"]
+    assert (spec.expert, spec.epochs, spec.net_arch, spec.learning_rate) == ("epact_plus", 9, [32, 16], 3e-4)
+    assert "--config" in spec.command()
