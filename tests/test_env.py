@@ -549,8 +549,10 @@ def test_invalid_actions_raise_value_error(three, action, match):
 def test_non_integral_action_is_rejected(three):
     env = CommitServeEnv(str(three))
     env.reset(seed=0)
-    with pytest.raises(ValueError, match="integers"):
-        env.step({"active": 1.5, "clock": 0})
+    for bad in (1.5, 2.0, np.float64(1.0), True):  # a whole float is not in the Discrete space either
+        with pytest.raises(ValueError, match="integers"):
+            env.step({"active": bad, "clock": 0})
+    assert env.k == 0  # nothing moved
 
 
 def test_numpy_integer_actions_are_accepted(three):

@@ -359,9 +359,10 @@ class CommitServeEnv(gym.Env):
                 v = np.asarray(action[key]).item()
             except (TypeError, ValueError):
                 raise ValueError(f"action: 'active' and 'clock' must be integers, got {key}={action[key]!r}") from None
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
-                raise ValueError(f"action: 'active' and 'clock' must be integers, got {key}={action[key]!r}")
-            vals.append(int(v))
+            if isinstance(v, bool) or not isinstance(v, int):  # a float, even 4.0, is not in the Discrete space
+                raise ValueError(f"action: 'active' and 'clock' must be integers (the spaces are Discrete; ctx.action "
+                                 f"builds one from a whole float), got {key}={action[key]!r}")
+            vals.append(v)
         a, c = vals
         if not 1 <= a <= self.n_replicas:
             raise ValueError(f"action['active']: expected 1..{self.n_replicas} replicas, got {a}")
@@ -386,9 +387,9 @@ class CommitServeEnv(gym.Env):
             v = np.asarray(action[key])
             if v.ndim == 0:
                 v = v.reshape(1)
-            if v.shape != (n,) or v.dtype == bool or not np.all(np.isfinite(v.astype(float))) or \
-                    not np.all(v.astype(float) == np.round(v.astype(float))):
-                raise ValueError(f"action['{key}']: expected {n} whole numbers, got {action[key]!r}")
+            if v.shape != (n,) or v.dtype == bool or not np.issubdtype(v.dtype, np.integer):
+                raise ValueError(f"action['{key}']: expected {n} integers (a float, even a whole one, is not in the "
+                                 f"MultiDiscrete space), got {action[key]!r}")
             return [int(x) for x in v]
 
         nl = len(self.clocks_mhz)

@@ -189,7 +189,11 @@ class SandboxedController(Controller):
             self._fail("timeout", f"the episode's wall time limit of {lim.wall_s_per_episode:g} s is used up")
         cpu0 = self._charged  # what the child spent since the last charge (between decisions too) counts here
         self._send(("act", observation, info))
-        msg = self._serve({"action"}, wall_s=min(lim.wall_s_per_decision, left), cpu_s=lim.cpu_s_per_decision,
+        # the first decision carries one-time work a warm deployment would have done before (lazy imports, the JIT
+        # compilation of the what-if engine in a fresh process): it may use the start-up budget; it is charged all
+        cpu_budget = max(lim.cpu_s_per_decision, lim.startup_s) if self._k == 0 else lim.cpu_s_per_decision
+        wall_budget = max(lim.wall_s_per_decision, lim.startup_s) if self._k == 0 else lim.wall_s_per_decision
+        msg = self._serve({"action"}, wall_s=min(wall_budget, left), cpu_s=cpu_budget,
                           what=f"decision {self._k}", cpu0=cpu0)
         now = self._cpu_now()
         cpu = max(0.0, now - cpu0)

@@ -33,7 +33,7 @@ class Limits(_Strict):
     wall_s_per_decision: float = Field(default=120.0, gt=0)
     wall_s_per_episode: float = Field(default=3600.0, gt=0)
     memory_mb: int = Field(default=6144, ge=256)
-    startup_s: float = Field(default=120.0, gt=0)  # to import and build the controller
+    startup_s: float = Field(default=120.0, gt=0)  # to import and build the controller, and for the first decision
 
 
 class PublicEpisodes(_Strict):

@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from commitenv.argtypes import seed as seed_arg
+
 __all__ = ["BCSpec", "collect", "fit_policy", "train_bc", "main"]
 
 
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--demo-episodes", type=int, default=40)
     p.add_argument("--dagger-rounds", type=int, default=0)
     p.add_argument("--dagger-episodes", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--learning-rate", type=float, default=1e-3)

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from commitenv.argtypes import seed
 from commitenv.train import ALGORITHMS
 
 __all__ = ["add_train_parser", "run_train"]
@@ -31,7 +32,7 @@ def add_train_parser(sub: Any) -> argparse.ArgumentParser:
                    help="run folder: model.zip, vecnormalize.pkl, best_model.zip, train.json, checkpoints/, logs")
     t.add_argument("--resume", action="store_true",
                    help="continue the run in DIR from its last checkpoint up to --steps in total")
-    t.add_argument("--seed", type=int, default=0, help="the learner's own randomness (episode traces come from the "
+    t.add_argument("--seed", type=seed, default=0, help="the learner's own randomness (episode traces come from the "
                                                        "scenario's train seeds)")
     t.add_argument("--eval-freq", type=int, default=6_000, metavar="STEPS",
                    help="evaluate every STEPS environment steps (0: only at the end; default 6000)")
