@@ -31,22 +31,27 @@ NOBODY = 65534  # the uid and gid inside the user namespace (mapped to the score
 _ETC = ("/etc/ld.so.cache", "/etc/localtime")
 
 
-def _public_roots() -> list[str]:
-    """What the child may read besides /usr: the Python installation, the environment's packages, the commitenv
-    packages and the shipped scenarios and profiles (all public)."""
+def package_paths() -> set[str]:
+    """The Python library folders, the commitenv packages and the shipped scenarios and profiles (all public)."""
     import commitenv_controllers
 
     import commitenv
     from commitenv._paths import data_dir
 
-    paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix}
-    paths |= {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     paths |= {str(Path(commitenv.__file__).parent), str(Path(commitenv_controllers.__file__).parent)}
     for kind in ("scenarios", "profiles"):
         try:
             paths.add(str(data_dir(kind)))
         except FileNotFoundError:
             pass
+    return paths
+
+
+def _public_roots() -> list[str]:
+    """What the child may read besides /usr: the Python installation, the environment's packages, the commitenv
+    packages and the shipped scenarios and profiles (all public)."""
+    paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix} | package_paths()
     real = sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)})
     # only the outermost of nested roots, and nothing /usr already holds
     out: list[str] = []

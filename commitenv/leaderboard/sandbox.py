@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -100,18 +99,7 @@ def resolve_isolation(isolation: str = "auto", *, secret: bool = False) -> str:
 def read_roots() -> tuple[str, ...]:
     """What the audit hook lets a sandboxed controller read: the Python installation, the commitenv packages (with
     the shipped scenarios and profiles, which are public)."""
-    import commitenv_controllers
-
-    import commitenv
-    from commitenv._paths import data_dir
-
-    paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths |= {str(Path(commitenv.__file__).parent), str(Path(commitenv_controllers.__file__).parent)}
-    for kind in ("scenarios", "profiles"):
-        try:
-            paths.add(str(data_dir(kind)))
-        except FileNotFoundError:
-            pass
+    paths = iso.package_paths()
     paths |= {str(Path(sys.base_prefix) / "lib"), str(Path(sys.prefix) / "lib")}
     return tuple(sorted(p for p in paths if p))
 

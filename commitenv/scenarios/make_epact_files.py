@@ -182,16 +182,18 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def main(argv: list[str] | None = None) -> int:
+def sync_main(argv: list[str] | None, prog: str, description: str, rendered: dict[str, str]) -> int:
+    """The command line of a scenario generator: write the ``rendered`` files (name -> YAML text) into the shipped
+    scenarios/ folder or ``--out``, or with ``--check`` only report (exit 1) the files that are missing or differ."""
     from commitenv._paths import data_dir
 
-    ap = argparse.ArgumentParser(prog="python -m commitenv.scenarios.make_epact_files", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--out", type=Path, default=None, help="folder to write into (default: the shipped scenarios/)")
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 when a file is missing or differs")
     args = ap.parse_args(argv)
     out = args.out if args.out is not None else data_dir("scenarios")
     bad = []
-    for fname, text in render_all().items():
+    for fname, text in rendered.items():
         path = out / fname
         current = path.read_text() if path.is_file() else None
         if current == text:
@@ -206,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"out of date (rerun without --check): {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return sync_main(argv, "python -m commitenv.scenarios.make_epact_files", __doc__.split("\n")[0], render_all())
 
 
 if __name__ == "__main__":
