@@ -146,38 +146,18 @@ def _gate_text(summary: dict) -> str:
 
 
 def _references(args: argparse.Namespace, scenario: str, seeds: list[int]) -> dict[int, tuple[dict, dict]]:
-    """The objective's reference runs of every seed (cached; `commitenv.references`), or {} when they cannot be had
-    (a warning says why; the runs then carry no score, and a relative gate stays undecided)."""
-    from commitenv.references import run_reference, scenario_references
-    from commitenv.runner import run_jobs
-    from commitenv.scenarios import load_scenario
+    """The objective's reference runs of every seed (`commitenv.references.seed_references`), unless --no-score."""
+    from commitenv.references import seed_references
 
     if not getattr(args, "score", True):
         return {}
-    sc = load_scenario(scenario)
-
-    def run(jobs: list) -> list[dict]:
-        return run_jobs(jobs, n_jobs=getattr(args, "jobs", None) or 1, fn=run_reference, progress=not args.quiet,
-                        desc="references")
-
-    try:
-        refs = scenario_references(sc, seeds, run=run)
-    except (ValueError, OSError) as e:
-        log.warning("no score: the reference runs (%s, %s) failed: %s", sc.objective.lower, sc.objective.upper, e)
-        return {}
-    return dict(zip(seeds, refs))
+    return seed_references(scenario, seeds, jobs=getattr(args, "jobs", None) or 1, progress=not args.quiet)
 
 
 def _apply_score(summary: dict, refs: tuple[dict, dict] | None) -> None:
-    """Set the score and the gate of ``summary`` from its episode's references (`commitenv.scoring.score`)."""
-    from commitenv.scoring import score
+    from commitenv.scoring import apply_score
 
-    if refs is None:
-        return
-    try:
-        summary.update(score(summary, *refs).fields())
-    except ValueError as e:
-        log.warning("%s seed %s: no score (%s)", summary.get("controller"), summary.get("seed"), e)
+    apply_score(summary, refs)
 
 
 def _check_out(out: str | None, *, beside: bool = False) -> Path | None:

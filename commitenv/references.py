@@ -143,6 +143,28 @@ def run_reference(job: Any) -> dict[str, Any]:
     return {"summary": {k: res.summary[k] for k in KEEP if k in res.summary}}
 
 
+def seed_references(scenario: str | Scenario, seeds: list[int], *, jobs: int = 1,
+                    progress: bool = False) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+    """{seed: (lower, upper)} reference summaries of ``scenario`` from the user's cache, the missing ones run in
+    ``jobs`` processes; {} with a warning when they cannot be had (the runs then carry no score, and a relative gate
+    stays undecided)."""
+    from commitenv.runner import run_jobs
+    from commitenv.scenarios import load_scenario
+
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+
+    def run(batch: list[Any]) -> list[dict[str, Any]]:
+        return run_jobs(batch, n_jobs=jobs, fn=run_reference, progress=progress, desc="references")
+
+    try:
+        refs = scenario_references(sc, seeds, run=run)
+    except (ValueError, OSError) as e:
+        logging.getLogger("commitenv").warning("no score: the reference runs (%s, %s) failed: %s",
+                                               sc.objective.lower, sc.objective.upper, e)
+        return {}
+    return dict(zip(seeds, refs))
+
+
 def scenario_references(scenario: Scenario, seeds: list[int], *, run: Callable[[list[Any]], list[dict[str, Any]]],
                         path: Path | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """For each seed the (lower, upper) reference summaries of ``scenario``'s objective, from the user's cache

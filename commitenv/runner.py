@@ -164,10 +164,9 @@ def run_job(job: Job) -> dict[str, Any]:
 
     try:
         _, res = evaluation.run_episode(job.spec, job.scenario, job.seed, controller_kwargs=job.kwargs or None)
-        if job.references is not None:
-            from commitenv.scoring import score
+        from commitenv.scoring import apply_score
 
-            res.summary.update(score(res.summary, *job.references).fields())
+        apply_score(res.summary, job.references)
         if job.out is not None:
             res.write(job.out, requests=job.requests, figure=job.figure)
         return {"summary": res.summary}

@@ -22,13 +22,15 @@ ties with one that passes it.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["GateOutcome", "EpisodeScore", "gate_outcome", "normalised_score", "score", "summary_objective"]
+__all__ = ["GateOutcome", "EpisodeScore", "apply_score", "gate_outcome", "normalised_score", "score",
+           "summary_objective"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +141,17 @@ def score(summary: Mapping[str, Any], lower: Mapping[str, Any] | None = None,
                             None if upper is None else float(upper["cost_kwh_eq"]))
     lo, up = float(lower["cost_kwh_eq"]), float(upper["cost_kwh_eq"])
     return EpisodeScore(cost, gate, normalised_score(cost, lo, up, gate.passed, gate.shortfall_pct), lo, up)
+
+
+def apply_score(summary: dict[str, Any], refs: tuple[Mapping[str, Any], Mapping[str, Any]] | None) -> bool:
+    """Set the score and the gate fields of ``summary`` (`EpisodeScore.fields`) from its episode's (lower, upper)
+    references; without references, or when they cannot score it (a warning says why), leave it as it is."""
+    if refs is None:
+        return False
+    try:
+        summary.update(score(summary, *refs).fields())
+    except ValueError as e:
+        logging.getLogger("commitenv").warning("%s seed %s: no score (%s)", summary.get("controller"),
+                                               summary.get("seed"), e)
+        return False
+    return True
