@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 from pathlib import Path
 
@@ -296,3 +297,37 @@ def test_a_single_file_submission_and_process_and_ray_runs_agree(board, tmp_path
     on_ray = submit(sub, "dev", board=d, n_jobs=2, ray_address="local", render=False).record
     assert [{k: r[k] for k in keep} for r in on_ray["episodes"]] == rows[0]
     assert not ray.is_initialized()
+
+
+def test_a_stratified_draw_meets_every_family_quota_and_hides_the_order(tmp_path):
+    """``per_family`` episodes from each family whatever the secret (a uniform draw of 6 episodes over a 1-of-4 family
+    misses it with probability (3/4)^6 = 18 %); the other slots stay uniform; the order is the secret's."""
+    names = ["bench-h200-hour-fixed-a30", "bench-h200-hour-decreasing-a25", "bench-h20-hour-fixed-a30",
+             "bench-h20-hour-decreasing-a30"]
+    p = _secret_suite(tmp_path, names, n=6)
+    doc = yaml.safe_load(p.read_text())
+    doc["draw"] |= {"families": {"rare": names[:1], "common": names[1:]}, "per_family": 2}
+    p.write_text(yaml.safe_dump(doc))
+    suite, h = load_suite(p)
+    first_is_rare = 0
+    for i in range(200):
+        eps = episodes(suite, h, f"secret {i}".encode())
+        assert len(eps) == 6 and sum(e.scenario == names[0] for e in eps) >= 2
+        assert sum(e.scenario != names[0] for e in eps) >= 2
+        first_is_rare += eps[0].scenario == names[0]
+    # a quota slot is not always first: the rare scenario leads in about (2 + 2/4) / 6 = 42 % of draws
+    assert 0.25 < first_is_rare / 200 < 0.6
+
+
+@pytest.mark.parametrize("draw, says", [
+    ({"families": {"f": ["nope"]}}, "draw.families.f: 'nope' is not in draw.scenarios"),
+    ({"families": {"f": ["a"], "g": ["a"]}}, "already in family 'f'"),
+    ({"per_family": 1}, "draw.per_family: needs draw.families"),
+    ({"families": {"f": ["a"], "g": ["b"]}, "per_family": 3}, "exceeds draw.episodes"),
+])
+def test_bad_family_quotas_name_the_field(tmp_path, draw, says):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump({"name": "x", "secret": True,
+                                 "draw": {"scenarios": ["a", "b"], "episodes": 4, **draw}}))
+    with pytest.raises(ValueError, match=re.escape(says)):
+        load_suite(p)

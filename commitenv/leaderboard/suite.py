@@ -49,15 +49,33 @@ class PublicEpisodes(_Strict):
 
 
 class Draw(_Strict):
-    """How a secret suite draws its episodes from the secret."""
+    """How a secret suite draws its episodes from the secret: ``per_family`` episodes from each of ``families``
+    (named groups of the scenarios) for certain coverage, the rest uniformly over ``scenarios``, in a secret order."""
 
     scenarios: list[str] = Field(min_length=1)
     episodes: int = Field(ge=1, le=10_000)
     seed_range: tuple[int, int] = (1_000_000, 2**31 - 1)
     commitment_scale: tuple[float, float] = (1.0, 1.0)
+    families: dict[str, list[str]] = Field(default_factory=dict)
+    per_family: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> "Draw":
+        seen: dict[str, str] = {}
+        for fam, names in self.families.items():
+            if not names:
+                raise ValueError(f"draw.families.{fam}: expected at least one scenario")
+            for n in names:
+                if n not in self.scenarios:
+                    raise ValueError(f"draw.families.{fam}: '{n}' is not in draw.scenarios")
+                if n in seen:
+                    raise ValueError(f"draw.families.{fam}: '{n}' is already in family '{seen[n]}'")
+                seen[n] = fam
+        if self.per_family and not self.families:
+            raise ValueError("draw.per_family: needs draw.families")
+        if self.per_family * len(self.families) > self.episodes:
+            raise ValueError(f"draw.per_family: {self.per_family} episodes x {len(self.families)} families exceeds "
+                             f"draw.episodes ({self.episodes})")
         lo, hi = self.seed_range
         if not 0 <= lo < hi:
             raise ValueError(f"draw.seed_range: expected 0 <= low < high, got [{lo}, {hi})")
@@ -172,9 +190,14 @@ def episodes(suite: Suite, suite_hash: str, secret: bytes | None = None) -> list
                          "--secret-file")
     d = suite.draw
     assert d is not None
+    # the quota slots first (each family's scenarios equally likely), then uniform slots; a secret order hides which
+    pools = [names for names in d.families.values() for _ in range(d.per_family)]
+    pools += [d.scenarios] * (d.episodes - len(pools))
+    slots = [pool[int(_uniform(secret, suite_hash, k, "scenario") * len(pool))] for k, pool in enumerate(pools)]
+    if d.families and d.per_family:
+        slots = [slots[k] for k in sorted(range(len(slots)), key=lambda k: _uniform(secret, suite_hash, k, "order"))]
     out = []
-    for i in range(d.episodes):
-        sc = d.scenarios[int(_uniform(secret, suite_hash, i, "scenario") * len(d.scenarios))]
+    for i, sc in enumerate(slots):
         lo, hi = d.seed_range
         seed = lo + int(_uniform(secret, suite_hash, i, "seed") * (hi - lo))
         a, b = d.commitment_scale
