@@ -88,3 +88,34 @@ def test_bc_config_file_checked_and_flags_win(tmp_path, monkeypatch):
     spec = seen["spec"]
     assert (spec.expert, spec.epochs, spec.net_arch, spec.learning_rate) == ("epact_plus", 9, [32, 16], 3e-4)
     assert "--config" in spec.command()
+
+
+def test_demonstrations_go_round_robin_over_one_pools_scenarios_with_drawn_commitment_scales():
+    from commitenv.scenarios import load_scenario
+    from commitenv.scenarios.loader import scaled_commitment
+    from commitenv.train.bc import demo_episodes
+
+    names = ["bench-h200-hour-fixed-a30", "bench-h200-hour-decreasing-a25", "bench-h200-hour-fixed-a35"]
+    lows = [load_scenario(n).seeds.train[0] for n in names]
+    eps = demo_episodes(names, 0, 7, (0.9, 1.1))
+    # episode j: scenario j mod 3, its train seed number j // 3
+    assert [(e.scenario, e.seed) for e in eps] == [(names[j % 3], lows[j % 3] + j // 3) for j in range(7)]
+    assert all(0.9 <= e.commitment_scale <= 1.1 for e in eps) and len({e.commitment_scale for e in eps}) == 7
+    assert demo_episodes(names, 3, 4, (0.9, 1.1)) == eps[3:]  # DAgger rounds continue the same sequence
+    assert {e.commitment_scale for e in demo_episodes(names, 0, 4, (1.0, 1.0))} == {1.0}
+    # the scale reaches the commitment: fractions of the reference run, scaled
+    base, scaled = load_scenario(names[0]), scaled_commitment(names[0], 1.1)
+    assert scaled.commitment.fractions == pytest.approx([f * 1.1 for f in base.commitment.fractions])
+
+
+def test_one_policy_serves_one_pool(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from commitenv.train.bc import BCSpec, train_bc
+
+    spec = BCSpec(["bench-h200-hour-fixed-a30", "bench-h20-hour-fixed-a30"], tmp_path / "bc", expert="vllm",
+                  demo_episodes=2, epochs=1)
+    with pytest.raises(ValueError, match="bench-h20-hour-fixed-a30: its pool .* differs from bench-h200-hour-fixed"):
+        train_bc(spec, progress=False)
+    with pytest.raises(ValueError, match="--commitment-scale"):
+        train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc", commitment_scale=(1.1, 0.9)), progress=False)
+    assert not (tmp_path / "bc").exists()

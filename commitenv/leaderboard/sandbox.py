@@ -459,23 +459,10 @@ class DoNothing(Controller):
 
 
 def episode_scenario(ep: Episode):
-    """The episode's scenario, its commitments scaled by ``ep.commitment_scale`` (fractions capped at 2; an
-    energy-only scenario has no commitment to scale, so it takes only the scale 1)."""
-    from commitenv.scenarios.loader import load_scenario
+    """The episode's scenario, its commitments scaled by ``ep.commitment_scale`` (`scaled_commitment`)."""
+    from commitenv.scenarios.loader import scaled_commitment
 
-    sc = load_scenario(ep.scenario)
-    if sc.commitment.energy_only and ep.commitment_scale != 1.0:
-        raise ValueError(f"episode {ep.scenario}: commitment_scale {ep.commitment_scale}: an energy-only scenario "
-                         "has no commitment to scale (expected 1.0)")
-    if ep.commitment_scale == 1.0:
-        return sc
-    c = sc.commitment
-    if c.fractions is not None:
-        upd = {"fractions": [min(2.0, f * ep.commitment_scale) for f in c.fractions]}
-    else:
-        upd = {"mj": [v * ep.commitment_scale for v in c.mj]}
-    out = sc.model_copy(update={"commitment": c.model_copy(update=upd)})
-    return load_scenario(out)
+    return scaled_commitment(ep.scenario, ep.commitment_scale)
 
 
 @dataclass(frozen=True)

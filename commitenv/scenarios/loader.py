@@ -7,6 +7,7 @@ whose message names the file, the field and what was expected.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -251,3 +252,22 @@ def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:
     if shipped and sc.name != path.stem:
         raise ScenarioError(f"{src}: name: expected '{path.stem}' (the file name), got '{sc.name}'")
     return check_scenario(sc, path.resolve().parent)
+
+
+def scaled_commitment(scenario: str | Path | Scenario, scale: float) -> Scenario:
+    """The scenario with its commitments scaled by ``scale`` (fractions capped at 2, absolute MJ scaled), as the
+    leaderboard's secret draw and the learners' demonstrations vary them; an energy-only scenario takes only 1."""
+    sc = load_scenario(scenario)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ScenarioError(f"{sc.name}: commitment scale: expected a finite number > 0, got {scale!r}")
+    if sc.commitment.energy_only and scale != 1.0:
+        raise ScenarioError(f"{sc.name}: commitment scale {scale}: an energy-only scenario has no commitment to scale "
+                            "(expected 1.0)")
+    if scale == 1.0:
+        return sc
+    c = sc.commitment
+    if c.fractions is not None:
+        upd = {"fractions": [min(2.0, f * scale) for f in c.fractions]}
+    else:
+        upd = {"mj": [v * scale for v in c.mj]}
+    return load_scenario(sc.model_copy(update={"commitment": c.model_copy(update=upd)}))

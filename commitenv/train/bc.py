@@ -1,9 +1,12 @@
 """Behaviour cloning (and DAgger) of a planner into a policy that ``--controller sb3:DIR`` runs.
 
-``python -m commitenv.train.bc SCENARIO --expert mpc --demo-episodes 40 --seed 0 --out DIR``:
+``python -m commitenv.train.bc SCENARIO [SCENARIO ...] --expert mpc --demo-episodes 40 --seed 0 --out DIR``:
 
 1. **Demonstrations.** The expert (any controller spec: ``mpc``, ``epact_plus``, ...) plays ``--demo-episodes``
-   episodes on the first seeds of the scenario's TRAIN range; every step's env observation (the learner's 16
+   episodes, in turn over the scenarios given (one pool: equal action and observation spaces), on the first seeds
+   of each scenario's TRAIN range, each episode's commitments scaled by a factor drawn from
+   ``--commitment-scale LO HI`` (default 1 1; the leaderboard's secret draw uses 0.9 1.1), so that one policy
+   learns a family rather than one hour; every step's env observation (the learner's 16
    features, `commitenv.envs.OBS_FEATURES`) and the expert's action (encoded by the flat codec: active - 1, clock
    index) are recorded. The expert's planning time is not charged here (it acts at the interval start, as the
    learned policy will), so the demonstrations are the same on every run; ``--demos FILE`` caches them (an ``.npz``
@@ -38,14 +41,14 @@ import numpy as np
 
 from commitenv.argtypes import seed as seed_arg
 
-__all__ = ["BCSpec", "collect", "fit_policy", "train_bc", "main"]
+__all__ = ["BCSpec", "DemoEpisode", "collect", "demo_episodes", "fit_policy", "train_bc", "main"]
 
 
 @dataclass
 class BCSpec:
-    """What ``python -m commitenv.train.bc`` was asked for."""
+    """What ``python -m commitenv.train.bc`` was asked for (``scenario``: one name or several of one pool)."""
 
-    scenario: str
+    scenario: str | list[str]
     out: str | Path
     expert: str = "mpc"
     demo_episodes: int = 40
@@ -59,13 +62,20 @@ class BCSpec:
     demos: str | Path | None = None
     torch_threads: int = 1
     config: str | Path | None = None  # the YAML the options came from (recorded in the command)
+    commitment_scale: tuple[float, float] = (1.0, 1.0)
+
+    @property
+    def scenarios(self) -> list[str]:
+        return [self.scenario] if isinstance(self.scenario, str) else list(self.scenario)
 
     def command(self) -> str:
-        parts = ["python", "-m", "commitenv.train.bc", self.scenario, "--expert", self.expert, "--demo-episodes",
+        parts = ["python", "-m", "commitenv.train.bc", *self.scenarios, "--expert", self.expert, "--demo-episodes",
                  str(self.demo_episodes), "--dagger-rounds", str(self.dagger_rounds), "--dagger-episodes",
                  str(self.dagger_episodes), "--seed", str(self.seed), "--epochs", str(self.epochs), "--batch-size",
                  str(self.batch_size), "--learning-rate", str(self.learning_rate), "--net-arch",
                  ",".join(map(str, self.net_arch)), "--out", str(self.out)]
+        if tuple(self.commitment_scale) != (1.0, 1.0):
+            parts += ["--commitment-scale", *(str(x) for x in self.commitment_scale)]
         if self.demos is not None:
             parts += ["--demos", str(self.demos)]
         if self.config is not None:
@@ -74,23 +84,54 @@ class BCSpec:
 
 
 # ================================================================================================ data
-def collect(scenario: str, expert: str, seeds: list[int], learner: Callable[[np.ndarray], Any] | None = None,
+@dataclass(frozen=True)
+class DemoEpisode:
+    """One demonstration episode: a scenario (by name), a run seed of its train range, its commitment scale."""
+
+    scenario: str
+    seed: int
+    commitment_scale: float = 1.0
+
+
+def demo_episodes(scenarios: list[str], first: int, count: int, scale: tuple[float, float]) -> list[DemoEpisode]:
+    """Episodes ``first`` .. ``first + count - 1`` of the round robin over ``scenarios``: episode j plays scenario
+    j mod S on its train seed number j // S, with a commitment scale drawn uniformly in ``scale`` from (seed, j)."""
+    from commitenv.scenarios import load_scenario
+    from commitenv.train.envs import seed_ranges
+
+    lows = [seed_ranges(load_scenario(n)).train for n in scenarios]
+    out = []
+    for j in range(first, first + count):
+        name, (lo, hi) = scenarios[j % len(scenarios)], lows[j % len(scenarios)]
+        seed = lo + j // len(scenarios)
+        if seed >= hi:
+            raise ValueError(f"{name}: {count} demonstration episodes need train seeds up to {seed}, beyond its "
+                             f"train range [{lo}, {hi})")
+        a, b = scale
+        u = float(np.random.default_rng([seed, j]).random()) if b > a else 0.0
+        out.append(DemoEpisode(name, seed, a + (b - a) * u))
+    return out
+
+
+def collect(episodes: list[DemoEpisode], expert: str, learner: Callable[[np.ndarray], Any] | None = None,
             progress: bool = False) -> dict[str, np.ndarray]:
-    """Observations and the expert's flat actions on ``seeds``; with ``learner`` (raw observation -> flat action) the
-    learner's action is executed and the expert only labels (DAgger). Returns ``obs`` (n, F) float32, ``act`` (n, 2)
-    int64, ``seed`` (n,) and, per episode, the return of whoever acted (minus the settlement cost plus the scenario's
-    constant ``reward_offset_kwh``) in ``episode_return``."""
+    """Observations and the expert's flat actions on ``episodes``; with ``learner`` (raw observation -> flat action)
+    the learner's action is executed and the expert only labels (DAgger). Returns ``obs`` (n, F) float32, ``act``
+    (n, 2) int64, ``seed`` (n,), ``episode`` (n,: the index in ``episodes``) and, per episode, the return of whoever
+    acted (minus the settlement cost plus the scenario's constant ``reward_offset_kwh``) in ``episode_return``."""
     from commitenv.control import ControllerContext
     from commitenv.envs import CommitServeEnv
     from commitenv.envs.wrappers import codec_for
     from commitenv.registry import resolve
     from commitenv.scenarios.build import derived_seed
+    from commitenv.scenarios.loader import scaled_commitment
 
     spec = resolve(expert)
-    obs_l, act_l, seed_l, costs = [], [], [], []
-    for s in seeds:
+    obs_l, act_l, seed_l, ep_l, costs = [], [], [], [], []
+    for i, ep in enumerate(episodes):
+        s = ep.seed
         ctrl = spec.make()
-        env = CommitServeEnv(scenario)
+        env = CommitServeEnv(scaled_commitment(ep.scenario, ep.commitment_scale))
         obs, info = env.reset(seed=int(s))
         ctrl.reset(ControllerContext.from_env(env), derived_seed(int(s), "controller"))
         if ctrl.dispatch_policy() is not None or ctrl.local_policy() is not None:
@@ -104,6 +145,7 @@ def collect(scenario: str, expert: str, seeds: list[int], learner: Callable[[np.
                 obs_l.append(np.asarray(obs, dtype=np.float32))
                 act_l.append(label)
                 seed_l.append(int(s))
+                ep_l.append(i)
                 step = codec.decode(learner(obs)) if learner is not None else {"active": int(a["active"]),
                                                                                  "clock": int(a["clock"])}
                 obs, reward, terminated, _, info = env.step(step)
@@ -112,13 +154,30 @@ def collect(scenario: str, expert: str, seeds: list[int], learner: Callable[[np.
             ctrl.close()
         costs.append(ret)
         if progress:
-            print(f"  {'dagger' if learner else 'demo'} seed {s}: {len(act_l)} samples", file=sys.stderr, flush=True)
+            print(f"  {'dagger' if learner else 'demo'} {ep.scenario} seed {s} x{ep.commitment_scale:.3f}: "
+                  f"{len(act_l)} samples", file=sys.stderr, flush=True)
     return {"obs": np.stack(obs_l), "act": np.stack(act_l).astype(np.int64), "seed": np.asarray(seed_l),
-            "episode_return": np.asarray(costs)}
+            "episode": np.asarray(ep_l), "episode_return": np.asarray(costs)}
 
 
 def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([a[k], b[k]]) for k in ("obs", "act", "seed")}
+
+
+def _one_pool(scenarios: list[str]) -> None:
+    """Refuse scenarios whose env spaces differ (one policy network serves them all)."""
+    from commitenv.envs import CommitServeEnv
+
+    spaces = {}
+    for n in scenarios:
+        env = CommitServeEnv(n)
+        spaces[n] = (env.observation_space, env.n_replicas, tuple(env.clocks_mhz))
+    first = scenarios[0]
+    for n, sp in spaces.items():
+        if sp != spaces[first]:
+            raise ValueError(f"{n}: its pool ({sp[1]} replicas, clocks {list(sp[2])} MHz) differs from {first}'s "
+                             f"({spaces[first][1]} replicas, clocks {list(spaces[first][2])} MHz): one policy serves "
+                             "one pool")
 
 
 # ================================================================================================ fitting
@@ -182,15 +241,18 @@ def _accuracy(model: Any, obs_norm: np.ndarray, act: np.ndarray) -> list[float]:
     return [float(np.mean(pred[:, j] == act[:, j])) for j in range(act.shape[1])]
 
 
-def _demos(spec: BCSpec, seeds: list[int], progress: bool) -> dict[str, np.ndarray]:
+def _demos(spec: BCSpec, episodes: list[DemoEpisode], progress: bool) -> dict[str, np.ndarray]:
     path = Path(spec.demos) if spec.demos is not None else None
-    key = json.dumps({"scenario": spec.scenario, "expert": spec.expert, "seeds": seeds})
+    if spec.scenarios == [spec.scenarios[0]] and all(e.commitment_scale == 1.0 for e in episodes):
+        key = json.dumps({"scenario": spec.scenarios[0], "expert": spec.expert, "seeds": [e.seed for e in episodes]})
+    else:
+        key = json.dumps({"expert": spec.expert, "episodes": [asdict(e) for e in episodes]})
     if path is not None and path.is_file():
         with np.load(path, allow_pickle=False) as z:
             if str(z["key"]) == key:
                 return {k: z[k] for k in ("obs", "act", "seed", "episode_return")}
         raise ValueError(f"--demos {path}: holds other demonstrations (not {key}); give another file")
-    data = collect(spec.scenario, spec.expert, seeds, progress=progress)
+    data = collect(episodes, spec.expert, progress=progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(path, key=key, **data)
@@ -203,7 +265,6 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
 
     from commitenv.envs.commit_serve import OBS_FEATURES
     from commitenv.scenarios import load_scenario
-    from commitenv.train.envs import seed_ranges
     from commitenv.train.trainer import _versions, _write_json
 
     for name in ("demo_episodes", "epochs", "batch_size", "torch_threads"):
@@ -214,19 +275,23 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"--{name.replace('_', '-')}: expected a whole number >= 0, got {v!r}")
+    a, b = spec.commitment_scale
+    if not (0 < a <= b <= 2):
+        raise ValueError(f"--commitment-scale: expected 0 < LO <= HI <= 2, got {a} {b}")
     out = Path(spec.out)
     if (out / "train.json").exists():
         raise ValueError(f"--out {out}: already holds a run (train.json); give another folder")
+    names = spec.scenarios
+    _one_pool(names)
     torch.set_num_threads(spec.torch_threads)
     torch.manual_seed(spec.seed)
-    sc = load_scenario(spec.scenario)
-    lo, hi = seed_ranges(sc).train
+    sc = load_scenario(names[0])
     t0 = time.perf_counter()
-    demo_seeds = list(range(lo, lo + spec.demo_episodes))
-    data = _demos(spec, demo_seeds, progress)
+    demos = demo_episodes(names, 0, spec.demo_episodes, (a, b))
+    data = _demos(spec, demos, progress)
     demo_return = float(np.mean(data["episode_return"]))
     t_demo = time.perf_counter() - t0
-    model, norm = _build(spec.scenario, spec.seed, spec.net_arch, data["obs"])
+    model, norm = _build(names[0], spec.seed, spec.net_arch, data["obs"])
     rounds = []
 
     def refit() -> None:
@@ -241,18 +306,19 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
                        "train_accuracy": _accuracy(model, x, data["act"])})
 
     refit()
-    next_seed = lo + spec.demo_episodes
+    demo_samples = len(data["obs"])
+    nxt = spec.demo_episodes
     for r in range(spec.dagger_rounds):
-        seeds = list(range(next_seed, next_seed + spec.dagger_episodes))
-        next_seed += spec.dagger_episodes
+        eps = demo_episodes(names, nxt, spec.dagger_episodes, (a, b))
+        nxt += spec.dagger_episodes
 
         def learner(o: np.ndarray) -> Any:
             a, _ = model.predict(norm.normalize_obs(np.asarray(o, dtype=np.float32)[None]), deterministic=True)
             return a[0]
 
-        new = collect(spec.scenario, spec.expert, seeds, learner=learner, progress=progress)
-        rounds[-1]["dagger_seeds"] = [seeds[0], seeds[-1]] if seeds else []
-        rounds[-1]["learner_episode_return"] = float(np.mean(new["episode_return"])) if len(seeds) else None
+        new = collect(eps, spec.expert, learner=learner, progress=progress)
+        rounds[-1]["dagger_episodes"] = [asdict(e) for e in eps]
+        rounds[-1]["learner_episode_return"] = float(np.mean(new["episode_return"])) if eps else None
         data = _concat(data, new)
         refit()
     wall = time.perf_counter() - t0
@@ -260,11 +326,11 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
     model.save(str(out / "model.zip"))
     norm.save(str(out / "vecnormalize.pkl"))
     record = {
-        "command": spec.command(), "scenario": sc.name, "algo": "ppo", "action_mapping": "flat",
+        "command": spec.command(), "scenario": sc.name, "scenarios": names, "algo": "ppo", "action_mapping": "flat",
         "trainer": "commitenv.train.bc (behaviour cloning" + (", DAgger)" if spec.dagger_rounds else ")"),
         "bc": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
-               "demo_seeds": [demo_seeds[0], demo_seeds[-1]],
-               "demo_samples": int(np.sum(data["seed"] < lo + spec.demo_episodes)),
+               "demo_episodes_played": [asdict(e) for e in demos],
+               "demo_samples": int(demo_samples),
                "expert_demo_mean_return": demo_return,
                "rounds": rounds, "demo_wall_s": round(t_demo, 1)},
         "seed": spec.seed, "hyperparameters": {"policy_kwargs": {"net_arch": list(spec.net_arch),
@@ -280,7 +346,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
 
 # ================================================================================================ CLI
 CONFIG_KEYS = {"expert": str, "demo_episodes": int, "dagger_rounds": int, "dagger_episodes": int, "epochs": int,
-               "batch_size": int, "learning_rate": (float, int, str), "net_arch": list}
+               "batch_size": int, "learning_rate": (float, int, str), "net_arch": list, "commitment_scale": list}
 
 
 def load_options(path: str | Path) -> dict[str, Any]:
@@ -306,7 +372,7 @@ def load_options(path: str | Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m commitenv.train.bc", description=__doc__.split("\n\n")[0])
-    p.add_argument("scenario")
+    p.add_argument("scenario", nargs="+", help="one scenario, or several of one pool (played in turn)")
     p.add_argument("--out", required=True)
     p.add_argument("--expert", default="mpc")
     p.add_argument("--demo-episodes", type=int, default=40)
@@ -319,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--net-arch", default="64,64")
     p.add_argument("--demos", default=None)
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--commitment-scale", type=float, nargs=2, default=(1.0, 1.0), metavar=("LO", "HI"),
+                   help="each demonstration's commitments scaled by a factor drawn uniformly in [LO, HI]")
     p.add_argument("--config", default=None, help="YAML of options (their long names with _ or -); flags given "
                    "on the command line win")
     a = p.parse_args(argv)
@@ -330,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
                 if k not in given:
                     setattr(a, k, ",".join(map(str, v)) if k == "net_arch" and isinstance(v, list) else v)
         arch = [int(x) for x in a.net_arch.split(",") if x]
-        spec = BCSpec(a.scenario, a.out, a.expert, a.demo_episodes, a.dagger_rounds, a.dagger_episodes, a.seed,
-                      a.epochs, a.batch_size, float(a.learning_rate), arch, a.demos, a.torch_threads, a.config)
+        spec = BCSpec(a.scenario[0] if len(a.scenario) == 1 else list(a.scenario), a.out, a.expert, a.demo_episodes,
+                      a.dagger_rounds, a.dagger_episodes, a.seed, a.epochs, a.batch_size, float(a.learning_rate), arch,
+                      a.demos, a.torch_threads, a.config, tuple(a.commitment_scale))
         rec = train_bc(spec)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
