@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from commitenv.metrics import arrival_hours, deviation_cost_kwh
+from commitenv.settlement import tail_cost_kwh
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.interval import run_interval
 from commitenv.sim.pool import Pool, copy_devices
@@ -215,7 +216,7 @@ class TruthRun:
         self.cfg = cfg  # (active, clock index) in force, as the environment tracks it
         self.meter_j = meter_j  # settlement meter at the last boundary (J, cumulative)
         self.hour_start_j = hour_start_j
-        self.closed_kwh = closed_kwh  # settlement cost of the closed hours
+        self.closed_kwh = closed_kwh  # settlement cost of the closed hours (and of the completion tail, once done)
         self.terms = terms
         self._memo = memo
 
@@ -265,8 +266,10 @@ class TruthRun:
             self.closed_kwh += float(deviation_cost_kwh(e_now - self.hour_start_j, tm.commitments_j[h],
                                                         tm.lambda_plus, tm.lambda_minus))
             self.hour_start_j = e_now
-        if self.done:
-            pool.run_until(math.inf)  # completion tails count for SLOs; their energy is not settled
+        if self.done:  # the completion tail counts for SLOs, and its energy is paid at the overuse rate
+            pool.run_until(math.inf)
+            tail_j = pool.energy_j() * tm.settle_factor - e_now
+            self.closed_kwh += tail_cost_kwh(max(tail_j, 0.0), tm.lambda_plus)
         return interval_j
 
     # ------------------------------------------------------------------------------------------ misses

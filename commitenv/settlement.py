@@ -21,6 +21,14 @@ import numpy as np
 from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, deviation_pct_or_none
 
 
+def tail_cost_kwh(energy_j: float, lambda_plus: float) -> float:
+    """The cost of energy drawn after the last settled hour (the completion tail): an hour for which nothing was
+    bought, so every joule is overuse, lambda_plus E (kWh-eq; the energy-only formula, E* = 0)."""
+    if not (energy_j >= -1e-6 and np.isfinite(energy_j)):
+        raise ValueError(f"settlement: the tail's energy must be finite and >= 0, got {energy_j} J")
+    return float(lambda_plus * max(energy_j, 0.0) / J_PER_KWH)
+
+
 @dataclass(frozen=True)
 class HourSettled:
     """The bill of one closed hour."""
@@ -86,11 +94,8 @@ class HourlySettlement:
         return float(deviation_cost_kwh(energy_j, self.commit_j[hour], self.lambda_plus, self.lambda_minus))
 
     def tail_cost(self, energy_j: float) -> float:
-        """The cost of energy drawn after the last settled hour (the completion tail): an hour for which nothing
-        was bought, so every joule is overuse, lambda_plus E (kWh-eq; the energy-only formula, E* = 0)."""
-        if not (energy_j >= -1e-6 and np.isfinite(energy_j)):
-            raise ValueError(f"settlement: the tail's energy must be finite and >= 0, got {energy_j} J")
-        return float(self.lambda_plus * max(energy_j, 0.0) / J_PER_KWH)
+        """The cost of energy drawn after the last settled hour (`tail_cost_kwh`)."""
+        return tail_cost_kwh(energy_j, self.lambda_plus)
 
     def record(self, meter_j: float) -> IntervalSettled:
         """Book the cumulative meter reading at the end of the next interval."""

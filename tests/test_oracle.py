@@ -501,3 +501,25 @@ def test_configs_outside_the_pool_are_refused(tiny):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="active"):
         OracleController(configs=[(3, 1000)]).reset(ControllerContext.from_env(env, hindsight=True), 0)
+
+
+def test_a_finished_truth_run_pays_the_completion_tail_as_the_environment_does(tmp_path):
+    """After the last interval a fork's cost is the hours' settlement plus the completion tail at the overuse rate,
+    equal to the environment's on the same actions; the tail is not zero here (a burst of long answers 5 s before
+    the end), so a plan that ignored it would report less than the environment settles."""
+    rng = np.random.default_rng(7)
+    t = np.sort(np.concatenate([[0.0], rng.uniform(1, 3500, 30), np.full(10, 3595.0)]))
+    outs = np.where(t >= 3595.0, 60, rng.integers(2, 20, len(t)))
+    trace = write_trace(tmp_path / "late.csv", t, rng.integers(4, 30, len(t)), outs)
+    path = write_scenario(tmp_path, "toy-late-burst", workload={"trace": str(trace)}, horizon_hours=1,
+                          interval_s=1200, alpha=8.0, epsilon=0.25, commitment={"mj": [0.3]}, miss_penalty_kwh=0.01,
+                          realism="paper")
+    env, access = _access(path, seed=1)
+    run = access.fork()
+    for a, c in [(2, 1), (1, 0), (1, 0)]:
+        run.step(a, env.clocks_mhz[c])
+        env.step({"active": a, "clock": c})
+    assert run.done and env.tail_energy_j > 0
+    hours = float(env.settlement.cost_kwh.sum())
+    assert run.closed_kwh == pytest.approx(hours + env.settlement.lambda_plus * env.tail_energy_j / 3.6e6, abs=1e-12)
+    assert run.closed_kwh == hours + env.tail_cost_kwh

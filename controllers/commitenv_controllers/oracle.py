@@ -7,9 +7,10 @@ replays the plan.
 
 Problem. Choose one catalog configuration u_k = (active, clock) per interval to minimize
 
-    J(u) = sum_h C_h(E_h(u)) + w * misses(u)   subject to   misses_h(u) <= M_h for every arrival hour h,
+    J(u) = sum_h C_h(E_h(u)) + lambda_plus T(u) + w * misses(u)   subject to   misses_h(u) <= M_h for every h,
 
-with C_h = lambda_plus [E_h - E*_h]+ + lambda_minus [E*_h - E_h]+ (kWh-eq, the settlement), ``w`` =
+with C_h = lambda_plus [E_h - E*_h]+ + lambda_minus [E*_h - E_h]+ (kWh-eq, the settlement), T the completion
+tail's energy after the last hour (kWh, paid as overuse, as the environment settles it), h the arrival hours, ``w`` =
 ``miss_weight_kwh`` (default 0: the settlement cost alone, the leaderboard's score behind its SLO gate, misses only
 breaking ties; None: the scenario's ``miss_penalty_kwh``, i.e. the environment's return), misses_h the misses among
 the requests arriving in hour h (`TruthRun.misses_by_hour`, counted as the scores count them) and M_h that hour's
