@@ -1,4 +1,5 @@
-"""Readers for public LLM request traces: Azure LLM inference (2023/2024), Mooncake JSONL, BurstGPT.
+"""Readers for LLM request traces: a plain ``arrival_s,prompt_tokens,output_tokens`` CSV and the public Azure LLM
+inference (2023/2024), Mooncake JSONL and BurstGPT formats.
 
 Every loader returns a :class:`RequestTable` in file order with ``arrival_s`` = seconds since the first
 request. The time origin: no loader keeps the trace's own origin; each shifts its time axis so that the first
@@ -27,6 +28,7 @@ from ._csvio import (
 )
 from .table import RequestTable
 
+PLAIN_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -62,6 +64,33 @@ def _finish(
 
 def _no_rows(path: Path, last_line: int, what: str = "the file has only a header") -> None:
     raise fail(path, last_line, f"empty file: no data rows ({what})")
+
+
+def load_plain_csv(path: str | Path) -> RequestTable:
+    """A plain CSV of one's own (``arrival_s,prompt_tokens,output_tokens``; other columns are ignored).
+
+    Time origin: shifted. ``arrival_s`` is seconds on any clock (sorted, >= 0); the table counts from the first
+    request, whose ``arrival_s`` ``meta["time_origin"]`` holds.
+    """
+    path = Path(path)
+    ts, prompts, outputs, lines = [], [], [], []
+    n_zero = 0
+    for cols, ln in csv_chunks(path, PLAIN_COLUMNS):
+        ts.append(parse_numbers(cols["arrival_s"], ln, path, "arrival_s"))
+        p, _ = check_tokens(parse_numbers(cols["prompt_tokens"], ln, path, "prompt_tokens"), ln, path,
+                            "prompt_tokens", minimum=1)
+        o, z = check_tokens(parse_numbers(cols["output_tokens"], ln, path, "output_tokens"), ln, path,
+                            "output_tokens", minimum=0)
+        prompts.append(p)
+        outputs.append(o)
+        lines.append(ln)
+        n_zero += z
+    if not ts:
+        _no_rows(path, 1)
+    times, ln = np.concatenate(ts), np.concatenate(lines)
+    check_time(times, ln, path, "arrival_s", show=lambda v: f"{v:g}")
+    return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1.0,
+                   meta={"format": "plain", "time_origin": float(times[0]), "time_origin_unit": "s"})
 
 
 def load_azure_csv(path: str | Path) -> RequestTable:
@@ -218,7 +247,8 @@ def load_mooncake_jsonl(path: str | Path) -> RequestTable:
 
 def load_trace(path: str | Path) -> RequestTable:
     """Load any supported trace, choosing the reader by suffix (``.jsonl``/``.json``: Mooncake) or, for CSV,
-    by header (Azure ``TIMESTAMP,ContextTokens,GeneratedTokens`` or BurstGPT ``Timestamp,Model,...``)."""
+    by header (plain ``arrival_s,prompt_tokens,output_tokens``, Azure ``TIMESTAMP,ContextTokens,GeneratedTokens``
+    or BurstGPT ``Timestamp,Model,...``)."""
     path = Path(path)
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     if name.endswith((".jsonl", ".json")):
@@ -231,9 +261,12 @@ def load_trace(path: str | Path) -> RequestTable:
     if first.lstrip().startswith("{"):
         return load_mooncake_jsonl(path)
     cols = [c.strip() for c in first.strip().split(",")]
+    if "arrival_s" in cols:
+        return load_plain_csv(path)
     if "ContextTokens" in cols or "TIMESTAMP" in cols:
         return load_azure_csv(path)
     if "Request tokens" in cols or "Model" in cols:
         return load_burstgpt_csv(path)
-    raise fail(path, 1, f"unrecognised trace format (columns found: {', '.join(cols) or 'none'}); expected Azure "
+    raise fail(path, 1, f"unrecognised trace format (columns found: {', '.join(cols) or 'none'}); expected plain "
+               f"({', '.join(PLAIN_COLUMNS)}), Azure "
                f"({', '.join(AZURE_COLUMNS)}), BurstGPT ({', '.join(BURSTGPT_COLUMNS)}) or Mooncake JSON lines")
