@@ -1,6 +1,6 @@
 """The serving pool: GPUs and replicas, the router, lifecycle and clock actuation, and the event loop.
 
-One engine serves three uses (DESIGN.md section 2): ground truth inside the environment, the what-if
+One engine serves three uses (docs/architecture.md): ground truth inside the environment, the what-if
 predictor (`commitenv.sim.whatif`, which runs this class on a snapshot copy), and scheduler replay.
 The pool only ever holds requests that have arrived: the attached workload is read through a cursor.
 """

@@ -60,7 +60,7 @@ What is exact and what is not:
 
 Budget: about ``beam`` x |catalog| ground-truth interval runs per interval (each with its estimate run), fewer with
 screening; the defaults are beam 6, energy cells of 2 % of E*_h/K and ePACT's catalog of 8 x 5 (planning times in
-docs/baselines.md).
+docs/results/baselines.md).
 """
 
 from __future__ import annotations
