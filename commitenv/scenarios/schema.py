@@ -339,16 +339,16 @@ class Scenario(_Strict):
     description: str = ""  # free text; its first line is what `commitenv scenarios` lists
     pool: PoolSpec
     workload: WorkloadSpec
-    horizon_hours: int = Field(ge=1, le=24 * 14)
-    interval_s: float = Field(default=60.0, gt=0)
+    horizon_hours: int = Field(ge=1, le=24 * 14)  # settled hours; the episode then serves every request left
+    interval_s: float = Field(default=60.0, gt=0)  # decision interval, s; divides 3600
     commitment: CommitmentSpec
-    lambda_plus: float = Field(default=2.0, gt=0)
-    lambda_minus: float = Field(default=1.0, gt=0)
-    alpha: float = Field(default=3.0, gt=0)
-    epsilon: float = Field(default=0.01, ge=0, le=1)
-    miss_penalty_kwh: float = Field(default=DEFAULT_MISS_PENALTY_KWH, ge=0)  # kWh-eq per deadline miss (learners' reward)
+    lambda_plus: float = Field(default=2.0, gt=0)  # kWh-eq per kWh over the commitment
+    lambda_minus: float = Field(default=1.0, gt=0)  # kWh-eq per kWh of commitment left unused
+    alpha: float = Field(default=3.0, gt=0)  # SLO scale: deadline = arrival + alpha L_ref
+    epsilon: float = Field(default=0.01, ge=0, le=1)  # miss tolerance per arrival hour (the absolute gate)
+    miss_penalty_kwh: float = Field(default=DEFAULT_MISS_PENALTY_KWH, ge=0)  # kWh-eq per miss (learners' reward)
     objective: ObjectiveSpec = ObjectiveSpec()
-    actuation_delay_s: float = Field(default=0.0, ge=0)
+    actuation_delay_s: float = Field(default=0.0, ge=0)  # s from the interval start to the action applying
     observation: ObservationSpec = ObservationSpec()
     noise: NoiseSpecModel = NoiseSpecModel()
     realism: Realism = Realism(level="paper")
