@@ -116,6 +116,24 @@ def test_the_minimal_scenario_runs_on_a_plain_csv_trace(tmp_path):
     assert len(env.table) == n  # every row of the trace was served in the episode
 
 
+def test_every_documented_trace_example_loads_in_its_format(tmp_path):
+    """The ``Trace formats`` examples are files `load_trace` reads, one per format, every row kept."""
+    from commitenv.workload import load_trace
+
+    text = SCENARIOS_MD.read_text()
+    section = text[text.index("## Trace formats"):text.index("## Commitments")]
+    examples = re.findall(r"```\n(.*?)```", section, re.S)
+    formats = []
+    for i, body in enumerate(examples):
+        path = tmp_path / (f"t{i}.jsonl" if body.startswith("{") else f"t{i}.csv")
+        path.write_text(body)
+        table = load_trace(path)
+        rows = [ln for ln in body.splitlines() if ln.strip()][(0 if body.startswith("{") else 1):]
+        assert len(table) == len(rows)
+        formats.append(table.meta["format"])
+    assert formats == ["plain", "azure", "burstgpt", "mooncake"]
+
+
 def _python_blocks_of_reference_pages() -> list[tuple[str, int, str]]:
     """``(page, index, code)`` of every ```python block of docs/*.md (docs/results/ holds records, not examples;
     training.md's, real-gpu.md's and leaderboard.md's own tests cover their examples)."""
