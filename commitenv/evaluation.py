@@ -117,7 +117,8 @@ class EvalResult:
             if figure:
                 from commitenv.plots import overview_figure
 
-                overview_figure(self, tmp / "overview.png")
+                overview_figure(tmp / "overview.png", scenario=self.scenario, controller=self.controller,
+                                seed=self.seed, hourly=self.hourly, history=self.history)
             out.mkdir(exist_ok=True)
             for f in tmp.iterdir():
                 dest = out / f.name

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:  # pragma: no cover
-    from commitenv.evaluation import EvalResult
 
 
 def new_figure(**kwargs: Any):
@@ -21,15 +18,15 @@ def new_figure(**kwargs: Any):
     return fig
 
 
-def overview_figure(res: "EvalResult", path: str | Path) -> None:
+def overview_figure(path: str | Path, *, scenario: str, controller: str, seed: int, hourly: list[dict[str, Any]],
+                    history: list[dict[str, float]]) -> None:
     """Four panels: arrivals, energy against commitment, signed deviation, attainment (by hour; per
-    interval energy for a single-hour run)."""
-    hourly = res.hourly
+    interval energy for a single-hour run), from a run's hourly rows and interval history (`EvalResult` fields)."""
     hours = np.array([r["hour"] for r in hourly])
     energy_only = all(r["deviation_pct"] is None for r in hourly)  # no commitment: nothing to deviate from
     fig = new_figure(figsize=(9, 10))
     ax = fig.subplots(4, 1, sharex=len(hours) > 1)
-    title = f"{res.scenario} - {res.controller} (seed {res.seed})"
+    title = f"{scenario} - {controller} (seed {seed})"
     ax[0].bar(hours, [r["arrivals"] for r in hourly], color="#7a9cc6")
     ax[0].set_ylabel("arrivals")
     ax[0].set_title(title)
@@ -39,8 +36,8 @@ def overview_figure(res: "EvalResult", path: str | Path) -> None:
             ax[1].step(hours, [r["commitment_mj"] for r in hourly], where="mid", color="k", label="commitment")
         ax[1].set_ylabel("energy (MJ)")
     else:
-        t = np.array([h["t"] for h in res.history]) / 60.0
-        cum = np.cumsum([h["interval_j"] for h in res.history]) / 1e6
+        t = np.array([h["t"] for h in history]) / 60.0
+        cum = np.cumsum([h["interval_j"] for h in history]) / 1e6
         ax[1].plot(t, cum, color="#d98c5f", label="cumulative energy")
         if not energy_only:
             ax[1].plot([0, t[-1] if len(t) else 60], [0, hourly[0]["commitment_mj"]], "k--", label="commitment pace")
