@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -296,6 +297,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if out is not None:
         _write_run(res, out, out)
         print(f"wrote {out}/summary.json, hourly.csv, decisions.csv, requests.csv, overview.png")
+    else:
+        _nothing_written("summary.json, hourly.csv, decisions.csv (per interval), requests.csv and overview.png")
     print(json.dumps(res.summary))
     return 0
 
@@ -304,16 +307,17 @@ def _backend(text: str | None):
     """``--backend fake[:SPEED]``: the CPU fakes of a GPU pool on a clock SPEED times real time (default 200)."""
     if text is None or text == "sim":
         return None
-    kind, _, speed = text.partition(":")
+    kind, colon, speed = text.partition(":")
     if kind != "fake":
         raise ValueError(f"--backend {text}: expected sim or fake[:SPEED] (real GPUs: build a pool factory in Python, "
                          "docs/real-gpu.md)")
     try:
-        x = float(speed) if speed else 200.0
+        x = float(speed) if colon else 200.0
     except ValueError:
-        x = -1.0
-    if not x > 0:
-        raise ValueError(f"--backend {text}: SPEED must be a number > 0 (how many times real time)")
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"--backend {text}: SPEED must be a finite number > 0 (how many times real time the fakes "
+                         "run, e.g. fake:20), got {speed!r}")
     from commitenv.backends.pool import fake_backend
 
     return fake_backend(speed=x)
@@ -400,7 +404,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if out is not None:
         _write_compare(out, args, rows, errors, [r.name for r, _ in todo])
         print(f"wrote {out}/compare.json")
+    else:
+        _nothing_written("compare.json and each controller's run files")
     return 1 if errors else 0
+
+
+def _nothing_written(what: str) -> None:
+    """One line on stderr after a run without ``--out`` (stdout stays the results)."""
+    print(f"nothing written: give --out DIR to write {what}", file=sys.stderr)
 
 
 def _write_compare(out: Path, args: argparse.Namespace, rows: list[dict], errors: list[dict], names: list[str]) -> None:
@@ -495,6 +506,8 @@ def _run_seeds(args: argparse.Namespace, todo: list[tuple]) -> int:
     _print_seed_table(doc)
     if out is not None:
         print(f"wrote {out}/compare.json, compare.csv and {out}/<controller>/seed-<s>/")
+    else:
+        _nothing_written("compare.json, compare.csv and every episode's run files")
     return 1 if errors else 0
 
 
