@@ -50,13 +50,14 @@ def overview_figure(res: "EvalResult", path: str | Path):
     if s.get("backend_lagging"):
         title += "\nREPLAY LAGGED BEHIND REAL TIME: these numbers do not describe the pool"
     ax[0].set_title(title, fontsize=10, color="#c44e52" if s.get("backend_lagging") else "k")
-    ax[0].bar(x, col("arrivals"), width=width, align="edge", color="#7a9cc6", label="arrivals")
-    ax[0].bar(x, col("misses"), width=width, align="edge", color="#c44e52", label="misses (by arrival interval)")
+    edges = np.append(x, x[-1] + width) if n else np.zeros(1)  # one step per interval (stairs: one artist each)
+    ax[0].stairs(col("arrivals"), edges, fill=True, color="#7a9cc6", label="arrivals")
+    ax[0].stairs(col("misses"), edges, fill=True, color="#c44e52", label="misses (by arrival interval)")
     ax[0].set_ylabel("requests per interval")
     ax[0].legend(loc="upper right", fontsize=8)
-    ax[1].bar(x, energy, width=width, align="edge", color="#d98c5f", label="energy")
+    ax[1].stairs(energy, edges, fill=True, color="#d98c5f", label="energy")
     if not energy_only:
-        ax[1].step(x, pace, where="post", color="k", label="commitment pace")
+        ax[1].stairs(pace, edges, color="k", label="commitment pace")
     ax[1].set_ylabel("energy per interval (MJ)")
     ax[1].legend(loc="upper right", fontsize=8)
     hour_of = np.arange(n) // per_hour
@@ -69,10 +70,10 @@ def overview_figure(res: "EvalResult", path: str | Path):
         ax[2].plot(x + width, (np.arange(n) % per_hour + 1) * pace, "k--", label="commitment pace")
     ax[2].set_ylabel("hour's energy (MJ)")
     ax[2].legend(loc="upper left", fontsize=8)
-    ax[3].step(x, col("active"), where="post", color="#4c72b0")
+    ax[3].stairs(col("active"), edges, color="#4c72b0", baseline=None)
     ax[3].set_ylabel("active replicas")
     ax[3].set_ylim(bottom=0)
-    ax[4].step(x, col("clock_mhz"), where="post", color="#55a868")
+    ax[4].stairs(col("clock_mhz"), edges, color="#55a868", baseline=None)
     ax[4].set_ylabel("clock (MHz)")
     ax[4].set_xlabel(unit)
     fig.tight_layout()

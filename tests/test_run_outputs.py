@@ -82,17 +82,29 @@ def test_overview_shows_every_interval(run, tmp_path):
     assert set(axes) == {"requests per interval", "energy per interval (MJ)", "hour's energy (MJ)",
                          "active replicas", "clock (MHz)"}
     n = 12
-    assert len(axes["requests per interval"].patches) == 2 * n  # arrivals and misses, one bar each per interval
-    assert len(axes["energy per interval (MJ)"].patches) == n
-    (pace,) = axes["energy per interval (MJ)"].get_lines()
-    assert len(pace.get_xdata()) == n
-    for label in ("active replicas", "clock (MHz)"):
-        (line,) = axes[label].get_lines()
-        assert len(line.get_xdata()) == n
-    (active,) = axes["active replicas"].get_lines()
-    assert list(active.get_ydata()[:4]) == [1, 2, 1, 2]
-    heights = [p.get_height() for p in axes["energy per interval (MJ)"].patches]
-    assert sum(heights) == pytest.approx(res.summary["energy_mj"], rel=1e-9)
+
+    def series(label: str) -> list[np.ndarray]:
+        """Each step series of a panel: one value per interval, over edges every interval wide."""
+        out = []
+        for p in axes[label].patches:
+            values, edges, _ = p.get_data()
+            assert len(values) == n and np.allclose(np.diff(edges), 600 / 3600)  # ten-minute intervals, in hours
+            out.append(np.asarray(values))
+        return out
+
+    arrivals, misses = series("requests per interval")
+    assert arrivals.sum() == res.summary["requests"] and misses.sum() == res.summary["misses"]
+    energy, pace = series("energy per interval (MJ)")
+    assert energy.sum() == pytest.approx(res.summary["energy_mj"], rel=1e-9)
+    assert np.allclose(pace[:6], 0.2 / 6) and np.allclose(pace[6:], 0.3 / 6)
+    (active,) = series("active replicas")
+    assert list(active[:4]) == [1, 2, 1, 2]
+    (clock,) = series("clock (MHz)")
+    assert set(clock) == {500, 1000}  # the toy's two levels, alternating
+    (cum, committed) = axes["hour's energy (MJ)"].get_lines()
+    assert len(cum.get_xdata()) == n
+    assert cum.get_ydata()[5] == pytest.approx(res.hourly[0]["energy_mj"], rel=1e-9)  # the hour's end
+    assert committed.get_ydata()[5] == pytest.approx(0.2) and committed.get_ydata()[11] == pytest.approx(0.3)
 
 
 def test_overview_of_a_result_without_decision_rows(run, tmp_path):
@@ -105,9 +117,10 @@ def test_overview_of_a_result_without_decision_rows(run, tmp_path):
     bare = replace(res, decisions=[])
     fig = overview_figure(bare, tmp_path / "o.png")
     axes = {a.get_ylabel(): a for a in fig.axes}
-    assert len(axes["energy per interval (MJ)"].patches) == 12
-    misses = [p.get_height() for p in axes["requests per interval"].patches[12:]]
-    assert sum(misses) == res.summary["misses"]
+    energy, _ = (p.get_data()[0] for p in axes["energy per interval (MJ)"].patches)
+    assert len(energy) == 12 and np.all(energy > 0)
+    misses = axes["requests per interval"].patches[1].get_data()[0]
+    assert misses.sum() == res.summary["misses"]
 
 
 def test_run_and_compare_without_out_say_nothing_was_written(capsys):
