@@ -317,7 +317,7 @@ def _backend(text: str | None):
         x = math.nan
     if not (math.isfinite(x) and x > 0):
         raise ValueError(f"--backend {text}: SPEED must be a finite number > 0 (how many times real time the fakes "
-                         "run, e.g. fake:20), got {speed!r}")
+                         f"run, e.g. fake:20), got {speed!r}")
     from commitenv.backends.pool import fake_backend
 
     return fake_backend(speed=x)

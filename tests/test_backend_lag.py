@@ -168,4 +168,5 @@ def test_malformed_backend_specs_give_one_error(spec, capsys):
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --backend {spec}: SPEED must be a finite number > 0")
+    assert lines[0].endswith(f"got {spec.partition(':')[2]!r}")
     assert "Traceback" not in err + out
