@@ -57,7 +57,7 @@ def overview_figure(res: "EvalResult", path: str | Path):
     ax[0].legend(loc="upper right", fontsize=8)
     ax[1].stairs(energy, edges, fill=True, color="#d98c5f", label="energy")
     if not energy_only:
-        ax[1].stairs(pace, edges, color="k", label="commitment pace")
+        ax[1].stairs(pace, edges, color="k", baseline=None, label="commitment pace")
     ax[1].set_ylabel("energy per interval (MJ)")
     ax[1].legend(loc="upper right", fontsize=8)
     hour_of = np.arange(n) // per_hour
