@@ -56,12 +56,12 @@ def _pool(clock, bound):
 
 # ------------------------------------------------------------------------------------------ the meter, by hand
 def test_meter_and_bound_by_hand():
-    m = LagMeter()
+    m = LagMeter(late_arrival_s=1.0)
     for due, at in [(0.0, 0.1), (1.0, 1.0), (2.0, 4.5), (3.0, 3.2)]:
         m.routed(due, at)
-    assert m.arrival_lags_s == pytest.approx([0.1, 0.0, 2.5, 0.2])
-    assert m.max_arrival_lag_s == pytest.approx(2.5)
-    assert m.late_arrivals_pct(1.0) == pytest.approx(25.0)  # one of four more than 1 s late
+    assert (m.arrivals, m.late_arrivals) == (4, 1)  # lags 0.1, 0, 2.5, 0.2: one more than 1 s
+    assert m.max_arrival_lag_s == pytest.approx(2.5) and m.worst_arrival_t == 2.0
+    assert m.late_arrivals_pct == pytest.approx(25.0)
     m.modelled_step_s, m.step_overrun_s = 8.0, 2.0
     assert m.step_overrun_pct == pytest.approx(25.0)
     assert m.check(LagBound(max_late_arrivals_pct=30.0, max_step_overrun_pct=30.0), 10.0) is None
@@ -69,7 +69,9 @@ def test_meter_and_bound_by_hand():
     why = m.check(LagBound(max_late_arrivals_pct=30.0, max_step_overrun_pct=20.0), 12.0)
     assert "25 % longer than their modelled time" in why and "arrivals" not in why
     why2 = m.check(LagBound(), 14.0)  # the default: 1 % of arrivals more than 1 s late, 25 % overrun
-    assert "25.0 % of the arrivals were routed more than 1 s late" in why2
+    assert "25.0 % of the arrivals were routed more than 1 s late" in why2 and "due at 2.0 s" in why2
+    with pytest.raises(ValueError, match="counts arrivals more than 1 s late"):
+        m.check(LagBound(late_arrival_s=2.0), 16.0)
     s = m.summary()
     assert s["backend_lagging"] is True and s["backend_lag_reason"] == why  # the first reason is kept
     assert s["backend_max_arrival_lag_s"] == pytest.approx(2.5) and s["backend_step_overrun_pct"] == pytest.approx(25.0)
@@ -92,7 +94,7 @@ def test_a_pool_that_keeps_up_is_not_lagging():
         hw.run_until(float("inf"))
     finally:
         hw.close()
-    assert hw.lag.exceeded is None and len(hw.lag.arrival_lags_s) == 12
+    assert hw.lag.exceeded is None and hw.lag.arrivals == 12 and hw.lag.late_arrivals == 0
     assert hw.lag.step_overrun_pct == pytest.approx(0.0, abs=1e-9)
     assert hw.lag.modelled_step_s > 0
 

@@ -211,7 +211,8 @@ class HardwarePool:
                  options: EngineOptions, *, clock_mhz: int | None = None,
                  lag_bound: LagBound | None = LagBound()) -> None:
         self.profiles = [profile]
-        self.lag = LagMeter()  # how far the replay falls behind real time (`commitenv.backends.lag`)
+        self.lag = LagMeter(lag_bound.late_arrival_s if lag_bound is not None else LagBound.late_arrival_s)
+        # (how far the replay falls behind real time: `commitenv.backends.lag`)
         self.lag_bound = lag_bound
         self.opt = options
         self.clock = clock
