@@ -75,6 +75,7 @@ def test_meter_and_bound_by_hand():
     s = m.summary()
     assert s["backend_lagging"] is True and s["backend_lag_reason"] == why  # the first reason is kept
     assert s["backend_max_arrival_lag_s"] == pytest.approx(2.5) and s["backend_step_overrun_pct"] == pytest.approx(25.0)
+    assert s["backend_late_arrivals_pct"] == pytest.approx(25.0) and s["backend_late_arrival_s"] == 1.0
 
 
 @pytest.mark.parametrize("kw, field", [({"late_arrival_s": -1.0}, "late_arrival_s"),

@@ -97,7 +97,8 @@ class LagMeter:
 
     def summary(self) -> dict[str, Any]:
         """The run record's fields (summary.json)."""
-        return {"backend_max_arrival_lag_s": self.max_arrival_lag_s,
+        return {"backend_late_arrivals_pct": self.late_arrivals_pct, "backend_late_arrival_s": self.late_arrival_s,
+                "backend_max_arrival_lag_s": self.max_arrival_lag_s,
                 "backend_step_overrun_pct": self.step_overrun_pct,
                 "backend_lagging": self.exceeded is not None,
                 **({"backend_lag_reason": self.exceeded} if self.exceeded else {})}
