@@ -32,6 +32,7 @@ class OversleepClock(VirtualClock):
     def __init__(self, factor: float = 1.0, extra_s: float = 0.0, who: str = "engines") -> None:
         super().__init__()
         self.factor, self.extra_s, self.who = factor, extra_s, who
+        self._lock = threading.Lock()  # the engines' and the replay's threads advance it: no lost update
 
     def sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -39,7 +40,8 @@ class OversleepClock(VirtualClock):
         engine = threading.current_thread().name.startswith("commitenv-gpu")
         if engine == (self.who == "engines"):
             seconds = seconds * self.factor + self.extra_s
-        self.advance(seconds)
+        with self._lock:
+            self.advance(seconds)
 
 
 def _table(n: int = 12) -> RequestTable:
