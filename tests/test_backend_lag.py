@@ -5,11 +5,12 @@ never by how fast this machine happens to be."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from commitenv.backends.clock import VirtualClock
+from commitenv.backends.clock import ScaledClock, VirtualClock
 from commitenv.backends.fake_engine import SimEngine
 from commitenv.backends.fake_gpu import FakeGpu
 from commitenv.backends.lag import LagBound, LagMeter, ReplayLagError
@@ -23,15 +24,18 @@ OPTS = EngineOptions(noise=NoiseSpec(0, 0), alpha=10.0, length_error_sigma=0.0)
 
 
 class OversleepClock(VirtualClock):
-    """A virtual clock on which every sleep of the engines' threads (``engines``) or of the pool's replay thread
-    (``replay``) lasts ``factor`` times as long as asked, plus ``extra_s``: a host that cannot keep up, made
-    deterministic. ``speed`` lets the replay loop sleep in long strides."""
+    """Virtual time, moved only by sleeps: a host that cannot keep up, made deterministic. A sleep of the engines'
+    threads (``who="engines"``) or of the pool's replay thread (``who="replay"``) lasts ``factor`` times as long as
+    asked, plus ``extra_s``. With ``others_wait`` the other threads' sleeps move no time (they wait, in real time,
+    for it to move), so one engine's steps and the replay's strides do not lengthen each other; without it they
+    move it as asked. ``speed`` lets the replay loop sleep in long strides."""
 
     speed = 1000.0
 
-    def __init__(self, factor: float = 1.0, extra_s: float = 0.0, who: str = "engines") -> None:
+    def __init__(self, factor: float = 1.0, extra_s: float = 0.0, who: str = "engines",
+                 others_wait: bool = False) -> None:
         super().__init__()
-        self.factor, self.extra_s, self.who = factor, extra_s, who
+        self.factor, self.extra_s, self.who, self.others_wait = factor, extra_s, who, others_wait
         self._lock = threading.Lock()  # the engines' and the replay's threads advance it: no lost update
 
     def sleep(self, seconds: float) -> None:
@@ -40,12 +44,15 @@ class OversleepClock(VirtualClock):
         engine = threading.current_thread().name.startswith("commitenv-gpu")
         if engine == (self.who == "engines"):
             seconds = seconds * self.factor + self.extra_s
+        elif self.others_wait:
+            time.sleep(1e-4)
+            return
         with self._lock:
             self.advance(seconds)
 
 
-def _table(n: int = 12) -> RequestTable:
-    t = np.linspace(0.0, 50.0, n)
+def _table(n: int = 12, span_s: float = 50.0) -> RequestTable:
+    t = np.linspace(0.0, span_s, n)
     return RequestTable(arrival_s=t, prompt_tokens=np.full(n, 12), output_tokens=np.full(n, 6),
                         tenant=np.zeros(n, dtype=np.int32), request_id=np.arange(n, dtype=np.int64))
 
@@ -90,32 +97,36 @@ def test_bad_bound_is_refused(kw, field):
 
 # ------------------------------------------------------------------------------------------ forced lag
 def test_a_pool_that_keeps_up_is_not_lagging():
-    hw = _pool(OversleepClock(), LagBound(on_exceed="abort"))
+    """All arrivals at 0 s; the one engine's steps last exactly their law; the replay moves no time."""
+    hw = _pool(OversleepClock(others_wait=True), LagBound(on_exceed="abort"))
     try:
-        hw.attach(_table())
-        hw.run_until(60.0)
+        hw.attach(_table(span_s=0.0))
         hw.run_until(float("inf"))
     finally:
         hw.close()
-    assert hw.lag.exceeded is None and hw.lag.arrivals == 12 and hw.lag.late_arrivals == 0
-    assert hw.lag.step_overrun_pct == pytest.approx(0.0, abs=1e-9)
-    assert hw.lag.modelled_step_s > 0
+    lag = hw.lag
+    assert lag.exceeded is None and (lag.arrivals, lag.late_arrivals, lag.max_arrival_lag_s) == (12, 0, 0.0)
+    assert lag.modelled_step_s > 0 and lag.step_overrun_pct == pytest.approx(0.0, abs=1e-9)
+    assert hw.completed == 12
 
 
 def test_steps_that_overrun_their_law_abort_the_run():
-    hw = _pool(OversleepClock(factor=3.0), LagBound(on_exceed="abort"))  # every step lasts at least 3x its law
+    """The engine's steps last three times their law: 200 % over, past the 25 % bound."""
+    hw = _pool(OversleepClock(factor=3.0, others_wait=True), LagBound(on_exceed="abort"))
     try:
-        hw.attach(_table())
-        with pytest.raises(ReplayLagError, match=r"steps took \d+ % longer than their modelled time") as e:
+        hw.attach(_table(span_s=0.0))
+        with pytest.raises(ReplayLagError, match=r"steps took 200 % longer than their modelled time") as e:
             hw.run_until(float("inf"))  # (until every request is served: every step is in)
     finally:
         hw.close()
     assert "fake:SPEED" in str(e.value)
-    assert hw.lag.step_overrun_pct >= 200.0 - 1e-6
+    assert hw.lag.step_overrun_pct == pytest.approx(200.0)
 
 
 def test_late_arrivals_warn_once_and_mark_the_run(caplog):
-    hw = _pool(OversleepClock(extra_s=2.0, who="replay"), LagBound())  # the replay's sleeps last 2 s more
+    """Every sleep of the replay lasts 2 s more: each arrival (one every 50/11 s) is routed 2 s late, but the first
+    (at 0 s) and the one at 31.8 s, which the replay reaches from the boundary at 30 s overslept to 32 s."""
+    hw = _pool(OversleepClock(extra_s=2.0, who="replay", others_wait=True), LagBound())
     try:
         hw.attach(_table())
         with caplog.at_level("WARNING", logger="commitenv"):
@@ -125,19 +136,37 @@ def test_late_arrivals_warn_once_and_mark_the_run(caplog):
         hw.close()
     warnings = [r for r in caplog.records if "fell behind real time" in r.getMessage()]
     assert len(warnings) == 1 and "marked backend_lagging" in warnings[0].getMessage()
-    s = hw.lag.summary()
-    assert s["backend_lagging"] is True and "routed more than 1 s late" in s["backend_lag_reason"]
-    assert s["backend_max_arrival_lag_s"] > 1.0
+    lag = hw.lag
+    assert (lag.arrivals, lag.late_arrivals) == (12, 10) and lag.max_arrival_lag_s == pytest.approx(2.0)
+    s = lag.summary()
+    # first exceeded at the boundary at 30 s: 8 arrivals routed by then (the one at 31.8 s at 32 s), 6 of them late
+    assert s["backend_lagging"] is True and s["backend_lag_reason"].startswith(
+        "by trace time 30 s, 75.0 % of the arrivals were routed more than 1 s late")
+    assert s["backend_step_overrun_pct"] == 0.0  # the engine's steps moved no time
 
 
 def test_no_bound_measures_without_judging():
-    hw = _pool(OversleepClock(factor=3.0), None)
+    hw = _pool(OversleepClock(factor=3.0, others_wait=True), None)
     try:
-        hw.attach(_table())
+        hw.attach(_table(span_s=0.0))
         hw.run_until(float("inf"))
     finally:
         hw.close()
-    assert hw.lag.exceeded is None and hw.lag.step_overrun_pct >= 200.0 - 1e-6
+    assert hw.lag.exceeded is None and hw.lag.step_overrun_pct == pytest.approx(200.0)
+
+
+class SlowStepClock(ScaledClock):
+    """A scaled wall clock on which the engines' sleeps last ``factor`` times as long: every step at least that much
+    over its law, however fast or loaded the machine (a loaded one only adds to it)."""
+
+    def __init__(self, speed: float, factor: float) -> None:
+        super().__init__(speed)
+        self.factor = factor
+
+    def sleep(self, seconds: float) -> None:
+        if threading.current_thread().name.startswith("commitenv-gpu"):
+            seconds *= self.factor
+        super().sleep(seconds)
 
 
 def test_a_lagging_run_is_marked_in_its_summary_and_figure(tmp_path):
@@ -149,7 +178,7 @@ def test_a_lagging_run_is_marked_in_its_summary_and_figure(tmp_path):
     sc = toy_three_hour(tmp_path / "sc", horizon_hours=1, commitment={"mj": [0.2]}, alpha=30.0, name="toy-lag")
 
     def backend(profile, n, options, clock_mhz):
-        clock = OversleepClock(factor=3.0)
+        clock = SlowStepClock(1000.0, 3.0)
         devices = []
         for i in range(n):
             g = FakeGpu(profile, clock, i)
