@@ -124,7 +124,9 @@ class EvalResult:
             if figure:
                 from commitenv.plots import overview_figure
 
-                overview_figure(self, tmp / "overview.png")
+                overview_figure(tmp / "overview.png", scenario=self.scenario, controller=self.controller,
+                                seed=self.seed, hourly=self.hourly, intervals=self.interval_rows(),
+                                summary=self.summary)
             out.mkdir(exist_ok=True)
             for f in tmp.iterdir():
                 dest = out / f.name
@@ -139,6 +141,24 @@ class EvalResult:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out
+
+
+    def interval_rows(self) -> list[dict[str, Any]]:
+        """One row per interval with its decision, energy, commitment pace, arrivals and misses: the decision rows
+        (decisions.csv), or for a result scored from an env directly (no decision rows) the same from its history
+        (the controller's meter), hourly commitments and request table."""
+        if self.decisions and "energy_j" in self.decisions[0]:
+            return self.decisions
+        n = len(self.history)
+        per_hour = max(n // max(len(self.hourly), 1), 1)
+        dt = float(self.history[0]["t"]) if n else 60.0
+        rows = []
+        for k, h in enumerate(self.history):
+            commit = self.hourly[min(k // per_hour, len(self.hourly) - 1)]["commitment_mj"] * 1e6
+            rows.append({"t_start_s": k * dt, "active": h["active"], "clock_mhz": h["clock_mhz"],
+                         "energy_j": h["interval_j"], "commitment_pace_j": commit / per_hour if commit > 0 else None})
+        add_interval_outcomes(rows, self.requests["arrival_s"], self.requests["met"], dt)
+        return rows
 
 
 def _out_error(e: OSError, out: Path) -> OSError:

@@ -4,12 +4,9 @@ and the env's rgb_array render."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:  # pragma: no cover
-    from commitenv.evaluation import EvalResult
 
 
 def new_figure(**kwargs: Any):
@@ -22,13 +19,15 @@ def new_figure(**kwargs: Any):
     return fig
 
 
-def overview_figure(res: "EvalResult", path: str | Path):
+def overview_figure(path: str | Path, *, scenario: str, controller: str, seed: int, hourly: list[dict[str, Any]],
+                    intervals: list[dict[str, Any]], summary: dict[str, Any]):
     """The episode interval by interval, one point per interval in every panel: arrivals and misses (by arrival
     interval), energy against the commitment's pace, the open hour's energy against its commitment, active
-    replicas and clock. Saved to ``path``; the figure is returned (for tests and notebooks)."""
-    rows = _interval_rows(res)
+    replicas and clock; from a run's records (`EvalResult` fields: ``intervals`` its `interval_rows`). Saved to
+    ``path``; the figure is returned (for tests and notebooks)."""
+    rows = intervals
     n = len(rows)
-    hours = len(res.hourly)
+    hours = len(hourly)
     per_hour = max(n // max(hours, 1), 1)
     t0 = np.array([r["t_start_s"] for r in rows], dtype=np.float64)
     dt = float(t0[1] - t0[0]) if n > 1 else 60.0
@@ -40,13 +39,13 @@ def overview_figure(res: "EvalResult", path: str | Path):
     energy_only = bool(np.all(np.isnan(pace)))
     fig = new_figure(figsize=(10, 12))
     ax = fig.subplots(5, 1, sharex=True)
-    s = res.summary
+    s = summary
     dev = s.get("mean_abs_dev_pct")
     head = [f"attainment {s['attainment_pct']:.2f} %" if "attainment_pct" in s else "",
             f"|deviation| {dev:.2f} %" if isinstance(dev, (int, float)) else "",
             f"misses {s['misses']}" if "misses" in s else "",
             f"cost {s['cost_kwh_eq']:.4f} kWh-eq" if "cost_kwh_eq" in s else ""]
-    title = f"{res.scenario} - {res.controller} (seed {res.seed})\n" + ", ".join(h for h in head if h)
+    title = f"{scenario} - {controller} (seed {seed})\n" + ", ".join(h for h in head if h)
     if s.get("backend_lagging"):
         title += "\nREPLAY LAGGED BEHIND REAL TIME: these numbers do not describe the pool"
     ax[0].set_title(title, fontsize=10, color="#c44e52" if s.get("backend_lagging") else "k")
@@ -79,26 +78,6 @@ def overview_figure(res: "EvalResult", path: str | Path):
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return fig
-
-
-def _interval_rows(res: "EvalResult") -> list[dict[str, Any]]:
-    """The run's decision rows with their interval energy, pace, arrivals and misses; a result without them
-    (scored from an env directly) gets them from its history (the controller's meter), hourly commitments and
-    request table."""
-    if res.decisions and "energy_j" in res.decisions[0]:
-        return res.decisions
-    from commitenv.evaluation import add_interval_outcomes
-
-    n = len(res.history)
-    per_hour = max(n // max(len(res.hourly), 1), 1)
-    dt = float(res.history[0]["t"]) if n else 60.0
-    rows = []
-    for k, h in enumerate(res.history):
-        commit = res.hourly[min(k // per_hour, len(res.hourly) - 1)]["commitment_mj"] * 1e6
-        rows.append({"t_start_s": k * dt, "active": h["active"], "clock_mhz": h["clock_mhz"],
-                     "energy_j": h["interval_j"], "commitment_pace_j": commit / per_hour if commit > 0 else None})
-    add_interval_outcomes(rows, res.requests["arrival_s"], res.requests["met"], dt)
-    return rows
 
 
 def render_progress(env: Any) -> np.ndarray:

@@ -189,7 +189,8 @@ def test_a_lagging_run_is_marked_in_its_summary_and_figure(tmp_path):
     s = res.summary
     assert s["backend"] == "hardware" and s["backend_lagging"] is True
     assert s["backend_step_overrun_pct"] >= 200.0 - 1e-6
-    fig = overview_figure(res, tmp_path / "o.png")
+    fig = overview_figure(tmp_path / "o.png", scenario=res.scenario, controller=res.controller, seed=res.seed,
+                          hourly=res.hourly, intervals=res.interval_rows(), summary=res.summary)
     assert "REPLAY LAGGED BEHIND REAL TIME" in fig.axes[0].get_title()
 
 

@@ -72,12 +72,18 @@ def test_energy_only_hours_have_no_pace(tmp_path):
     assert sum(d["energy_j"] for d in res.decisions) == pytest.approx(res.summary["energy_mj"] * 1e6, rel=1e-9)
 
 
-def test_overview_shows_every_interval(run, tmp_path):
+def _overview(res, path):
+    """The overview figure of ``res``, drawn from its records as `EvalResult.write` draws it."""
     from commitenv.plots import overview_figure
 
+    return overview_figure(path, scenario=res.scenario, controller=res.controller, seed=res.seed, hourly=res.hourly,
+                           intervals=res.interval_rows(), summary=res.summary)
+
+
+def test_overview_shows_every_interval(run, tmp_path):
     res, out = run
     assert (out / "overview.png").stat().st_size > 0
-    fig = overview_figure(res, tmp_path / "o.png")
+    fig = _overview(res, tmp_path / "o.png")
     axes = {a.get_ylabel(): a for a in fig.axes}
     assert set(axes) == {"requests per interval", "energy per interval (MJ)", "hour's energy (MJ)",
                          "active replicas", "clock (MHz)"}
@@ -111,11 +117,9 @@ def test_overview_of_a_result_without_decision_rows(run, tmp_path):
     """A result scored from an env directly (no decision rows) is drawn from its history and request table."""
     from dataclasses import replace
 
-    from commitenv.plots import overview_figure
-
     res, _ = run
     bare = replace(res, decisions=[])
-    fig = overview_figure(bare, tmp_path / "o.png")
+    fig = _overview(bare, tmp_path / "o.png")
     axes = {a.get_ylabel(): a for a in fig.axes}
     energy, _ = (p.get_data()[0] for p in axes["energy per interval (MJ)"].patches)
     assert len(energy) == 12 and np.all(energy > 0)

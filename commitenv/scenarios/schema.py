@@ -11,6 +11,10 @@ from commitenv.scenarios.realism import Realism
 from commitenv.sim.migration import MigrationSpec
 
 
+class ScenarioError(ValueError):
+    """A scenario is unknown, unreadable or invalid; the message names the file and the field."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
