@@ -7,7 +7,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.attribution.windows import WindowCorrection
+    from commitenv.envs import CommitServeEnv
+    from commitenv.evaluation import EvalResult
 
 # the summary's numbers a re-run must reproduce for its bills to belong to the recorded run
 REPRODUCED = ("energy_mj", "cost_kwh_eq", "attainment_pct", "misses", "requests")
@@ -30,11 +35,11 @@ class ReplayOptions:
 @dataclass
 class RunBills:
     """What billing a run produced: ``report`` (the JSON-able totals), ``path`` (bills.csv) and, with the replay
-    correction, its ``replay`` result (`commitenv.attribution.windows.ReplayCorrection`)."""
+    correction, its ``replay`` result."""
 
     report: dict[str, Any]
     path: Path
-    replay: Any | None = None
+    replay: WindowCorrection | None = None
 
 
 def read_run(run: Path) -> dict[str, Any]:
@@ -54,7 +59,8 @@ def read_run(run: Path) -> dict[str, Any]:
     return summary
 
 
-def rerun_recorded(run: Path, summary: dict[str, Any], scenario: str | None = None, *, progress: bool = False):
+def rerun_recorded(run: Path, summary: dict[str, Any], scenario: str | None = None, *,
+                   progress: bool = False) -> tuple[CommitServeEnv, EvalResult]:
     """(env, EvalResult) of the recorded episode re-run with attribution on, after checking that it reproduces
     every `REPRODUCED` number of ``summary`` (ValueError otherwise). ``scenario``: where to find the scenario
     when the recorded name or file does not lead to it (`RunNotFound` when neither does)."""
@@ -126,7 +132,8 @@ def bill_run(run: Path, summary: dict[str, Any], scenario: str | None = None, *,
     return RunBills(report=report, path=run / "bills.csv", replay=corr)
 
 
-def _replay(env: Any, bills: dict, opts: ReplayOptions, seed: int, progress: bool):
+def _replay(env: CommitServeEnv, bills: dict[str, Any], opts: ReplayOptions, seed: int,
+            progress: bool) -> WindowCorrection:
     """The scheduler-replay correction of the re-run episode ``env`` (a progress bar per window with ``progress``)."""
     from commitenv.attribution.windows import attribution_windows, replay_correction
 

@@ -7,10 +7,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from commitenv.cli.args import (check_out, check_seed_flags, compared_controllers, controller_kwargs,
                                 parse_backend, parse_controller_args, resolve_names, write_run)
 from commitenv.cli.tables import print_seed_table, print_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.comparison import ComparedController, Comparison
+    from commitenv.evaluation import EvalResult
 
 DEFAULT_COMPARE_SCENARIO = "bench-h200-hour-fixed-a30"
 
@@ -66,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Several controllers side by side on one scenario (one seed, or many with ``--seeds``)."""
-    from commitenv.comparison import ComparedController, Comparison, compare_seed
+    from commitenv.comparison import compare_seed
 
     check_seed_flags(args)
     explicit = bool(args.controllers)
@@ -77,7 +82,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     refs = _references(args, args.scenario, [args.seed]).get(args.seed)
     names = [e.resolved.name for e in todo]
 
-    def after_run(cmp: Comparison, entry: ComparedController, res) -> None:
+    def after_run(cmp: Comparison, entry: ComparedController, res: EvalResult | None) -> None:
         if out is None:
             return
         if res is not None:
@@ -102,7 +107,7 @@ def _nothing_written(what: str) -> None:
     print(f"nothing written: give --out DIR to write {what}", file=sys.stderr)
 
 
-def _write_compare(out: Path, args: argparse.Namespace, cmp, names: list[str]) -> None:
+def _write_compare(out: Path, args: argparse.Namespace, cmp: Comparison, names: list[str]) -> None:
     """compare.json (`commitenv.comparison.write_compare`), an OSError restated about ``--out``."""
     from commitenv.comparison import write_compare
 
@@ -112,7 +117,7 @@ def _write_compare(out: Path, args: argparse.Namespace, cmp, names: list[str]) -
         raise ValueError(f"--out {out}: cannot write compare.json ({e.strerror or e})") from None
 
 
-def _run_seeds(args: argparse.Namespace, todo: list) -> int:
+def _run_seeds(args: argparse.Namespace, todo: list[ComparedController]) -> int:
     """Every (controller, seed) episode of ``--seeds`` (`commitenv.comparison.run_seeds`), then the aggregate
     (mean and 95 % CI per metric) printed and written as OUT/compare.json and compare.csv."""
     from commitenv.comparison import run_seeds
