@@ -38,6 +38,7 @@ import numpy as np
 from commitenv.backends.clock import Clock
 from commitenv.backends.engine import ServingEngine
 from commitenv.backends.gpu import GpuControl, LockedClocks
+from commitenv.backends.lag import LagBound, LagMeter, ReplayLagError
 from commitenv.profiles.schema import Profile
 from commitenv.sim import replica as sim_replica
 from commitenv.sim.noise import NoiseSpec
@@ -207,8 +208,12 @@ class HardwarePool:
     """See the module docstring. ``devices``: one (GPU, engine) per replica, all serving ``profile``'s model."""
 
     def __init__(self, profile: Profile, devices: list[tuple[GpuControl, ServingEngine]], clock: Clock,
-                 options: EngineOptions, *, clock_mhz: int | None = None) -> None:
+                 options: EngineOptions, *, clock_mhz: int | None = None,
+                 lag_bound: LagBound | None = LagBound()) -> None:
         self.profiles = [profile]
+        self.lag = LagMeter(lag_bound.late_arrival_s if lag_bound is not None else LagBound.late_arrival_s)
+        # (how far the replay falls behind real time: `commitenv.backends.lag`)
+        self.lag_bound = lag_bound
         self.opt = options
         self.clock = clock
         self.now = 0.0
@@ -291,12 +296,34 @@ class HardwarePool:
                     continue
                 r = Req(i, self._arr[i], int(self.table.prompt_tokens[i]), int(self.out_tokens[i]),
                         float(self.deadline[i]))
+                self.lag.routed(self._arr[i], now)
                 self._route(r)
             if now >= t_end or (math.isinf(t_end) and self._cursor >= n and self._idle()):
                 break
             nxt = min(self._arr[self._cursor] if self._cursor < n else math.inf, t_end)
             self.clock.sleep(min(max(nxt - now, 0.0), 0.005 * getattr(self.clock, "speed", 1.0)))
         self.now = max(self.now, min(t_end, self.clock.now() - self._origin))
+        self._check_lag()
+
+    def _check_lag(self) -> None:
+        """Gather the engines' step overrun (engines that model their steps, the fakes, report it) and hold the lag
+        to ``lag_bound``: abort with `ReplayLagError`, or warn once and mark the run."""
+        lag = self.lag
+        lag.modelled_step_s = math.fsum(getattr(w.engine, "modelled_step_s", 0.0) for w in self.workers)
+        lag.step_overrun_s = math.fsum(getattr(w.engine, "step_overrun_s", 0.0) for w in self.workers)
+        bound = self.lag_bound
+        if bound is None:
+            return
+        first = lag.exceeded is None
+        why = lag.check(bound, self.now)
+        if why is None:
+            return
+        if bound.on_exceed == "abort":
+            raise ReplayLagError(f"the hardware replay fell behind real time: {why}, so its energy and SLO numbers "
+                                 "would not describe the pool. On the CPU fakes lower the speed (--backend "
+                                 "fake:SPEED) or the pool's size; on GPUs run the host with free cores")
+        if first:
+            log.warning("the hardware replay fell behind real time: %s; the run is marked backend_lagging", why)
 
     def _idle(self) -> bool:
         return all(w.load == 0 for w in self.workers) and not self.unrouted
@@ -457,9 +484,13 @@ class HardwarePool:
 
 
 def fake_backend(speed: float = 200.0, *, energy_update_s: float = 0.05, noise_sigma: float = 0.0,
-                 seed: int = 0) -> Callable[[Profile, int, EngineOptions, int], HardwarePool]:
+                 seed: int = 0, lag_bound: LagBound | None = LagBound()
+                 ) -> Callable[[Profile, int, EngineOptions, int], HardwarePool]:
     """A pool factory for `CommitServeEnv(backend=...)`: one `FakeGpu` + `SimEngine` per replica on a shared
-    clock running ``speed`` times real time."""
+    clock running ``speed`` times real time; ``lag_bound`` holds the replay's lag behind real time
+    (`commitenv.backends.lag`; None: measured, never held)."""
+    if not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
+        raise ValueError(f"speed: expected a finite number > 0 (how many times real time), got {speed!r}")
 
     def build(profile: Profile, n: int, options: EngineOptions, clock_mhz: int) -> HardwarePool:
         from commitenv.backends.clock import ScaledClock
@@ -471,6 +502,6 @@ def fake_backend(speed: float = 200.0, *, energy_update_s: float = 0.05, noise_s
         for i in range(n):
             g = FakeGpu(profile, clock, i, energy_update_s=energy_update_s)
             devices.append((g, SimEngine(profile, g, clock, noise_sigma=noise_sigma, seed=seed + i)))
-        return HardwarePool(profile, devices, clock, options, clock_mhz=clock_mhz)
+        return HardwarePool(profile, devices, clock, options, clock_mhz=clock_mhz, lag_bound=lag_bound)
 
     return build

@@ -4,6 +4,7 @@ values, the seed flags, and ``--backend``; each bad value is a ValueError naming
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import tempfile
@@ -123,16 +124,17 @@ def parse_backend(text: str | None):
     """``--backend fake[:SPEED]``: the CPU fakes of a GPU pool on a clock SPEED times real time (default 200)."""
     if text is None or text == "sim":
         return None
-    kind, _, speed = text.partition(":")
+    kind, colon, speed = text.partition(":")
     if kind != "fake":
         raise ValueError(f"--backend {text}: expected sim or fake[:SPEED] (real GPUs: build a pool factory in Python, "
                          "docs/real-gpu.md)")
     try:
-        x = float(speed) if speed else 200.0
+        x = float(speed) if colon else 200.0
     except ValueError:
-        x = -1.0
-    if not x > 0:
-        raise ValueError(f"--backend {text}: SPEED must be a number > 0 (how many times real time)")
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"--backend {text}: SPEED must be a finite number > 0 (how many times real time the fakes "
+                         f"run, e.g. fake:20), got {speed!r}")
     from commitenv.backends.pool import fake_backend
 
     return fake_backend(speed=x)

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--backend", default=None, metavar="sim|fake[:SPEED]",
                    help="serve on the simulator (default) or on the hardware backend's CPU fakes, a GPU pool replayed "
-                        "in real time SPEED times faster (docs/real-gpu.md)")
+                        "in real time SPEED times faster (default 200); a replay that falls behind real time warns "
+                        "and is marked backend_lagging (docs/real-gpu.md)")
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("compare", help="run several controllers on one scenario side by side")
     c.add_argument("scenario", nargs="?", default=DEFAULT_COMPARE_SCENARIO,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if out is not None:
         write_run(res, out, out)
         print(f"wrote {out}/summary.json, hourly.csv, decisions.csv, requests.csv, overview.png")
+    else:
+        _nothing_written("summary.json, hourly.csv, decisions.csv (per interval), requests.csv and overview.png")
     print(json.dumps(res.summary))
     return 0
 
@@ -94,7 +97,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if out is not None:
         _write_compare(out, args, cmp, names)
         print(f"wrote {out}/compare.json")
+    else:
+        _nothing_written("compare.json and each controller's run files")
     return 1 if cmp.errors else 0
+
+
+def _nothing_written(what: str) -> None:
+    """One line on stderr after a run without ``--out`` (stdout stays the results)."""
+    print(f"nothing written: give --out DIR to write {what}", file=sys.stderr)
 
 
 def _write_compare(out: Path, args: argparse.Namespace, cmp: Comparison, names: list[str]) -> None:
@@ -141,4 +151,6 @@ def _run_seeds(args: argparse.Namespace, todo: list[ComparedController]) -> int:
     print_seed_table(doc)
     if out is not None:
         print(f"wrote {out}/compare.json, compare.csv and {out}/<controller>/seed-<s>/")
+    else:
+        _nothing_written("compare.json, compare.csv and every episode's run files")
     return 1 if doc["errors"] else 0
