@@ -169,13 +169,13 @@ def test_resume_continues_the_step_count(run_dir, tmp_path):
 
     d = tmp_path / "run"
     shutil.copytree(run_dir, d)
-    spec = TrainSpec(SCENARIO, "ppo", steps=192, out=d, resume=True, eval_freq=0, eval_episodes=1,
-                     checkpoint_freq=64, progress=False, score=False)
+    spec = TrainSpec(SCENARIO, steps=192, out=d, resume=True, progress=False, score=False)  # options: the run's
     rec = train(spec)
     assert rec["steps_done"] == 192 and rec["status"] == "finished"
     assert [(s["start_step"], s["end_step"]) for s in rec["segments"]] == [(0, 128), (128, 192)]
-    assert rec["segments"][1]["train_seeds"] == ["3-4"]  # the schedule goes on after the traces already used
-    assert rec["train_seeds_used"] == ["0-4"]
+    # 60-step episodes: seed 2's episode (steps 120-179) was under way at 128 and is rebuilt, seed 3's starts at 180
+    assert rec["segments"][1]["train_seeds"] == ["2-3"]
+    assert rec["train_seeds_used"] == ["0-3"]
     assert (d / "checkpoints" / "model_192_steps.zip").is_file()
     assert PPO.load(str(d / "model.zip"), device="cpu").num_timesteps == 192
     assert [e["steps"] for e in rec["evaluations"]["history"]] == [64, 128, 192]
