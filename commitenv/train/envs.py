@@ -46,14 +46,16 @@ def seed_ranges(sc: Scenario) -> SeedRanges:
     return SeedRanges(DEFAULT_TRAIN, DEFAULT_TEST, "default")
 
 
-class SeedSchedule(gym.Wrapper):
+class SeedSchedule(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Reset with the run seeds ``first, first + stride, ...`` of [lo, hi) (wrapping around), one per episode, so each
     episode serves a new trace drawn from that range (``seeds_used`` lists them). With ``honor_given`` a seed passed
     to ``reset`` is used as given and the schedule continues after it (evaluation restarts its list this way);
     otherwise it is ignored, so nothing outside the range (e.g. an algorithm's own seed) can reach the env."""
 
     def __init__(self, env: gym.Env, lo: int, hi: int, first: int, stride: int = 1, honor_given: bool = False) -> None:
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, lo=lo, hi=hi, first=first, stride=stride,
+                                                 honor_given=honor_given)
+        gym.Wrapper.__init__(self, env)
         if not lo <= first < hi or stride < 1:
             raise ValueError(f"seed schedule: expected lo <= first < hi and stride >= 1, got [{lo}, {hi}), first "
                              f"{first}, stride {stride}")

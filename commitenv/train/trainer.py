@@ -545,7 +545,7 @@ def _files(out: Path) -> dict[str, str | None]:
 def _record(spec: TrainSpec, sc: Any, ranges: SeedRanges, eval_seeds: list[int], mapping: str, cfg: AlgoConfig,
             prior: dict[str, Any] | None, tensorboard: bool, features: tuple[str, ...],
             scenario_file: str | None) -> dict[str, Any]:
-    doc: dict[str, Any] = dict(prior or {})
+    doc: dict[str, Any] = {k: v for k, v in (prior or {}).items() if k not in ("scores", "error")}  # (the old model's)
     doc.update({
         "command": spec.command(),
         "scenario": sc.name,
