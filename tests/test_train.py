@@ -332,11 +332,15 @@ def test_sb3_spec_errors_are_clear(tmp_path):
         resolve("sb3:")
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "model.zip").write_bytes(b"")
-    with pytest.raises(ValueError, match="not a finished training run: missing train.json, vecnormalize.pkl"):
+    (tmp_path / "half" / "train.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a finished training run: missing vecnormalize.pkl"):
         resolve(f"sb3:{tmp_path / 'half'}")
     (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match="is a file but not a .zip"):
         resolve(f"sb3:{tmp_path / 'file'}")
+    (tmp_path / "broken.zip").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="broken.zip: not a stable-baselines3 model zip"):
+        resolve(f"sb3:{tmp_path / 'broken.zip'}").make()
 
 
 def test_policy_refuses_another_pool_shape(run_dir):
