@@ -9,6 +9,7 @@ A controller is given by a *spec*, one of
 ``module:Class``           a class importable from ``module`` (``mypkg.ctl:MyController``);
 ``path/to/file.py:Class``  a class defined in a Python file (loaded once per process under a private name);
 ``sb3:DIR``                a policy trained by ``commitenv train`` (folder DIR, or the name of a shipped baseline),
+                           or any stable-baselines3 model (``sb3:DIR`` holding model.zip, or ``sb3:PATH.zip``),
                            run by ``commitenv_controllers.sb3_policy.SB3Policy`` (imported only then).
 
 `resolve` turns a spec into a `Resolved` (the name a run is recorded under, its origin, the constructor);
@@ -244,7 +245,8 @@ def _resolve_sb3(spec: str) -> Resolved:
     to the folder DIR (or a shipped baseline of that name); its origin ``sb3:<abs dir>`` rebuilds it."""
     where = spec[len(SB3_PREFIX):].strip()
     if not where:
-        raise ValueError(f"controller '{spec}': expected sb3:DIR, DIR a folder written by `commitenv train`")
+        raise ValueError(f"controller '{spec}': expected sb3:DIR or sb3:PATH.zip (a `commitenv train` folder or a "
+                         "stable-baselines3 model)")
     try:
         module = importlib.import_module(_SB3_MODULE)
     except Exception as e:  # ImportError, or whatever the module raised
