@@ -171,6 +171,10 @@ def test_gate_passing_submissions_rank_above_gate_failing_ones(tmp_path: Path) -
             _record("shaky", 95.0, None, _metrics(0.1, 98.0, 2.0, 4, 6, 1), shaky_eps),
             _record("none", None, None, _metrics(None, None, None, None, None, None), [])]
     assert [r["name"] for r in latest_by_name(recs)] == ["safe", "shaky", "bold", "none"]
+    # fewer episodes off the gate rank higher whatever the score: one failure at 50 above two at 95 and four at 90
+    close_eps = [_ep("bench-a", 0, 50.0, gate=False)] + [_ep("bench-a", i, 50.0) for i in range(1, 6)]
+    close = _record("close", 50.0, None, _metrics(0.5, 98.5, 1.5, 5, 6, 0), close_eps)
+    assert [r["name"] for r in latest_by_name(recs + [close])] == ["safe", "close", "shaky", "bold", "none"]
     _write_jsonl(tmp_path / "results" / "dev.jsonl", recs)
     md = render_board(tmp_path)[0].read_text(encoding="utf-8")
     rows = {line.split(" | ")[1]: line.split(" | ") for line in md.splitlines() if line.startswith("| ") and

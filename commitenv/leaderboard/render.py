@@ -30,9 +30,9 @@ NORMALIZATION = (
     "min(that, 0) minus the shortfall of its worst hour in attainment points; "
     "suite score = mean with 95 % t-interval"
 )
-RANKING = ("rank: the submissions whose every episode passed the SLO gate first, then those that failed it on any, "
-           "each group by suite score; a lost episode (crash, timeout, a limit, an invalid action) is scored by the "
-           "do-nothing run that replaced it")
+RANKING = ("rank: by the number of episodes not through the SLO gate (fewest first: the gate is a constraint), then "
+           "by suite score; a lost episode (crash, timeout, a limit, an invalid action) is scored by the do-nothing "
+           "run that replaced it")
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -74,25 +74,26 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict:
 
 
 def latest_by_name(records: list[dict]) -> list[dict]:
-    """The last record of each submission name (file order), ranked: those whose every episode passed the SLO gate
-    first, then the others; within each, by score mean descending (no score last), ties by name."""
+    """The last record of each submission name (file order), ranked: fewest episodes not through the SLO gate first,
+    then by score mean descending (no score last), ties by name."""
     latest: dict[str, dict] = {}
     for record in records:
         latest[record["name"]] = record
     return sorted(latest.values(), key=_rank_key)
 
 
-def _rank_key(record: dict) -> tuple[bool, bool, float, str]:
-    """No score last; the gate is a constraint, so a submission that fails it on any episode ranks below every one
-    that passes it on all, whatever the scores (a failed episode's score already carries its shortfall)."""
+def _rank_key(record: dict) -> tuple[bool, float, float, str]:
+    """No score last; the gate is a constraint, so fewer episodes failing it rank higher whatever the scores (a
+    failed episode's score already carries its shortfall): all through ranks above one failure, one above four."""
     mean = _score(record).get("mean")
-    return (not _is_num(mean), not _passes_gate(record), -mean if _is_num(mean) else 0.0, record["name"])
+    return (not _is_num(mean), _not_through_gate(record), -mean if _is_num(mean) else 0.0, record["name"])
 
 
-def _passes_gate(record: dict) -> bool:
-    """Every episode through the SLO gate (a lost episode too is scored, by the do-nothing run that replaced it)."""
+def _not_through_gate(record: dict) -> float:
+    """Episodes that did not pass the SLO gate (lost ones included: their do-nothing replacement is scored); inf
+    when the record does not say."""
     passed, total = _metric(record, "slo_gate_pass"), _metric(record, "episodes")
-    return _is_num(passed) and _is_num(total) and total > 0 and passed == total
+    return float(total - passed) if _is_num(passed) and _is_num(total) and total > 0 else math.inf
 
 
 def _suite_order(results: dict[str, list[dict]]) -> list[str]:
