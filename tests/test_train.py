@@ -160,6 +160,9 @@ def test_training_writes_model_normalizer_and_record(run_dir):
         assert s["cost_kwh_eq"] >= 0 and 0 <= s["attainment_pct"] <= 100
     best = rec["evaluations"]["best"]
     assert rec["scores"]["best"]["penalised_return"] == pytest.approx(best["mean_return"], rel=1e-6)
+    # the final evaluation is of the final policy, after its last update (it was the one before, issue 38)
+    assert rec["scores"]["final"]["penalised_return"] == pytest.approx(rec["evaluations"]["final"]["mean_return"],
+                                                                       rel=1e-6)
 
 
 def test_resume_continues_the_step_count(run_dir, tmp_path):

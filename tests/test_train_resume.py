@@ -41,6 +41,14 @@ def _complete_checkpoints(out: Path) -> int:
     return len(list((out / "checkpoints").glob("model_state_*_steps.pkl"))) if (out / "checkpoints").is_dir() else 0
 
 
+def _training_pid(out: Path) -> int | None:
+    """The pid of the process training in ``out`` (train.json is rewritten with it when a segment starts)."""
+    try:
+        return json.loads((out / "train.json").read_text()).get("pid")
+    except (OSError, ValueError):
+        return None
+
+
 def _params(path: Path) -> dict[str, np.ndarray]:
     from stable_baselines3 import PPO
 
@@ -67,24 +75,24 @@ def reference(tmp_path_factory) -> Path:
 
 
 def test_killed_and_resumed_run_ends_with_the_same_model(reference, tmp_path):
-    """Three interruptions at points drawn at random (before the first checkpoint, then after the 2nd and 4th,
-    each up to a rollout's time later, i.e. mostly mid-rollout): SIGKILL, SIGTERM, SIGKILL; resumed after each."""
+    """Three interruptions at points drawn at random once the process trains (right away, then after the 2nd and
+    4th checkpoint, each up to a rollout's time later, i.e. mostly mid-rollout): SIGKILL, SIGTERM, SIGKILL; resumed
+    after each."""
     cfg = tmp_path / "ppo.yaml"
     cfg.write_text(TINY)
     out = tmp_path / "run"
     rng = random.Random(2026)
-    kills = [(0, signal.SIGKILL), (2, signal.SIGTERM), (4, signal.SIGKILL)]
+    kills = [(0, signal.SIGKILL), (2, signal.SIGTERM), (4, signal.SIGKILL)]  # (checkpoints written, signal)
     first = True
     for after, sig in kills:
         proc = _spawn(_argv(out, cfg, resume=not first))
         first = False
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            started = (out / "train.json").is_file()
-            if started and _complete_checkpoints(out) >= after:
+            if _training_pid(out) == proc.pid and _complete_checkpoints(out) >= after:
                 break
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.6))  # about one rollout of 32 steps
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.4))  # up to about one rollout of 32 steps
         if proc.poll() is None:
             proc.send_signal(sig)
         rc = proc.wait(timeout=120)
