@@ -21,8 +21,8 @@ from numba import njit
 
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.noise import NoiseSource
+from commitenv.sim.states import ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, STANDBY, WAKING
 
-SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 INF = math.inf
 # pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
 ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
@@ -41,7 +41,6 @@ R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R
 # R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables;
 # R_SCLK: the clock level its segment started at (the step log's clock); R_LOGGED: the segment was started while the
 # step log was written (`Replica.seg_log` set), so its booking is logged
-ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
 # per-request float64 columns (``qf``)
@@ -49,7 +48,6 @@ Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 # per-GPU int64 columns (``gi``) and float64 columns (``gf``)
 G_CLOCK, G_PENDING, G_VER = range(3)
 GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
-EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
 # scheduler limits, the truth table's first cell, whether the tables hold legacy noise draws, whether the step log
 # is written and whether decode runs advance in closed form (``sched``: int64)
 S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE, S_LOG, S_CLOSED = range(8)

@@ -28,15 +28,16 @@ from commitenv.sim.lref import reference_latency
 from commitenv.sim.migration import MIGRATE_MODES, MigrationSpec
 from commitenv.sim.noise import NoiseSource, NoiseSpec
 from commitenv.sim.prefix_cache import PrefixCache
-from commitenv.sim.replica import ACTIVE, DRAINING, LOADING, MOVING, SEG_NONE, SEG_RUN, STANDBY, WAKING, Replica
+from commitenv.sim.replica import Replica
 from commitenv.sim.request import Req, live_state
+from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE,
+                                  SEG_RUN, STANDBY, WAKING)
 from commitenv.sim.truth import NominalModel, TruthSource, TruthSpec
 from commitenv.workload.table import RequestTable
 
 if TYPE_CHECKING:
     from commitenv.sim.kernel import KernelState
 
-EV_SEG, EV_WAKE, EV_CLOCK, EV_LOAD, EV_LAND = 0, 1, 2, 3, 4  # LOAD: a cold start ends; LAND: a migrated request arrives
 REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
 INF = math.inf
 _UNFINISHED = attrgetter("unf")  # the router's load measure: running + waiting requests

@@ -18,15 +18,10 @@ from commitenv.profiles.schema import Profile
 from commitenv.sim.coeffs import StepCoeffs, coeffs_for
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.request import Req
+from commitenv.sim.states import ACTIVE, DRAINING, LOADING, MOVING, SEG_NONE, SEG_RUN, SEG_STEP, STANDBY, STATE_NAMES, WAKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from commitenv.sim.gpu import GPU
-
-ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3
-MOVING, LOADING = 4, 5  # leaving its GPU (finishing the requests it keeps), cold-starting on another GPU
-STATE_NAMES = ("active", "draining", "standby", "waking", "moving", "loading")
-
-SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 
 
 def batch_terms(batch: list[tuple[Req, int]], flags: list[bool] | None = None) -> tuple[int, int, int, int]:
