@@ -1331,7 +1331,9 @@ class KernelState:
         need = max(need, c0 + have + int(3600 // cell))
         c0 = max(0, int((self.sf[F_NOW] - 1.0) // cell))  # (1 s back: a change may be applied just before the clock)
         ft, fe = self._truth.factor_tables(need)
-        self.ftab, self.fetab = ft[:, c0:need], fe[:, c0:need]  # (views of the truth's shared tables)
+        # (contiguous copies: a view of the truth's growing tables is C-contiguous or not depending on its capacity,
+        # and numba compiles `advance` again for each memory layout it meets)
+        self.ftab, self.fetab = np.ascontiguousarray(ft[:, c0:need]), np.ascontiguousarray(fe[:, c0:need])
         self.sched = self.sched.copy()  # (copies share it until one of them moves its tables)
         self.sched[S_CELL0] = c0
 
