@@ -4,7 +4,6 @@ numba compiled `advance` a second time for the other memory layout in mid-run)."
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from commitenv.envs import CommitServeEnv
