@@ -13,7 +13,8 @@ from commitenv.backends.engine import ServingEngine, StepRecord
 from commitenv.backends.fake_gpu import FakeGpu
 from commitenv.profiles.schema import Profile
 from commitenv.sim.gpu import GPU
-from commitenv.sim.replica import ACTIVE, STANDBY, Replica, batch_terms
+from commitenv.sim.replica import Replica, batch_terms
+from commitenv.sim.states import ACTIVE, STANDBY
 from commitenv.sim.request import Req
 
 

@@ -40,7 +40,7 @@ from commitenv.backends.engine import ServingEngine
 from commitenv.backends.gpu import GpuControl, LockedClocks
 from commitenv.backends.lag import LagBound, LagMeter, ReplayLagError
 from commitenv.profiles.schema import Profile
-from commitenv.sim import replica as sim_replica
+from commitenv.sim import states as sim_states
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.pool import EngineOptions, Pool, PoolLayout, StepLogEntry, request_terms
@@ -451,7 +451,7 @@ class HardwarePool:
         mirror.now = self.now
         mirror.pred_out, mirror.visible_deadline = self.pred_out, self.visible_deadline
         mirror._n_results = len(self.out_tokens)
-        states = {ACTIVE: sim_replica.ACTIVE, DRAINING: sim_replica.DRAINING, STANDBY: sim_replica.STANDBY}
+        states = {ACTIVE: sim_states.ACTIVE, DRAINING: sim_states.DRAINING, STANDBY: sim_states.STANDBY}
         bs = prof.scheduler.block_size
         for w, rep in zip(self.workers, mirror.replicas):
             rep.state = states[w.state]
@@ -471,7 +471,7 @@ class HardwarePool:
             rep.gpu.floor_w = rep.gpu.floor_power()
         mirror.unrouted = [r.copy() for r in self.unrouted]
         mirror.live = sum(rep.unf for rep in mirror.replicas) + len(mirror.unrouted)
-        mirror.routable = [[r for r in mirror.replicas if r.state == sim_replica.ACTIVE]]
+        mirror.routable = [[r for r in mirror.replicas if r.state == sim_states.ACTIVE]]
         copy = mirror.clone(hide_lengths=hide_lengths, own_profiles=own_profiles)
         copy.resume(copy.now)
         return copy
