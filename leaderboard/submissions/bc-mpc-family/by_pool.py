@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,15 +14,16 @@ from commitenv_controllers.sb3_policy import SB3Policy
 
 
 class ByPool(Controller):
-    """Runs the clone among ``policies`` (shipped ``sb3:`` names) whose training scenario has this episode's profile;
-    an episode on a pool none was trained on is refused at reset."""
+    """Runs the clone among ``policies`` (shipped ``sb3:`` names, or folders beside this file) whose training scenario
+    has this episode's profile; an episode on a pool none was trained on is refused at reset."""
 
     name = "bc_by_pool"
 
     def __init__(self, policies: tuple[str, ...] = ("bc-mpc-h200-family", "bc-mpc-h20-family")) -> None:
         self.policies = {}
+        here = Path(__file__).resolve().parent
         for name in policies:
-            p = SB3Policy(name)
+            p = SB3Policy(str(here / name) if (here / name).is_dir() else name)
             scenario = json.loads((p.path / "train.json").read_text())["scenario"]
             self.policies[load_scenario(scenario).pool.profile] = p
         self.inner: SB3Policy | None = None
