@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,16 @@ def slow_requested(config) -> bool:
     return os.environ.get("COMMITENV_RUN_SLOW") == "1" or ("slow" in expr and "notslow" not in expr)
 
 
+SLOW_TIMEOUT_S = 1800  # a slow case's own per-test timeout (the default, pyproject's `timeout`, is 300 s)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow cases (episode-scale runs) get a longer timeout than the default unless they set their own."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
 @pytest.fixture
 def toy():
     return toy_profile()
@@ -91,3 +103,19 @@ def _session_reference_cache(tmp_path_factory):
     mp.setenv("COMMITENV_CACHE", str(d))
     yield d
     mp.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_temp_dir(_session_reference_cache):
+    """Each test process (an xdist worker, or the only one) gets its own temp folder for what the code under test
+    puts in the system's temp dir (the leaderboard's sandbox folders, Ray's session files), so parallel workers never
+    see each other's folders; a short path under the system's temp dir (Ray's socket paths must stay under 107
+    bytes). Child processes inherit it through TMPDIR."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    d = tempfile.mkdtemp(prefix=f"commitenv-test-{worker}-")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TMPDIR", d)
+    mp.setattr(tempfile, "tempdir", d)
+    yield Path(d)
+    mp.undo()
+    shutil.rmtree(d, ignore_errors=True)

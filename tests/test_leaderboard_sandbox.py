@@ -16,7 +16,11 @@ from commitenv.leaderboard.submission import load_submission
 from commitenv.leaderboard.suite import Episode, Limits
 from test_env import toy_three_hour, write_scenario
 
-LIMITS = Limits(cpu_s_per_decision=3, wall_s_per_decision=8, wall_s_per_episode=120, memory_mb=1536, startup_s=60)
+# wall limits far above the CPU ones: a CPU-bound decision meets its CPU budget before its wall limit even with a
+# twentieth of a core (a loaded machine); the cases about the wall limit set a short one of their own (CASE_LIMITS)
+LIMITS = Limits(cpu_s_per_decision=3, wall_s_per_decision=60, wall_s_per_episode=300, memory_mb=1536, startup_s=60)
+CASE_LIMITS = {"Spin": LIMITS.model_copy(update={"cpu_s_per_decision": 1}),
+               "Hang": LIMITS.model_copy(update={"wall_s_per_decision": 5})}
 HEADER = """
 import numpy as np
 from commitenv.control import Controller
@@ -251,7 +255,7 @@ def test_a_snapshot_sent_to_the_sandbox_holds_no_truth(tmp_path, toy):
     """, "crash", "code 7"),
 ])
 def test_a_lost_episode_scores_as_do_nothing_with_its_reason(tmp_path, toy, cls, body, status, says):
-    out = sandboxed(submission(tmp_path, body, cls), toy)
+    out = sandboxed(submission(tmp_path, body, cls), toy, limits=CASE_LIMITS.get(cls, LIMITS))
     assert out["status"] == status, out
     assert says in out["reason"]
     _, nothing = run_episode(DoNothing(), toy, 0)
