@@ -14,7 +14,7 @@ import pytest
 from commitenv.attribution.hardware import HardwareAttributor, floor_energy, floor_timeline
 from commitenv.attribution.law import member_terms
 from commitenv.attribution.online import PoolAttributor, entry_law
-from commitenv.backends.clock import ScaledClock, VirtualClock
+from commitenv.backends.clock import LockstepClock, VirtualClock
 from commitenv.backends.engine import ServingEngine, StepRecord
 from commitenv.backends.fake_engine import SimEngine
 from commitenv.backends.fake_gpu import FakeGpu
@@ -195,8 +195,9 @@ def test_the_worker_logs_new_tokens_decode_flags_and_recomputes_after_a_preempti
 
 
 # ------------------------------------------------------------------------------------------ on the fake backend
-def _fake_pool(prof, n_gpus: int, speed: float) -> HardwarePool:
-    clock = ScaledClock(speed)
+def _fake_pool(prof, n_gpus: int) -> HardwarePool:
+    """A pool of fakes on a lockstep virtual clock (the threads' timing cannot change the run)."""
+    clock = LockstepClock()
     devices = []
     for i in range(n_gpus):
         g = FakeGpu(prof, clock, i)
@@ -209,11 +210,9 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 
 def test_on_the_fake_backend_periods_add_up_and_bills_follow_the_simulator():
-    """30 s of trace, 60 requests of two tenants on 2 GPUs at 10x real time (about 3 s); a clock change and a
-    deactivation mid-run. Measured (5 runs): rank correlation of the bills with the simulator's 0.989-0.995,
-    relative L1 of the normalised bills 1.6-3.3 % (5-7 % raw: a scaled clock's oversleep inside a step is floor
-    energy the fake meters and the attribution counts as busy, so bills total 5-7 % above the simulator's; batching
-    differs with real-time jitter); the law energy of the logged steps within 0.5 % of the simulator's busy energy."""
+    """30 s of trace, 60 requests of two tenants on 2 GPUs on virtual time (the fake pool steps as the simulator
+    does); a clock change and a deactivation mid-run. The logged steps are the simulator's (their law energy is its
+    busy energy); the bills differ from its only by where the counter's 50 ms ticks put energy between periods."""
     prof = toy_profile()
     table = _table(60, 30.0, seed=3, tenants=2)
     bounds = [5.0, 10.0, 15.0, 20.0, 25.0, 30.0]
@@ -224,7 +223,7 @@ def test_on_the_fake_backend_periods_add_up_and_bills_follow_the_simulator():
         if t == 20.0:
             pool.set_active(t, 1)
 
-    hw = _fake_pool(prof, 2, speed=10.0)
+    hw = _fake_pool(prof, 2)
     try:
         hw.attach(table)
         att = HardwareAttributor(hw, keep_log=True)
@@ -276,15 +275,15 @@ def test_on_the_fake_backend_periods_add_up_and_bills_follow_the_simulator():
     assert (sb[served] > 0).all() and sb[5] == 0.0
     rho = np.corrcoef(_ranks(bills[served]), _ranks(sb[served]))[0, 1]
     l1 = np.abs(bills / bills.sum() - sb / sb.sum()).sum()
-    assert rho > 0.9 and l1 < 0.2, (rho, l1)
-    assert bills.sum() == pytest.approx(sb.sum(), rel=0.25)
-    assert sum(e.energy_j for e in log) == pytest.approx(sb.sum(), rel=0.05)  # the law over the logged steps
+    assert rho > 0.99 and l1 < 0.02, (rho, l1)
+    assert bills.sum() == pytest.approx(sb.sum(), rel=1e-4)  # whole-mJ counter readings, telescoping
+    assert sum(e.energy_j for e in log) == pytest.approx(sb.sum(), rel=1e-9)  # the law over the logged steps
 
 
 def test_the_env_attributes_on_the_fake_backend(tmp_path):
-    """A one-hour toy episode (about 100 requests) at 1200x real time (about 3 s)."""
+    """A one-hour toy episode (about 100 requests) on virtual time."""
     sc = toy_three_hour(tmp_path / "sc", horizon_hours=1, commitment={"mj": [0.2]}, alpha=30.0, name="toy-hw-attr")
-    env = CommitServeEnv(str(sc), backend=fake_backend(speed=1200.0), attribution=True)
+    env = CommitServeEnv(str(sc), backend=fake_backend(speed=None), attribution=True)
     infos = []
     try:
         env.reset(seed=0)
