@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from commitenv.envs import CommitServeEnv, FlatActionWrapper
 from commitenv_controllers import ControllerContext
-from test_env import HOUR_SCENARIO
+from helpers.scenarios import HOUR_SCENARIO
 
 N, CLOCKS = 32, (345, 690, 1035, 1380, 1710)  # the shipped H200 hour scenario's pool
 

@@ -183,9 +183,9 @@ def test_seventeen_distinct_tenants_are_exact_eighteen_are_sampled():
     rng = np.random.default_rng(7)
     e = rng.uniform(0.1, 1.0, 18)
     for n in (16, 17):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time, which a loaded machine does not stretch (wall time it does)
         s = split_of(e[:n], 1.0, 1.0 + 0.5 * e[:n].sum())
-        assert s.exact and s.method == "enumeration" and time.perf_counter() - t0 < 5
+        assert s.exact and s.method == "enumeration" and time.process_time() - t0 < 5
         assert math.fsum(s.tenant_kwh_eq.values()) + s.idle_kwh_eq == pytest.approx(s.cost_kwh_eq, abs=1e-12)
     s18 = split_of(e, 1.0, 1.0 + 0.5 * e.sum())
     assert not s18.exact and s18.method == "sampled" and set(s18.se_kwh_eq) == set(s18.tenant_kwh_eq)

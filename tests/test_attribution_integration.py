@@ -26,8 +26,9 @@ from commitenv.evaluation import BILL_COLUMNS, evaluate
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
 from commitenv.workload.transforms import merge, tag_tenant
-from conftest import toy_profile
-from test_env import run_episode, varied_policy, write_scenario
+from helpers.profiles import toy_profile
+from helpers.episodes import run_episode, varied_policy
+from helpers.scenarios import write_scenario
 
 BOUNDARIES = (599.97, 1199.985, 3599.97, 4199.99, 7199.95)  # bursts just before interval / hour / horizon ends
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.attribution import Ledger, StepLaw, closed_form_for, ledger_horizon
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout

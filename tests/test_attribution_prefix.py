@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import attn_toy_profile, toy_profile
+from helpers.profiles import attn_toy_profile, toy_profile
 
 from commitenv.attribution import (
     PrefixModelGame,

@@ -19,7 +19,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import COLOCATE, toy_profile
+from helpers.profiles import COLOCATE, toy_profile
 
 import commitenv.attribution.windows as windows
 from commitenv.attribution import (
@@ -37,7 +37,7 @@ from commitenv.cli import main
 from commitenv.evaluation import evaluate
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
-from test_env import write_scenario, write_trace
+from helpers.scenarios import write_scenario, write_trace
 
 # the preemption case (docs/attribution-replay.md)
 ARR = [0.019, 0.052, 0.077, 0.115, 0.124, 0.127, 0.143]

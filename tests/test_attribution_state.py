@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.attribution import ReplayGame, StepLaw, exact_shapley, model_game_for, sample_shapley
 from commitenv.attribution.shapley import FixedStateGame, TabularGame

@@ -25,8 +25,8 @@ from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions, StepLogEntry
 from commitenv.sim.request import Req
 from commitenv.workload.table import RequestTable
-from conftest import attn_toy_profile, toy_profile
-from test_env import toy_three_hour
+from helpers.profiles import attn_toy_profile, toy_profile
+from helpers.scenarios import toy_three_hour
 
 OPTS = EngineOptions(noise=NoiseSpec(0, 0), alpha=10.0, length_error_sigma=0.0)
 REL = 1e-9

@@ -20,8 +20,8 @@ from commitenv.sim import Pool, PoolLayout
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions
 from commitenv.workload.table import RequestTable
-from conftest import toy_profile
-from test_env import toy_three_hour
+from helpers.profiles import toy_profile
+from helpers.scenarios import toy_three_hour
 
 OPTS = EngineOptions(noise=NoiseSpec(0, 0), alpha=10.0, length_error_sigma=0.0)  # predictions fit the toy KV
 # a fake counter updates every 50 ms, so a reading lags the energy drawn by at most 50 ms of each GPU's draw (the toy's

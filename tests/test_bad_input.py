@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from test_env import toy_three_hour
+from helpers.scenarios import toy_three_hour
 
 from commitenv.cli import main
 from commitenv.envs.commit_serve import CommitServeEnv

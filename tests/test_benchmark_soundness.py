@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from conftest import slow_requested
+from helpers.slow import slow_requested
 
 from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import run_episode

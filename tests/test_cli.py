@@ -9,7 +9,7 @@ import json
 import pytest
 
 from commitenv.cli import main
-from test_env import HOUR_SCENARIO, toy_three_hour
+from helpers.scenarios import HOUR_SCENARIO, toy_three_hour
 
 FILES = ["decisions.csv", "hourly.csv", "overview.png", "requests.csv", "summary.json"]
 

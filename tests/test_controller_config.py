@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from commitenv.cli import main
 from commitenv.control import Controller
 from commitenv.registry import Resolved, check_kwargs, config_model_of, resolve
-from test_env import HOUR_SCENARIO
+from helpers.scenarios import HOUR_SCENARIO
 
 
 class _Acts(Controller):

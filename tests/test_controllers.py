@@ -12,7 +12,7 @@ from commitenv.envs import CommitServeEnv
 from commitenv_controllers import Controller, ControllerContext, available, make, register
 from commitenv_controllers.fixed_config import FixedConfigController
 from commitenv_controllers.vllm import VLLMController
-from test_env import HOUR_SCENARIO, toy_three_hour
+from helpers.scenarios import HOUR_SCENARIO, toy_three_hour
 
 H20_SCENARIO = "epact-h20-hour-fixed-a30"
 

@@ -15,7 +15,7 @@ import commitenv  # noqa: F401  (registers the scenario ids)
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout, observed_arrivals, simulate, take_snapshot
 from commitenv.sim.lref import reference_latency
 from commitenv.workload.table import make_table
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 from commitenv_controllers import ControllerContext, available, make
 from commitenv_controllers.dynamollm import (
     REP_OUTPUT,
@@ -30,7 +30,7 @@ from commitenv_controllers.dynamollm import (
     plan_replicas,
     transition_energy_j,
 )
-from test_env import HOUR_SCENARIO
+from helpers.scenarios import HOUR_SCENARIO
 
 LOW, TOP = 0, 1  # toy profile levels: 500 MHz, 1000 MHz
 

@@ -16,8 +16,8 @@ import commitenv  # noqa: F401  (registers the scenario ids)
 from commitenv.envs import CommitServeEnv
 from commitenv_controllers import ControllerContext, make
 from commitenv_controllers.dynamollm import DynamoLLMController
-from test_env import HOUR_SCENARIO, write_trace
-from test_shared_pool import shared_scenario
+from helpers.scenarios import HOUR_SCENARIO, write_trace
+from helpers.scenarios import shared_scenario
 
 
 def steady_shared(folder: Path, mix: dict[str, float]) -> str:

@@ -32,7 +32,7 @@ from commitenv_controllers.epact.plus import forecast_allocation
 from commitenv_controllers.epact.selection import Evaluation, select
 from commitenv_controllers.mpc.forecast import commitment_shape
 from commitenv_controllers.oracle import PlanTerms, plan_table
-from test_env import toy_miss, write_scenario, write_trace
+from helpers.scenarios import toy_miss, write_scenario, write_trace
 
 J_KWH = 3.6e6
 ENERGY_ONLY = {"energy_only": True}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import attn_toy_profile, toy_profile
+from helpers.profiles import attn_toy_profile, toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table

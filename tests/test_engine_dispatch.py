@@ -9,11 +9,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.sim.dispatch import ArrivalView, DispatchPolicy, LeastUnfinished, PrefixAffinity, make_dispatch
 from commitenv.workload.table import make_table
+from helpers.paths import ROOT
 
 BIG = dict(token_budget=32, max_seqs=4, context_limit=64, block_size=4, kv_capacity_tokens=64)
 
@@ -170,7 +171,7 @@ class Counting(LeastUnfinished):
 def test_a_controllers_policy_and_the_scenarios_router_reach_the_engine(tmp_path):
     from commitenv.control import Controller
     from commitenv.evaluation import run_episode
-    from test_env import toy_three_hour
+    from helpers.scenarios import toy_three_hour
 
     class Routed(Controller):
         name = "routed"
@@ -213,12 +214,11 @@ def _plain_controller():
 def test_readme_dispatch_example_runs(tmp_path):
     """README's dispatch example, executed as written, on the toy scenario."""
     import re
-    from pathlib import Path
 
     from commitenv.evaluation import run_episode
-    from test_env import toy_three_hour
+    from helpers.scenarios import toy_three_hour
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme[readme.index("### Dispatch: choosing a replica"):], re.S).group(1)
     ns: dict = {}
     exec(compile(code, "README-dispatch", "exec"), ns)

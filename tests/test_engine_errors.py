@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import COLOCATE, toy_profile
+from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout, observed_arrivals, simulate, take_snapshot
 from commitenv.workload.table import make_table

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.sim.local import FcfsLocal, LocalPolicy, StepPlan
@@ -187,7 +187,7 @@ def test_bad_plans_are_errors(order, says):
 def test_a_controllers_local_policy_reaches_the_engine(tmp_path):
     from commitenv.control import Controller
     from commitenv.evaluation import run_episode
-    from test_env import toy_three_hour
+    from helpers.scenarios import toy_three_hour
 
     class Local(Controller):
         name = "local"

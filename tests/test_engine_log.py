@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import COLOCATE, toy_profile
+from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table

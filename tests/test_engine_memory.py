@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import COLOCATE, toy_profile
+from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.profiles import load_profile
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, take_snapshot

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
@@ -170,7 +170,7 @@ def test_reserving_the_full_sequence_ends_the_preemption_loop(closed_form):
 def test_reserve_full_sequence_is_a_scenario_setting(tmp_path):
     from commitenv.scenarios import load_scenario
     from commitenv.scenarios.build import scenario_profile
-    from test_env import toy_three_hour
+    from helpers.scenarios import toy_three_hour
 
     sc = toy_three_hour(tmp_path, name="gate", engine={"reserve_full_sequence": True})
     assert scenario_profile(load_scenario(sc)).scheduler.reserve_full_sequence is True

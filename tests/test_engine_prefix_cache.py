@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import attn_toy_profile, toy_profile
+from helpers.profiles import attn_toy_profile, toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.loaders import load_mooncake_jsonl

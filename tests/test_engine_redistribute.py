@@ -10,7 +10,7 @@ import pytest
 from commitenv.sim import Pool, PoolLayout
 from commitenv.sim.request import Req
 from commitenv.workload.table import RequestTable
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 
 def _one_by_one(loads: list[int], n: int) -> list[int]:

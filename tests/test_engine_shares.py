@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import COLOCATE, toy_profile
+from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout, observed_arrivals, simulate, take_snapshot
 from commitenv.sim.pool import REPLAY_SLOT_BASE

@@ -2,8 +2,8 @@
 reach, determinism, Gymnasium / stable-baselines3 checkers, action validation and actuation delay.
 
 Most cases run on small scenarios written into a temporary folder (the toy profile of ``conftest.py``, a
-hand-made Azure-format trace, absolute commitments, 600 s intervals so an hour is 6 steps). The helpers
-below are also imported by the other env-level test files (``from test_env import ...``).
+hand-made Azure-format trace, absolute commitments, 600 s intervals so an hour is 6 steps), written by
+``helpers.scenarios``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-import yaml
 from pydantic import BaseModel
 
 import commitenv  # noqa: F401  (registers the scenario ids)
@@ -25,113 +24,8 @@ from commitenv.metrics import J_PER_KWH
 from commitenv.sim.pool import Pool
 from commitenv.sim.request import Req
 from commitenv.workload.table import RequestTable
-from conftest import toy_profile
-
-HOUR_SCENARIO = "epact-h200-hour-fixed-a30"  # shipped, 60 steps, about 0.4 s per episode
-_BASE_TIME = np.datetime64("2023-11-16T18:00:00", "ns")
-
-
-# ------------------------------------------------------------------------------------------ helpers
-def write_trace(path: Path, arrival_s, prompt, output) -> Path:
-    """An Azure-format trace (``TIMESTAMP,ContextTokens,GeneratedTokens``, 7 fractional digits); the loader
-    rebases times to the first row, so ``arrival_s[0]`` should be 0."""
-    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
-    for t, p, o in zip(arrival_s, prompt, output):
-        ns = _BASE_TIME + np.timedelta64(int(round(float(t) * 1e7)) * 100, "ns")
-        s = str(ns).replace("T", " ")  # 2023-11-16 18:00:29.575801800
-        lines.append(f"{s[:27]},{int(p)},{int(o)}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def write_toy_profile(folder: Path) -> Path:
-    path = folder / "toy-profile.yaml"
-    if not path.exists():
-        path.write_text(yaml.safe_dump(toy_profile().model_dump(mode="json")))
-    return path
-
-
-def write_scenario(folder: Path, name: str, **fields) -> Path:
-    """A scenario YAML in ``folder``; ``fields`` override the toy defaults (2 toy GPUs, 600 s intervals)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = {
-        "name": name,
-        "description": f"test scenario {name}",
-        "pool": {"profile": str(write_toy_profile(folder)), "gpus": 2},
-        "interval_s": 600,
-        "realism": "ideal",  # the exact engine: these tests compute their expectations by hand
-    }
-    raw.update(fields)
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def toy_three_hour_trace(path: Path) -> Path:
-    """300 small requests over three hours, plus: one arriving just before the first hour ends (it finishes
-    in hour 1), one whose prompt exceeds the toy context limit (rejected), and one in the last minute."""
-    rng = np.random.default_rng(7)
-    t = np.sort(rng.uniform(1.0, 3 * 3600 - 60, 297))
-    t = np.concatenate([[0.0], t, [3599.99, 5000.0, 3 * 3600 - 5.0]])
-    order = np.argsort(t, kind="stable")
-    p = np.concatenate([rng.integers(4, 24, 298), [10, 70], [6]])
-    o = np.concatenate([rng.integers(1, 24, 298), [30, 5], [4]])
-    return write_trace(path, t[order], p[order], o[order])
-
-
-def toy_three_hour(folder: Path, **fields) -> Path:
-    """Three hours, commitments 0.2 / 0.5 / 0.3 MJ (a 2-GPU toy pool draws about 0.36 MJ an hour at the top
-    clock: hours 0 and 2 overuse, hour 1 underuses), lambda_plus 3, lambda_minus 0.5."""
-    folder.mkdir(parents=True, exist_ok=True)
-    trace = folder / "toy3.csv"
-    if not trace.exists():
-        toy_three_hour_trace(trace)
-    name = fields.pop("name", "toy-three")
-    base = dict(workload={"trace": str(trace)}, horizon_hours=3, commitment={"mj": [0.2, 0.5, 0.3]},
-                lambda_plus=3.0, lambda_minus=0.5)
-    base.update(fields)
-    return write_scenario(folder, name, **base)
-
-
-def toy_miss(folder: Path, **fields) -> Path:
-    """Two hours with bursts of 20 simultaneous requests, SLO scale 1.5 and a miss penalty, so one replica at
-    the low clock misses deadlines."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(1)
-    t = np.sort(np.concatenate([[0.0], rng.uniform(1, 7000, 40), np.full(20, 100.0), np.full(20, 4000.0), [7190.0]]))
-    trace = write_trace(folder / "miss.csv", t, rng.integers(4, 30, len(t)), rng.integers(2, 30, len(t)))
-    base = dict(workload={"trace": str(trace)}, horizon_hours=2, alpha=1.5, commitment={"mj": [0.2]},
-                miss_penalty_kwh=0.01)
-    base.update(fields)
-    return write_scenario(folder, "toy-miss", **base)
-
-
-def run_episode(env, policy, seed=0):
-    """Run one episode; ``policy(k) -> action``. Returns (rewards, infos, observations)."""
-    obs, info = env.reset(seed=seed)
-    rewards, infos, observations = [], [info], [obs]
-    terminated = False
-    k = 0
-    while not terminated:
-        obs, r, terminated, truncated, info = env.step(policy(k))
-        assert truncated is False
-        rewards.append(r)
-        infos.append(info)
-        observations.append(obs)
-        k += 1
-    return rewards, infos, observations
-
-
-def hand_cost_kwh(e_j: float, c_j: float, lp: float, lm: float) -> float:
-    """C = lp [E - E*]+ + lm [E* - E]+ with E, E* converted from J to kWh."""
-    e, c = e_j / 3.6e6, c_j / 3.6e6
-    return lp * max(e - c, 0.0) + lm * max(c - e, 0.0)
-
-
-def varied_policy(k: int) -> dict[str, int]:
-    """Changes the configuration across intervals and hours."""
-    return {"active": 1 + (k // 2) % 2, "clock": (k // 3) % 2}
-
+from helpers.episodes import hand_cost_kwh, run_episode, varied_policy
+from helpers.scenarios import HOUR_SCENARIO, toy_miss, toy_three_hour, write_scenario, write_trace
 
 # ------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")

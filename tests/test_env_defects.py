@@ -6,7 +6,7 @@ import gymnasium as gym
 import pytest
 
 from commitenv.envs import CommitServeEnv
-from test_env import HOUR_SCENARIO
+from helpers.scenarios import HOUR_SCENARIO
 
 
 def test_render_before_reset_says_reset_is_needed():

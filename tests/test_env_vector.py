@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import commitenv  # noqa: F401  (registers the scenario ids)
-from test_env import HOUR_SCENARIO, toy_three_hour
+from helpers.scenarios import HOUR_SCENARIO, toy_three_hour
 
 ENV_ID = f"commitenv/{HOUR_SCENARIO}-v0"
 

@@ -21,7 +21,8 @@ from commitenv_controllers import ControllerContext, make
 from commitenv_controllers.epact import EPACT
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
 from commitenv_controllers.epact.selection import Evaluation, admitted, best_admitted_cost, deviation_cost, rank_key, select
-from test_env import HOUR_SCENARIO
+from helpers.controllers import controller_context as _ctx
+from helpers.scenarios import HOUR_SCENARIO
 
 KJ = 1e3
 
@@ -112,17 +113,6 @@ def test_interval_target_rejects_bad_index_and_no_mass():
         interval_target(600.0, 0.0, [600.0, 0.0], 1)
     with pytest.raises(ValueError):
         equal_allocation(600.0, 0)
-
-
-class _NoProbe:
-    pass
-
-
-def _ctx(K=4, probe=None) -> ControllerContext:
-    return ControllerContext(scenario="x", n_replicas=4, clocks_mhz=(500, 1000), reference_clock_mhz=1000,
-                             interval_s=900.0, intervals_per_hour=K, horizon_hours=1, commitments_j=(1.0,),
-                             lambda_plus=2.0, lambda_minus=1.0, alpha=3.0, epsilon=0.01, actuation_delay_s=0.0,
-                             probe=probe if probe is not None else _NoProbe())
 
 
 def test_controller_rejects_bad_nominal_fractions():

@@ -22,7 +22,7 @@ from commitenv_controllers.epact.plus import (EnergyCalibration, EnergyModel, Lo
                                              interval_counts, slack_margin)
 from commitenv_controllers.epact.selection import Evaluation, select
 from commitenv_controllers.registry import check_kwargs
-from test_env import toy_three_hour, write_scenario, write_trace
+from helpers.scenarios import toy_three_hour, write_scenario, write_trace
 
 KJ = 1e3
 
@@ -384,7 +384,7 @@ def test_tilt_holds_budget_for_the_hour_end():
         def snapshot(self):
             raise AssertionError("not needed for a flat forecast")
 
-    from test_epact import _ctx
+    from helpers.controllers import controller_context as _ctx
 
     ctx = _ctx(K=4, probe=Probe())
     plus = EPACTPlus(workers=0, forecast="flat", tilt=0.2)

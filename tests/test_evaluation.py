@@ -15,8 +15,8 @@ import commitenv
 import commitenv.plots as plots_mod
 from commitenv.evaluation import EvalResult, evaluate
 from commitenv.metrics import deviation_cost_kwh
-from commitenv_controllers import Controller
-from test_env import HOUR_SCENARIO, toy_miss, toy_three_hour
+from helpers.controllers import LowAndSlow
+from helpers.scenarios import HOUR_SCENARIO, toy_miss, toy_three_hour
 
 SUMMARY_KEYS = {"scenario", "controller", "seed", "attainment_pct", "mean_abs_dev_pct", "hours_within_5pct",
                 "cost_kwh_eq", "energy_mj", "commitment_mj", "wall_s"}
@@ -25,15 +25,6 @@ SUMMARY_KEYS = {"scenario", "controller", "seed", "attainment_pct", "mean_abs_de
 @pytest.fixture(scope="module")
 def vllm_hour() -> EvalResult:
     return evaluate("vllm", HOUR_SCENARIO, seed=0)
-
-
-class LowAndSlow(Controller):
-    """One replica at the lowest clock, every interval."""
-
-    name = "low-and-slow"
-
-    def act(self, observation, info):
-        return {"active": 1, "clock": 0}
 
 
 # ------------------------------------------------------------------------------------------ summary

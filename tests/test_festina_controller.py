@@ -9,8 +9,8 @@ import numpy as np
 from commitenv.evaluation import run_episode
 from commitenv_controllers import make
 from commitenv_controllers.festina.controller import Festina
-from test_env import toy_three_hour
-from test_shared_pool import shared_scenario
+from helpers.scenarios import toy_three_hour
+from helpers.scenarios import shared_scenario
 
 
 def test_festina_on_a_shared_pool(tmp_path):

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.sim.dispatch import ArrivalView, CandidateView

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import attn_toy_profile
+from helpers.profiles import attn_toy_profile
 
 from commitenv.latency_slo import latency_outcome, slo_class
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout

@@ -13,7 +13,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from conftest import attn_toy_profile
+from helpers.profiles import attn_toy_profile
 
 from commitenv.profiles import load_profile
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout

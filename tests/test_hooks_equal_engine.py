@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import slow_requested
+from helpers.slow import slow_requested
 
 from commitenv.envs import CommitServeEnv
 from commitenv.sim.dispatch import LeastUnfinished

@@ -22,10 +22,8 @@ from commitenv.leaderboard.score import episode_row, suite_summary
 from commitenv.leaderboard.suite import SECRET_ENV, episodes, load_suite, seeds_hash
 from commitenv.scenarios import load_scenario
 from commitenv.scenarios.build import derived_seed
-from test_env import toy_three_hour
-
-LIMITS = {"cpu_s_per_decision": 5, "wall_s_per_decision": 20, "wall_s_per_episode": 300, "memory_mb": 2048,
-          "startup_s": 60}
+from helpers.leaderboard import HALF, LIMITS, write_submission as _write_sub
+from helpers.scenarios import toy_three_hour
 
 
 # ================================================================================================ score by hand
@@ -176,21 +174,6 @@ def board(tmp_path_factory) -> tuple[Path, Path]:
     return d, sc
 
 
-def _write_sub(folder: Path, name: str, code: str, cls: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "ctl.py").write_text(code)
-    (folder / "submission.yaml").write_text(yaml.safe_dump(
-        {"name": name, "authors": ["tester"], "description": "a test", "learns": False,
-         "controller": f"ctl.py:{cls}"}))
-    return folder
-
-
-HALF = """
-from commitenv.control import Controller
-class Half(Controller):
-    def act(self, observation, info):
-        return self.ctx.action(1, self.ctx.reference_clock_mhz)
-"""
 CRASH = """
 from commitenv.control import Controller
 class Crash(Controller):

@@ -14,7 +14,7 @@ from commitenv.evaluation import run_episode
 from commitenv.leaderboard.sandbox import DoNothing, SandboxedController, SandboxJob, run_sandboxed
 from commitenv.leaderboard.submission import load_submission
 from commitenv.leaderboard.suite import Episode, Limits
-from test_env import toy_three_hour, write_scenario
+from helpers.scenarios import toy_three_hour, write_scenario
 
 # wall limits far above the CPU ones: a CPU-bound decision meets its CPU budget before its wall limit even with a
 # twentieth of a core (a loaded machine); the cases about the wall limit set a short one of their own (CASE_LIMITS)

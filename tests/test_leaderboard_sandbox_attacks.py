@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_env import toy_three_hour
+from helpers.scenarios import toy_three_hour
 
 from commitenv.control import Controller
 from commitenv.evaluation import run_episode
@@ -39,7 +39,8 @@ from commitenv.leaderboard.wire import MAX_DEPTH, json_depth
 
 KERNEL, WHY_NOT = iso.boundary()
 needs_kernel = pytest.mark.skipif(not KERNEL, reason=f"the kernel sandbox is not available here: {WHY_NOT}")
-LIMITS = Limits(cpu_s_per_decision=3, wall_s_per_decision=8, wall_s_per_episode=120, memory_mb=1536, startup_s=60)
+# wall limits far above the CPU ones: a loaded machine stretches wall time, not CPU time
+LIMITS = Limits(cpu_s_per_decision=3, wall_s_per_decision=60, wall_s_per_episode=300, memory_mb=1536, startup_s=60)
 SECRET = "hunter2-issue34"
 
 HEADER = '''
@@ -465,7 +466,7 @@ def _submit_process(tmp: Path, toy: Path, body: str) -> tuple[subprocess.Popen, 
     board = _board(tmp, toy)
     proc = subprocess.Popen([str(Path(sys.executable).parent / "commitenv"), "submit", str(sub.folder), "--board", str(board),
                              "--quiet", "--no-render"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(1200):  # until its sandbox folder exists and the child is up
+    for _ in range(6000):  # until its sandbox folder exists and the child is up (5 min at most: a loaded machine)
         mine = [d for d in boxes.parent().iterdir() if d.name.startswith(f"{proc.pid}.")]
         if mine and (mine[0] / "box" / "loading").exists():
             return proc, mine[0]
@@ -530,7 +531,7 @@ def test_a_scorer_with_workers_sigtermed_stops_every_sandbox_and_removes_its_fol
                              str(board), "--quiet", "--no-render", "--jobs", "2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     acting: list[Path] = []
-    for _ in range(2400):  # the references run first; then both episodes reach their first decision
+    for _ in range(6000):  # the references run first; then both episodes reach their first decision (5 min at most)
         acting = [d for d in set(boxes.parent().iterdir()) - before if (d / "box" / "acting").exists()]
         if len(acting) == 2 or proc.poll() is not None:
             break

@@ -21,7 +21,7 @@ from commitenv_controllers.mpc import (ErrorTracker, MPCController, PlanProblem,
                                        commitment_shape, interval_energy, late_fraction, scenario_multipliers,
                                        solve_plan)
 from commitenv_controllers.mpc.forecast import normal_nodes
-from test_env import HOUR_SCENARIO, toy_miss
+from helpers.scenarios import HOUR_SCENARIO, toy_miss
 
 KWH = 3.6e6
 
@@ -192,7 +192,7 @@ def test_scenarios_shape_prior_and_late_fraction():
     sh = commitment_shape([1.0, 2.0], 0, 0, 2, 2)  # interval midpoints at 0.25 h, 0.75 h; hours at 0.5, 1.5
     assert sh == pytest.approx([1.0, 1.25 / 1.0])
     from commitenv_controllers.dynamollm import ClockLaws
-    from conftest import toy_profile
+    from helpers.profiles import toy_profile
 
     laws = ClockLaws.of(toy_profile())
     # a prompt of 8 tokens, 5 output tokens: at the low clock it is ~1.2-1.4x slower than at the top one

@@ -18,7 +18,7 @@ import pytest
 
 from commitenv.control import ControllerContext, Snapshot
 from commitenv.envs import OBS_FEATURES, CommitServeEnv
-from test_env import write_scenario, write_trace
+from helpers.scenarios import write_scenario, write_trace
 
 BENCH = "bench-h200-hour-fixed-a30"  # realism paper, 32 H200, 60 one-minute intervals (the compiled engine)
 BENCH_SEED = 100_000  # in bench's declared test range

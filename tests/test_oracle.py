@@ -23,7 +23,7 @@ from commitenv.metrics import slo_outcome
 from commitenv_controllers.oracle import (OracleController, PlanTerms, hour_miss_pace, miss_budget, miss_pace,
                                           plan_table, replay)
 from commitenv_controllers.vllm import VLLMController
-from test_env import write_scenario, write_trace
+from helpers.scenarios import write_scenario, write_trace
 
 TINY_CONFIGS = [(1, 500), (1, 1000), (2, 500), (2, 1000)]  # = ePACT's catalog of the 2-GPU toy pool
 

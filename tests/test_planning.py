@@ -11,7 +11,7 @@ import pytest
 from commitenv.control import Controller
 from commitenv.evaluation import run_episode
 from commitenv.planning import PlanningClock, quantize
-from test_env import toy_three_hour
+from helpers.scenarios import toy_three_hour
 
 
 def _burn(cpu_s: float) -> float:

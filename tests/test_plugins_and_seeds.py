@@ -23,9 +23,10 @@ from commitenv.cli import main
 from commitenv.evaluation import evaluate
 from commitenv.runner import mean_ci95, parse_seeds, t975
 from commitenv_controllers import Controller, make, resolve
-from test_env import toy_three_hour
+from helpers.paths import ROOT
+from helpers.scenarios import toy_three_hour
+from helpers.summaries import per_seed as _per_seed
 
-ROOT = Path(__file__).resolve().parents[1]
 
 CONTROLLER_FILE = '''
 """A user's controller file (not a package, not registered)."""
@@ -408,14 +409,6 @@ def test_t_quantiles_and_confidence_interval():
     assert m["half_width"] == pytest.approx(3.1824 * sd / 2, rel=1e-12)
     assert m["ci95"] == pytest.approx([2.5 - m["half_width"], 2.5 + m["half_width"]])
     assert mean_ci95([7.0]) == {"n": 1, "mean": 7.0, "sd": None, "half_width": None, "ci95": None}
-
-
-_TIMING = {"wall_s"}
-
-
-def _per_seed(doc: dict) -> dict:
-    return {c["controller"]: {k: m["per_seed"] for k, m in c["metrics"].items() if k not in _TIMING}
-            for c in doc["controllers"]}
 
 
 def test_many_seeds_parallel_equals_serial_and_resumes(files, tmp_path, capsys, monkeypatch):

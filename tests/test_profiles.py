@@ -11,6 +11,7 @@ import yaml
 from commitenv._paths import data_dir
 from commitenv.profiles import Profile, ProfileError, list_profiles, load_profile
 from commitenv.profiles import derive
+from helpers.paths import SHARED
 
 SHIPPED = ("h20-qwen3.8-27b-fp8", "h200-qwen3.8-27b-fp8", "h100-qwen2.5-7b",
            "h100-qwen2.5-7b-festina", "h100-llama2-13b", "h100-mistral-small-24b")
@@ -202,7 +203,7 @@ def test_pool_idle_floor_fits_under_the_papers_quietest_hour(gpu: str) -> None:
 
     from commitenv.scenarios import load_scenario
 
-    day_csv = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "paper" / "epact_day_hourly.csv"
+    day_csv = SHARED / "data" / "paper" / "epact_day_hourly.csv"
     if not day_csv.is_file():
         pytest.skip("../shared/data/paper/epact_day_hourly.csv not present")
     with day_csv.open() as f:

@@ -14,8 +14,8 @@ import pytest
 from commitenv._paths import data_dir
 from commitenv.profiles import Profile, ProfileError, load_profile
 from commitenv.profiles.schema import Latencies
+from helpers.paths import ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 FESTINA = ("h100-qwen2.5-7b-festina", "h100-llama2-13b", "h100-mistral-small-24b")  # ascending model size
 OLD = ("h100-qwen2.5-7b", "h20-qwen3.8-27b-fp8", "h200-qwen3.8-27b-fp8")
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import toy_profile
+from helpers.profiles import toy_profile
 
 from commitenv.envs import CommitServeEnv
 from commitenv.envs.meters import ControllerMeter

@@ -18,7 +18,7 @@ import commitenv.evaluation as ev
 from commitenv.cli import main
 from commitenv.evaluation import evaluate
 from commitenv.metrics import SloOutcome, slo_gate, slo_outcome
-from test_env import write_scenario, write_trace
+from helpers.scenarios import write_scenario, write_trace
 
 PROC_OUT = "/proc/commitenv-test-out"
 needs_procfs = pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs a Linux /proc")
@@ -159,8 +159,8 @@ def test_gate_fails_at_a_tighter_epsilon(tmp_path):
 
 
 def test_no_rejections_no_warning_and_late_misses_counted(tmp_path, caplog):
-    from test_env import toy_miss
-    from test_evaluation import LowAndSlow
+    from helpers.scenarios import toy_miss
+    from helpers.controllers import LowAndSlow
 
     with caplog.at_level(logging.WARNING, logger="commitenv"):
         res = evaluate(LowAndSlow(), str(toy_miss(tmp_path)), seed=0)

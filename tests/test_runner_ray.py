@@ -13,8 +13,8 @@ import pytest
 import commitenv.runner as runner
 from commitenv.cli import main
 from commitenv.runner import Job, run_jobs
-from test_env import toy_three_hour
-from test_plugins_and_seeds import _per_seed
+from helpers.scenarios import toy_three_hour
+from helpers.summaries import per_seed as _per_seed
 
 CONTROLLER = '''
 from commitenv_controllers import Controller

@@ -32,7 +32,7 @@ from commitenv.scenarios.commitments import reference_inputs
 from commitenv.sim.fixed import run_fixed
 from commitenv.sim.pool import EngineOptions
 from commitenv.workload import builtin_lengths, load_azure_csv, load_burstgpt_csv, load_mooncake_jsonl, time_window
-from test_env import write_scenario, write_trace
+from helpers.scenarios import write_scenario, write_trace
 
 HOUR = 3600.0
 

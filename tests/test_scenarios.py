@@ -39,9 +39,9 @@ from commitenv.scenarios.make_epact_files import render_all
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions, Pool
 from commitenv.workload import AZURE_CODE_DAY_HOURLY_COUNTS, builtin_workload, time_window
-from conftest import slow_requested
+from helpers.slow import slow_requested
+from helpers.paths import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 DAY_CSV = SHARED / "data" / "paper" / "epact_day_hourly.csv"
 
 HOUR_NAMES = {

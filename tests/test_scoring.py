@@ -13,8 +13,8 @@ from commitenv.cli import main
 from commitenv.leaderboard import load_submission, submit
 from commitenv.scenarios import load_scenario
 from commitenv.scoring import gate_outcome, normalised_score, score
-from test_env import toy_three_hour
-from test_leaderboard import HALF, LIMITS, _write_sub
+from helpers.scenarios import toy_three_hour
+from helpers.leaderboard import HALF, LIMITS, write_submission as _write_sub
 
 
 def _summary(cost: float, arrivals: list[int], misses: list[int], gate: dict | None = None, eps: float = 0.01):

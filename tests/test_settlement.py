@@ -11,7 +11,7 @@ from commitenv.metrics import J_PER_KWH
 from commitenv.scenarios import engine_options, scenario_profile, scenario_workload
 from commitenv.settlement import HourlySettlement
 from commitenv.sim.fixed import run_fixed
-from test_env import HOUR_SCENARIO
+from helpers.scenarios import HOUR_SCENARIO
 
 
 def test_hand_computed_two_hour_stream():
@@ -65,7 +65,7 @@ def test_starving_the_pool_at_the_end_pays_for_the_backlog_at_the_overuse_rate(t
     """A burst in the hour's last interval; one policy serves it at full capacity, the other starves the pool (one
     replica, lowest clock) in that interval and leaves a backlog. Starving lowers the hour's metered energy, but the
     backlog's energy after the hour is settled at lambda_plus, so it is billed, not free."""
-    from test_env import write_scenario, write_trace
+    from helpers.scenarios import write_scenario, write_trace
 
     rng = np.random.default_rng(3)
     t = np.concatenate([[0.0], np.sort(rng.uniform(1, 3000, 20)), np.full(300, 3590.0)])

@@ -10,58 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import COLOCATE, toy_profile
+from helpers.scenarios import shared_scenario
 
 from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import run_episode
 from commitenv.scenarios import ScenarioError, load_scenario, scenario_layout, scenario_workload
-from test_env import toy_three_hour_trace
-
-
-def write_profiles(folder: Path) -> tuple[Path, Path]:
-    """Two toy models on the same toy GPU: 'big' takes twice the toy law's time and energy per token."""
-    a = folder / "toy-small.yaml"
-    b = folder / "toy-big.yaml"
-    small = toy_profile(scheduler=COLOCATE)
-    big = toy_profile(name="toy-big", scheduler=COLOCATE)
-    clocks = []
-    for c in big.model_dump(mode="json")["clocks"]:
-        c["time"] = {k: 2 * v for k, v in c["time"].items()}
-        c["energy"] = {k: 2 * v for k, v in c["energy"].items()}
-        clocks.append(c)
-    a.write_text(yaml.safe_dump(small.model_dump(mode="json")))
-    b.write_text(yaml.safe_dump({**big.model_dump(mode="json"), "clocks": clocks}))
-    return a, b
-
-
-def shared_scenario(folder: Path, name: str = "toy-shared", **over) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    a, b = write_profiles(folder)
-    trace = folder / "toy3.csv"
-    if not trace.exists():
-        toy_three_hour_trace(trace)
-    raw = {
-        "name": name,
-        "description": "two toy models sharing three GPUs",
-        "pool": {
-            "gpus": 3,
-            "models": [{"name": "small", "profile": str(a), "tenants": ["s"]},
-                       {"name": "big", "profile": str(b), "tenants": ["b"]}],
-            "placement": [[{"model": "small", "share": 0.5}, {"model": "big", "share": 0.5}],
-                          [{"model": "small", "share": 1.0}],
-                          [{"model": "big", "share": 0.6}, {"model": "small", "share": 0.4}]],
-        },
-        "workload": {"trace": str(trace), "tenant_mix": {"s": 0.7, "b": 0.3}},
-        "horizon_hours": 1,
-        "interval_s": 600,
-        "commitment": {"mj": [0.2]},
-        "realism": "ideal",
-    }
-    for k, v in over.items():
-        raw[k] = v
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 @pytest.mark.parametrize("edit, says", [

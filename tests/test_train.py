@@ -17,8 +17,8 @@ import pytest
 
 from commitenv.envs.wrappers import (ACTION_WRAPPERS, BoxCodec, DiscreteCodec, FlatCodec, codec_for)
 from commitenv.train.config import load_config, parse_config
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = "bench-h200-hour-fixed-a30"
 N, LEVELS = 32, 5
 

@@ -17,8 +17,9 @@ from commitenv.workload import (
     load_trace,
 )
 from commitenv.workload import _csvio
+from helpers.paths import SHARED
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = SHARED / "data" / "traces"
 AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BG_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
 

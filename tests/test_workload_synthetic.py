@@ -22,9 +22,10 @@ from commitenv.workload import (
     synthesize,
 )
 from commitenv.workload.build_length_tables import main as build_main
+from helpers.paths import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-TRACES = SHARED / "traces"
+SHARED_DATA = SHARED / "data"
+TRACES = SHARED_DATA / "traces"
 PKG_DATA = Path(wl.__file__).resolve().parent / "data"
 
 
@@ -252,9 +253,9 @@ def test_azure_code_day_burstiness(day):
     assert 2.5 < minute.var() / minute.mean() < 6.5
 
 
-@pytest.mark.skipif(not (SHARED / "paper" / "epact_day_hourly.csv").is_file(), reason="shared paper data absent")
+@pytest.mark.skipif(not (SHARED_DATA / "paper" / "epact_day_hourly.csv").is_file(), reason="shared paper data absent")
 def test_hourly_counts_follow_documented_derivation():
-    with open(SHARED / "paper" / "epact_day_hourly.csv") as f:
+    with open(SHARED_DATA / "paper" / "epact_day_hourly.csv") as f:
         energy = np.array([float(r["h20_reference_vllm_mj"]) for r in csv.DictReader(f)])
     share = (energy - 14.0) / (energy - 14.0).sum() * 969_781
     floor = np.floor(share).astype(np.int64)
