@@ -6,6 +6,8 @@ machine; on a scaled wall clock only the invariants are checked (every request s
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -104,6 +106,31 @@ def test_the_lockstep_clock_gives_the_same_run_twice():
             hw.close()
     (e0, f0, r0, n0), (e1, f1, r1, n1) = runs
     assert e0 == e1 and n0 == n1 and np.array_equal(f0, f1) and np.array_equal(r0, r1)
+
+
+def test_the_lockstep_clock_moves_only_when_every_thread_waits():
+    """Time stands still while any thread on the clock runs, then jumps to each wake-up in turn."""
+    clock = LockstepClock()
+    seen = []
+
+    def sleeper(name: str, s: float) -> None:
+        clock.sleep(s)
+        seen.append((name, clock.now()))
+        clock.leave()
+
+    threads = []
+    for name, s in (("b", 2.0), ("a", 1.0)):
+        clock.enter()
+        threads.append(threading.Thread(target=sleeper, args=(name, s)))
+        threads[-1].start()
+    time.sleep(0.05)  # real time passes; this thread still runs on the clock, so its time does not
+    assert clock.now() == 0.0 and seen == []
+    clock.sleep(5.0)
+    for th in threads:
+        th.join()
+    assert seen == [("a", 1.0), ("b", 2.0)] and clock.now() == 5.0
+    clock.sleep(0.0)  # nothing to wait for
+    assert clock.now() == 5.0
 
 
 def test_lifecycle_and_clocks_reach_the_workers():
