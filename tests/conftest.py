@@ -1,4 +1,5 @@
-"""Fixtures and hooks for every test: the toy profile, per-process cache and temp folders, slow cases' timeout.
+"""Fixtures and hooks for every test: the toy profile, the run's reference cache, each process's temp folder and
+the slow cases' timeout.
 Shared helpers (profiles, scenarios, controllers) live in ``helpers/``, imported as ``helpers.*``."""
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import pytest
 
 from helpers.profiles import toy_profile
 
-
 SLOW_TIMEOUT_S = 1800  # a slow case's own per-test timeout (the default, pyproject's `timeout`, is 300 s)
 
 
@@ -25,14 +25,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def toy():
+    """The toy profile (`helpers.profiles.toy_profile`)."""
     return toy_profile()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_reference_cache(tmp_path_factory):
-    """Every test shares one reference-commitment cache in the session's temp folder, never ~/.cache
-    (tests that exercise the cache itself point COMMITENV_CACHE elsewhere with monkeypatch)."""
-    d = tmp_path_factory.getbasetemp() / "commitenv-cache"
+    """Every test shares one reference-commitment cache in the run's temp folder (all xdist workers' too), never
+    ~/.cache (tests that exercise the cache itself point COMMITENV_CACHE elsewhere with monkeypatch)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist workers share their run's folder (the cache writes atomically)
+        base = base.parent
+    d = base / "commitenv-cache"
     d.mkdir(exist_ok=True)
     mp = pytest.MonkeyPatch()
     mp.setenv("COMMITENV_CACHE", str(d))
