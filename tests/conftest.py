@@ -44,17 +44,27 @@ def _session_reference_cache(tmp_path_factory):
     mp.undo()
 
 
+def _sweep_temp_dirs(parent: Path) -> None:
+    """Remove the temp folders of earlier test processes that are gone (named ``commitenv-test-<worker>-<pid>-*``)."""
+    for d in parent.glob("commitenv-test-*"):
+        pid = d.name.split("-")[3] if d.name.count("-") >= 4 else ""
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_temp_dir(_session_reference_cache):
     """Each test process (an xdist worker, or the only one) gets its own temp folder for what the code under test
     puts in the system's temp dir (the leaderboard's sandbox folders, Ray's session files), so parallel workers never
     see each other's folders; a short path under the system's temp dir (Ray's socket paths must stay under 107
-    bytes). Child processes inherit it through TMPDIR."""
+    bytes). Child processes inherit it through TMPDIR. It outlives the session (multiprocessing removes its own
+    folders in it at exit), and the next run removes it."""
+    system = Path(tempfile.gettempdir())
+    _sweep_temp_dirs(system)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    d = tempfile.mkdtemp(prefix=f"commitenv-test-{worker}-")
+    d = tempfile.mkdtemp(prefix=f"commitenv-test-{worker}-{os.getpid()}-", dir=system)
     mp = pytest.MonkeyPatch()
     mp.setenv("TMPDIR", d)
     mp.setattr(tempfile, "tempdir", d)
     yield Path(d)
     mp.undo()
-    shutil.rmtree(d, ignore_errors=True)

@@ -121,7 +121,10 @@ def test_context_profile_is_the_controllers_own_copy():
     (BENCH, (86.11090518200015, 6.709743468966183, 0.24700214372638118, 12.363276845187508)),
 ])
 def test_dynamollm_on_the_public_view_scores_as_before(scenario, figures):
-    from commitenv.evaluation import evaluate
+    from commitenv.evaluation import run_episode
 
-    s = evaluate("dynamollm", scenario, seed=0).summary
+    # the bench scenario's realism charges each decision the wall time it took (rounded to 0.1 s): on a loaded machine
+    # a decision can take long enough to be charged, so the run leaves the measurement out (on an idle one, DynamoLLM's
+    # decisions round to 0 s: the same figures)
+    s = run_episode("dynamollm", scenario, 0, charge_planning=False)[1].summary
     assert (s["attainment_pct"], s["mean_abs_dev_pct"], s["hours_cost_kwh_eq"], s["energy_mj"]) == figures  # (hours only)
