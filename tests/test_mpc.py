@@ -283,8 +283,8 @@ def test_end_to_end_toy_valid_finite_and_deterministic(tmp_path):
 
 
 def test_first_intervals_on_the_shipped_hour():
-    """Five decisions on the 32-GPU hour: valid actions, a solved plan each time, targets near the equal
-    split of the remainder, and the plan's solver time well under a second."""
+    """Five decisions on the 32-GPU hour: valid actions, a solved plan each time and targets near the equal
+    split of the remainder (how long planning takes is the machine's: docs/, not a test)."""
     env = CommitServeEnv(HOUR_SCENARIO)
     obs, info = env.reset(seed=0)
     ctrl = make("mpc")
@@ -300,4 +300,3 @@ def test_first_intervals_on_the_shipped_hour():
             obs, _, _, _, info = env.step(act)
     finally:
         ctrl.close()
-    assert ctrl.stats()["plan_s_max"] < 5.0  # about 0.3 s on 2 shared cores; generous against load
