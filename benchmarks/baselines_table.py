@@ -1,5 +1,5 @@
 """Markdown tables of a many-seed comparison (``commitenv compare ... --seeds test:5 --out DIR``) with every
-controller's gap to the hindsight bound (``oracle``), paired by seed; used for docs/baselines.md.
+controller's gap to the hindsight bound (``oracle``), paired by seed; used for docs/results/baselines.md.
 
     python benchmarks/baselines_table.py DIR/compare.json [DIR2/compare.json ...]
 """

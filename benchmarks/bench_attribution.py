@@ -30,7 +30,7 @@ windows of the Azure conversation trace at 10x its rate (StepSplit sections 6.4 
   once over the time any step runs, as the meter does), enumerated over 255 engine runs. Compared: the bills
   (`PoolAttributor`: the floor split among the steps running at each instant, then the closed form), the closed
   form of the log, the replay game fixed / replayed (law energies per instance), Token.
-* ``--prefix-limits``: the limits of the prefix split (docs/attribution-replay.md): the Table-5 groups with
+* ``--prefix-limits``: the limits of the prefix split (docs/results/attribution-replay.md): the Table-5 groups with
   overlapping arrivals (0.05 s apart) and with a 512-token budget that chunks the prompts (0.5 s apart and static).
 
 Figures are printed beside the machine factor of ../shared/tools/machine_factor.py (1.0 = the reference machine).

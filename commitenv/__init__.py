@@ -3,9 +3,8 @@
 Importing the package registers every shipped scenario as a Gymnasium id ``commitenv/<name>-v0``.
 """
 
+from commitenv._version import __version__  # noqa: F401  (the package version, commitenv.__version__)
 from commitenv.scenarios.registry import register_all as _register_all
-
-__version__ = "0.1.0"
 
 _register_all()
 

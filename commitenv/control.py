@@ -53,7 +53,7 @@ class Probe(Protocol):
 class EnvProbe:
     """The only door from a controller to the environment: ``snapshot()`` and ``recent_arrivals(window_s)``
     (both causal) and ``report_planning_delay(seconds)``. It keeps the environment in closures, not attributes, so the trace, the true lengths and
-    the live engine are not among the probe's attributes (DESIGN: causality is sacred)."""
+    the live engine are not among the probe's attributes (docs/architecture.md, "Truth and view")."""
 
     __slots__ = ("snapshot", "recent_arrivals", "report_planning_delay")
 

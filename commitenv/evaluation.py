@@ -36,6 +36,13 @@ planning_delay_s   the planning delay charged: the decision applied this long af
 reported_delay_s   what the controller reported (``probe.report_planning_delay``; 0 when it said nothing)
 measured_s         what the runner measured around ``act()`` (wall or CPU of the controller and its workers,
                    whichever is larger); empty where the scenario does not charge it (``ideal``, ``fixed``)
+energy_j           the settled energy of the interval, J (the settlement meter; the hours' sum is summary.json's
+                   ``energy_mj``, the completion tail after the last interval is ``tail_energy_mj``)
+commitment_pace_j  the interval's even share of its hour's commitment (commitment / intervals per hour), J; empty
+                   on an energy-only hour
+arrivals           requests that arrived in the interval
+misses             those of them that missed their deadline (late, unfinished or rejected), wherever they were
+                   served; the episode's sum is summary.json's ``misses``
 =================  ===========================================================================================
 
 A controller's optional ``stats()`` dict adds its numeric entries to summary.json. ``"hindsight": true`` marks a
@@ -117,7 +124,9 @@ class EvalResult:
             if figure:
                 from commitenv.plots import overview_figure
 
-                overview_figure(self, tmp / "overview.png")
+                overview_figure(tmp / "overview.png", scenario=self.scenario, controller=self.controller,
+                                seed=self.seed, hourly=self.hourly, intervals=self.interval_rows(),
+                                summary=self.summary)
             out.mkdir(exist_ok=True)
             for f in tmp.iterdir():
                 dest = out / f.name
@@ -132,6 +141,24 @@ class EvalResult:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out
+
+
+    def interval_rows(self) -> list[dict[str, Any]]:
+        """One row per interval with its decision, energy, commitment pace, arrivals and misses: the decision rows
+        (decisions.csv), or for a result scored from an env directly (no decision rows) the same from its history
+        (the controller's meter), hourly commitments and request table."""
+        if self.decisions and "energy_j" in self.decisions[0]:
+            return self.decisions
+        n = len(self.history)
+        per_hour = max(n // max(len(self.hourly), 1), 1)
+        dt = float(self.history[0]["t"]) if n else 60.0
+        rows = []
+        for k, h in enumerate(self.history):
+            commit = self.hourly[min(k // per_hour, len(self.hourly) - 1)]["commitment_mj"] * 1e6
+            rows.append({"t_start_s": k * dt, "active": h["active"], "clock_mhz": h["clock_mhz"],
+                         "energy_j": h["interval_j"], "commitment_pace_j": commit / per_hour if commit > 0 else None})
+        add_interval_outcomes(rows, self.requests["arrival_s"], self.requests["met"], dt)
+        return rows
 
 
 def _out_error(e: OSError, out: Path) -> OSError:
@@ -150,7 +177,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 DECISION_COLUMNS = ("interval", "t_start_s", "active", "clock_mhz", "applied_s", "stale", "planning_delay_s",
-                    "reported_delay_s", "measured_s")
+                    "reported_delay_s", "measured_s", "energy_j", "commitment_pace_j", "arrivals", "misses")
 
 
 SHARED_DECISION_COLUMNS = ("active_by_model", "clocks_mhz", "shares", "placement", "migrate")  # a shared pool's (space-separated lists)
@@ -259,6 +286,7 @@ def run_episode(
     decisions: list[dict[str, Any]] = []
     charge = env.charges_planning and charge_planning  # the runner measures each decision (realism paper, hard)
     clock = PlanningClock()
+    settled_prev = 0.0  # the settlement meter at the last boundary (each interval's energy_j is its change)
     try:
         while not terminated:
             if charge:
@@ -272,6 +300,7 @@ def run_episode(
             obs, reward, terminated, truncated, info = env.step(action)
             decisions.append(_decision(env, action, env.actions[n_changes:], env.applied_planning_delay_s,
                                        bool(info.get("stale_decision")), reported, clock.seconds if charge else None))
+            settled_prev = _add_interval_energy(decisions[-1], env, settled_prev)
             ret += reward
             if bar is not None:
                 bar.update(1)
@@ -283,6 +312,7 @@ def run_episode(
             env.close()  # the workers stop and the GPUs' clocks are reset; the records stay readable
     wall = time.perf_counter() - t_start
     res = score_episode(env, name, seed, wall, ret)
+    add_interval_outcomes(decisions, res.requests["arrival_s"], res.requests["met"], env.dt)
     res.decisions = decisions
     charged = [d["planning_delay_s"] for d in decisions]
     mode = env.realism.planning_delay.mode
@@ -293,6 +323,9 @@ def run_episode(
         res.summary["hindsight"] = True  # a bound, not a competitor: the leaderboard refuses it
     if backend is not None:
         res.summary["backend"] = "hardware"
+        lag = getattr(env.pool, "lag", None)  # how far the replay fell behind real time (`commitenv.backends.lag`)
+        if lag is not None:
+            res.summary.update(lag.summary())
     if getattr(env, "shared", False):  # placement changes of a shared pool
         pool = env.pool
         res.summary.update(moves=pool.moves, cold_starts=pool.cold_starts, migrated_requests=pool.migrated,
@@ -346,6 +379,34 @@ def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale
         if "migrate" in action:
             row["migrate"] = MIGRATE_MODES[int(np.asarray(action["migrate"]).item())]
     return row
+
+
+def _add_interval_energy(row: dict[str, Any], env: Any, settled_prev: float) -> float:
+    """Set ``row``'s ``energy_j`` (the settlement meter's change over the interval just stepped) and
+    ``commitment_pace_j`` (its hour's commitment over the intervals per hour; None on an energy-only hour);
+    return the meter's reading, the next interval's start."""
+    settled = float(env.settlement.e_prev)
+    commit = float(env.settlement.commit_j[row["interval"] // env.K])
+    row["energy_j"] = settled - settled_prev
+    row["commitment_pace_j"] = commit / env.K if commit > 0 else None
+    return settled
+
+
+def add_interval_outcomes(rows: list[dict[str, Any]], arrival_s: np.ndarray, met: np.ndarray, dt: float) -> None:
+    """Set every decision row's ``arrivals`` and ``misses``: the requests arriving in its interval
+    [k dt, (k + 1) dt), and how many of those did not meet their deadline."""
+    n = len(rows)
+    if n == 0:
+        return
+    k = np.floor_divide(np.asarray(arrival_s, dtype=np.float64), dt).astype(np.int64)
+    if len(k) and (k.min() < 0 or k.max() >= n):  # the env replays no arrival outside its horizon
+        raise ValueError(f"decisions: an arrival at {float(arrival_s[np.argmax((k < 0) | (k >= n))])} s lies "
+                         f"outside the episode's {n} intervals of {dt} s")
+    arrivals = np.bincount(k, minlength=n)
+    misses = np.bincount(k, weights=~np.asarray(met, dtype=bool), minlength=n)
+    for row, a, m in zip(rows, arrivals, misses):
+        row["arrivals"] = int(a)
+        row["misses"] = int(m)
 
 
 def _jsonable(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The hindsight door: the episode's true workload and forks of the ground-truth engine, for bounds only.
 
-Everything else a controller can reach is causal (DESIGN: causality is sacred). `HindsightAccess` is the one,
+Everything else a controller can reach is causal (docs/architecture.md, "Truth and view"). `HindsightAccess` is the one,
 clearly named exception: it hands out the true trace (arrivals, true output lengths, true deadlines) and
 `TruthRun` forks of the environment's *ground-truth* engine, which a planner can step forward under any
 candidate schedule. It exists for the ``oracle`` controller (the hindsight lower-bound row of every

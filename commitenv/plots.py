@@ -1,14 +1,12 @@
-"""Figures: the run overview (like the ePACT paper's Figures 5 and 6) and the env's rgb_array render."""
+"""Figures: the run overview (an episode interval by interval: load, energy against the commitment, decisions)
+and the env's rgb_array render."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:  # pragma: no cover
-    from commitenv.evaluation import EvalResult
 
 
 def new_figure(**kwargs: Any):
@@ -21,49 +19,65 @@ def new_figure(**kwargs: Any):
     return fig
 
 
-def overview_figure(res: "EvalResult", path: str | Path) -> None:
-    """Four panels: arrivals, energy against commitment, signed deviation, attainment (by hour; per
-    interval energy for a single-hour run)."""
-    hourly = res.hourly
-    hours = np.array([r["hour"] for r in hourly])
-    energy_only = all(r["deviation_pct"] is None for r in hourly)  # no commitment: nothing to deviate from
-    fig = new_figure(figsize=(9, 10))
-    ax = fig.subplots(4, 1, sharex=len(hours) > 1)
-    title = f"{res.scenario} - {res.controller} (seed {res.seed})"
-    ax[0].bar(hours, [r["arrivals"] for r in hourly], color="#7a9cc6")
-    ax[0].set_ylabel("arrivals")
-    ax[0].set_title(title)
-    if len(hours) > 1:
-        ax[1].bar(hours, [r["energy_mj"] for r in hourly], color="#d98c5f", label="energy")
-        if not energy_only:
-            ax[1].step(hours, [r["commitment_mj"] for r in hourly], where="mid", color="k", label="commitment")
-        ax[1].set_ylabel("energy (MJ)")
-    else:
-        t = np.array([h["t"] for h in res.history]) / 60.0
-        cum = np.cumsum([h["interval_j"] for h in res.history]) / 1e6
-        ax[1].plot(t, cum, color="#d98c5f", label="cumulative energy")
-        if not energy_only:
-            ax[1].plot([0, t[-1] if len(t) else 60], [0, hourly[0]["commitment_mj"]], "k--", label="commitment pace")
-        ax[1].set_ylabel("energy (MJ)")
-        ax[1].set_xlabel("minute")
-    ax[1].legend(loc="upper left", fontsize=8)
-    dev = [r["deviation_pct"] for r in hourly]
-    if energy_only:
-        ax[2].text(0.5, 0.5, "energy-only settlement: no commitment, no deviation", ha="center", va="center",
-                   transform=ax[2].transAxes)
-        ax[2].set_xticks([])
-        ax[2].set_yticks([])
-    else:
-        dev = [np.nan if d is None else d for d in dev]  # an hour without commitment has no deviation
-        ax[2].bar(hours, dev, color=["#c44e52" if d > 0 else "#55a868" for d in dev])
-        ax[2].axhspan(-5, 5, color="0.9", zorder=0)
-        ax[2].axhline(0, color="k", lw=0.8)
-    ax[2].set_ylabel("deviation (%)")
-    ax[3].plot(hours, [r["attainment_pct"] for r in hourly], "o-", color="#4c72b0")
-    ax[3].set_ylabel("SLO attainment (%)")
-    ax[3].set_xlabel("hour")
+def overview_figure(path: str | Path, *, scenario: str, controller: str, seed: int, hourly: list[dict[str, Any]],
+                    intervals: list[dict[str, Any]], summary: dict[str, Any]):
+    """The episode interval by interval, one point per interval in every panel: arrivals and misses (by arrival
+    interval), energy against the commitment's pace, the open hour's energy against its commitment, active
+    replicas and clock; from a run's records (`EvalResult` fields: ``intervals`` its `interval_rows`). Saved to
+    ``path``; the figure is returned (for tests and notebooks)."""
+    rows = intervals
+    n = len(rows)
+    hours = len(hourly)
+    per_hour = max(n // max(hours, 1), 1)
+    t0 = np.array([r["t_start_s"] for r in rows], dtype=np.float64)
+    dt = float(t0[1] - t0[0]) if n > 1 else 60.0
+    unit, scale = ("minute", 60.0) if hours <= 1 else ("hour", 3600.0)
+    x = t0 / scale
+    width = dt / scale
+    col = lambda key: np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=np.float64)  # noqa: E731
+    energy, pace = col("energy_j") / 1e6, col("commitment_pace_j") / 1e6
+    energy_only = bool(np.all(np.isnan(pace)))
+    fig = new_figure(figsize=(10, 12))
+    ax = fig.subplots(5, 1, sharex=True)
+    s = summary
+    dev = s.get("mean_abs_dev_pct")
+    head = [f"attainment {s['attainment_pct']:.2f} %" if "attainment_pct" in s else "",
+            f"|deviation| {dev:.2f} %" if isinstance(dev, (int, float)) else "",
+            f"misses {s['misses']}" if "misses" in s else "",
+            f"cost {s['cost_kwh_eq']:.4f} kWh-eq" if "cost_kwh_eq" in s else ""]
+    title = f"{scenario} - {controller} (seed {seed})\n" + ", ".join(h for h in head if h)
+    if s.get("backend_lagging"):
+        title += "\nREPLAY LAGGED BEHIND REAL TIME: these numbers do not describe the pool"
+    ax[0].set_title(title, fontsize=10, color="#c44e52" if s.get("backend_lagging") else "k")
+    edges = np.append(x, x[-1] + width) if n else np.zeros(1)  # one step per interval (stairs: one artist each)
+    ax[0].stairs(col("arrivals"), edges, fill=True, color="#7a9cc6", label="arrivals")
+    ax[0].stairs(col("misses"), edges, fill=True, color="#c44e52", label="misses (by arrival interval)")
+    ax[0].set_ylabel("requests per interval")
+    ax[0].legend(loc="upper right", fontsize=8)
+    ax[1].stairs(energy, edges, fill=True, color="#d98c5f", label="energy")
+    if not energy_only:
+        ax[1].stairs(pace, edges, color="k", baseline=None, label="commitment pace")
+    ax[1].set_ylabel("energy per interval (MJ)")
+    ax[1].legend(loc="upper right", fontsize=8)
+    hour_of = np.arange(n) // per_hour
+    cum = np.zeros(n)
+    for h in np.unique(hour_of):  # the open hour's energy at each interval's end, back to 0 at every hour
+        sel = hour_of == h
+        cum[sel] = np.cumsum(np.nan_to_num(energy[sel]))
+    ax[2].plot(x + width, cum, color="#d98c5f", label="energy so far in the hour")
+    if not energy_only:
+        ax[2].plot(x + width, (np.arange(n) % per_hour + 1) * pace, "k--", label="commitment pace")
+    ax[2].set_ylabel("hour's energy (MJ)")
+    ax[2].legend(loc="upper left", fontsize=8)
+    ax[3].stairs(col("active"), edges, color="#4c72b0", baseline=None)
+    ax[3].set_ylabel("active replicas")
+    ax[3].set_ylim(bottom=0)
+    ax[4].stairs(col("clock_mhz"), edges, color="#55a868", baseline=None)
+    ax[4].set_ylabel("clock (MHz)")
+    ax[4].set_xlabel(unit)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    return fig
 
 
 def render_progress(env: Any) -> np.ndarray:

@@ -32,11 +32,11 @@ def code_sha256(controller: str) -> str:
     controller package (not the CLI or the leaderboard, so editing those keeps the cached runs); read once per
     process."""
     import commitenv
-    import commitenv_controllers
+    from commitenv._paths import package_dir
     from commitenv.scenarios.commitments import engine_code_sha256, source_sha256
 
     root = Path(commitenv.__file__).resolve().parent
-    ctrl = Path(commitenv_controllers.__file__).resolve().parent
+    ctrl = package_dir("commitenv_controllers").resolve()
     h = hashlib.sha256(engine_code_sha256().encode())
     h.update(source_sha256(root, ("envs",)).encode())
     for name in _RUN_FILES:

@@ -93,7 +93,7 @@ nvidia-smi -i '$GPU' -q -d SUPPORTED_CLOCKS | head -n 60"
 
 run_step contracts 90 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_backend_contracts.py -m gpu -rs
 
-if command -v commitenv >/dev/null 2>&1; then CLI=(commitenv); else CLI=("$PYTHON" -m commitenv.cli); fi
+if command -v commitenv >/dev/null 2>&1; then CLI=(commitenv); else CLI=("$PYTHON" -m commitenv); fi
 args=(calibrate --gpu "$GPU" --model "$MODEL" --template "$TEMPLATE" --quick
       --out "$OUT/profile.yaml" --report "$OUT/calibration.json")
 if [[ -n "$CLOCKS" ]]; then args+=(--clocks "$CLOCKS"); fi

@@ -39,7 +39,7 @@ from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
 from helpers.scenarios import write_scenario, write_trace
 
-# the preemption case (docs/attribution-replay.md)
+# the preemption case (docs/results/attribution-replay.md)
 ARR = [0.019, 0.052, 0.077, 0.115, 0.124, 0.127, 0.143]
 PROMPT = [629, 458, 64, 264, 383, 472, 740]
 OUT = [553, 262, 648, 325, 263, 42, 331]

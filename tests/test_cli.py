@@ -158,3 +158,29 @@ def test_compare_out_subfolder_blocked_by_a_file_is_an_error(tmp_path, capsys):
     except OSError:
         pytest.fail("OSError escaped main()")
     _assert_one_error_line(capsys, rc, "vllm")
+
+
+# ------------------------------------------------------------------------------------------ python -m commitenv
+def test_python_dash_m_runs_the_same_command_line(tmp_path):
+    """``python -m commitenv`` is the ``commitenv`` command: the same parser's help, and a subcommand's output."""
+    import os
+    import subprocess
+    import sys
+
+    from commitenv.cli import build_parser
+
+    env = {**os.environ, "COLUMNS": "100"}
+    got = subprocess.run([sys.executable, "-m", "commitenv", "--help"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.startswith("usage: commitenv ")
+    assert "simulate,run,compare,reproduce,attribute" in got.stdout
+    listed = subprocess.run([sys.executable, "-m", "commitenv", "workloads"], capture_output=True, text=True,
+                            env=env, cwd=tmp_path)
+    from commitenv.workload import list_builtin
+
+    assert listed.returncode == 0 and listed.stdout.split() == list(list_builtin())
+    assert build_parser().prog == "commitenv"
+    bad = subprocess.run([sys.executable, "-m", "commitenv", "run", "no-such-scenario"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:")

@@ -1,7 +1,7 @@
 """Energy-only settlement (``commitment: {energy_only: true}``, issue 12): no hourly commitment, E*_h = 0, every
 hour's energy billed at lambda_plus.
 
-Expectations are computed here from the documented formulas (README "Metrics", `commitenv.envs.commit_serve`'s
+Expectations are computed here from the documented formulas (docs/objective.md, `commitenv.envs.commit_serve`'s
 docstring, `commitenv_controllers.epact.planner`), never copied from the implementation's output. The end-to-end
 cases run on a small toy pool (conftest's toy profile, a hand-made trace, 600-s intervals).
 """

@@ -223,7 +223,7 @@ def test_readme_dispatch_example_runs(tmp_path):
     ns: dict = {}
     exec(compile(code, "README-dispatch", "exec"), ns)
     env, res = run_episode(ns["Routed"](), str(toy_three_hour(tmp_path)), seed=0)
-    assert type(env.pool.dispatch).__name__ == "FewestWaiting"
+    assert type(env.pool.dispatch).__name__ == "LeastTokens"
     assert env.pool.dispatch_calls >= res.summary["requests"] - res.summary["rejected"]
 
 

@@ -12,7 +12,7 @@ from helpers.profiles import COLOCATE, toy_profile
 from commitenv.sim import EngineOptions, NoiseSpec, Pool
 from commitenv.sim.migration import MigrationSpec
 from commitenv.sim.pool import Instance, PoolLayout
-from commitenv.sim.replica import ACTIVE, LOADING, MOVING, STANDBY
+from commitenv.sim.states import ACTIVE, LOADING, MOVING, STANDBY
 from commitenv.workload.table import make_table
 
 LOAD_S, LOAD_W = 5.0, 70.0  # cold start of the toy profile below; active idle 50 W at 1,000 MHz, standby 20 W

@@ -157,7 +157,7 @@ def test_write_into_read_only_folder_raises(vllm_hour, tmp_path):
 
 
 def test_failure_mid_write_leaves_nothing_half_written(vllm_hour, tmp_path, monkeypatch):
-    def broken(res, path):
+    def broken(path, **records):
         raise RuntimeError("figure failed")
 
     monkeypatch.setattr(plots_mod, "overview_figure", broken)

@@ -123,11 +123,11 @@ def test_latest_by_name_keeps_last_and_ranks() -> None:
 # ---------------------------------------------------------------------------------------------------- markdown
 
 MD_DEV_TABLE = """\
-| rank | submission | score (mean ± half-width) | cost kWh-eq | attainment % | SLO gate (passed/episodes) | misses | failed episodes | learns | authors | commit | submitted |
+| rank | submission | score (mean ± half-width) | cost kWh-eq | attainment % | SLO gate failed (episodes) | lost episodes | misses | learns | authors | commit | submitted |
 | ---: | :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :--- | :--- |
-| 1 | &lt;script&gt;window.__pwned=1&lt;/script&gt; \\| x | 80.0 ± 3.0 | 0.0200 | 98.250 | 4/4 | 300.5 | 0 | no | Mallory &lt;m@x&gt; | 0123456 | 2026-12-02T10:00:00Z |
-| 2 | epact | 70.6 ± 12.3 | 0.0100 | 99.500 | 4/4 | 120 | 0 | no | commitenv maintainers | 27480db | 2026-12-01T13:05:00Z |
-| 3 | fixed | 5.0 | 1.1600 | 97.000 | 2/4 | 1000 | 1 (crash 1) | yes | a, b | — | 2026-12-01T13:05:00Z |
+| 1 | &lt;script&gt;window.__pwned=1&lt;/script&gt; \\| x | 80.0 ± 3.0 | 0.0200 | 98.250 | 0 of 4 | 0 | 300.5 | no | Mallory &lt;m@x&gt; | 0123456 | 2026-12-02T10:00:00Z |
+| 2 | epact | 70.6 ± 12.3 | 0.0100 | 99.500 | 0 of 4 | 0 | 120 | no | commitenv maintainers | 27480db | 2026-12-01T13:05:00Z |
+| 3 | fixed | 5.0 | 1.1600 | 97.000 | 1 of 4 | 1 (crash 1) | 1000 | yes | a, b | — | 2026-12-01T13:05:00Z |
 | 4 | broken | — | — | — | — | — | — | no | commitenv maintainers | 27480db | 2026-12-01T13:05:00Z |
 """
 
@@ -157,6 +157,61 @@ def test_markdown_tables_by_hand(board: Path) -> None:
     headings = re.findall(r"^## Suite `(\w+)`$", md, flags=re.M)
     assert headings == ["dev", "alpha", "test"]
     assert "<script>" not in md
+
+
+def test_gate_passing_submissions_rank_above_gate_failing_ones(tmp_path: Path) -> None:
+    """Hand-built rows: 'bold' scores 90 but fails the gate on 4 of 6 episodes, 'safe' scores 10 passing 6/6,
+    'shaky' scores 95 with one gate failure and one crash (its do-nothing replacement failed the gate too)."""
+    bold_eps = [_ep("bench-a", i, 90.0, gate=i >= 4) for i in range(6)]  # seeds 0-3 fail the gate
+    safe_eps = [_ep("bench-a", i, 10.0) for i in range(6)]
+    shaky_eps = ([_ep("bench-a", 0, 95.0, gate=False), _ep("bench-a", 1, -5.0, status="timeout", gate=False)]
+                 + [_ep("bench-a", i, 95.0) for i in range(2, 6)])
+    recs = [_record("bold", 90.0, None, _metrics(0.1, 95.0, 9.0, 2, 6, 0), bold_eps),
+            _record("safe", 10.0, None, _metrics(0.9, 99.0, 1.0, 6, 6, 0), safe_eps),
+            _record("shaky", 95.0, None, _metrics(0.1, 98.0, 2.0, 4, 6, 1), shaky_eps),
+            _record("none", None, None, _metrics(None, None, None, None, None, None), [])]
+    assert [r["name"] for r in latest_by_name(recs)] == ["safe", "shaky", "bold", "none"]
+    # fewer episodes off the gate rank higher whatever the score: one failure at 50 above two at 95 and four at 90
+    close_eps = [_ep("bench-a", 0, 50.0, gate=False)] + [_ep("bench-a", i, 50.0) for i in range(1, 6)]
+    close = _record("close", 50.0, None, _metrics(0.5, 98.5, 1.5, 5, 6, 0), close_eps)
+    assert [r["name"] for r in latest_by_name(recs + [close])] == ["safe", "close", "shaky", "bold", "none"]
+    _write_jsonl(tmp_path / "results" / "dev.jsonl", recs)
+    md = render_board(tmp_path)[0].read_text(encoding="utf-8")
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in md.splitlines() if line.startswith("| ") and
+            line.split(" | ")[0] in ("| 1", "| 2", "| 3", "| 4")}
+    assert [rows[n][0] for n in ("safe", "shaky", "bold", "none")] == ["| 1", "| 2", "| 3", "| 4"]
+    # the gate failures column counts episodes that ran and failed; lost episodes have their own
+    assert rows["bold"][5:7] == ["4 of 6", "0"]
+    assert rows["safe"][5:7] == ["0 of 6", "0"]
+    assert rows["shaky"][5:7] == ["1 of 6", "1 (timeout 1)"]
+    assert render.RANKING + "." in md
+
+
+def test_gate_columns_of_a_record_without_episode_rows() -> None:
+    """An older or trimmed record: gate failures from metrics (episodes - passed), lost from metrics.failed."""
+    rec = _record("old", 50.0, None, _metrics(0.1, 98.0, 2.0, 3, 6, 2), [])
+    assert render._gate_failures(rec) == (3, 6) and render._lost(rec) == (2, "")
+    rec["metrics"].update(gate_failures=1, lost=2)
+    assert render._gate_failures(rec) == (1, 6)
+
+
+def test_render_of_a_missing_board_is_one_clear_error(tmp_path: Path, capsys, monkeypatch) -> None:
+    from commitenv.cli import main
+
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'nope'}: no such folder")):
+        render_board(tmp_path / "nope")
+    monkeypatch.chdir(tmp_path)  # outside a checkout: no ./leaderboard
+    assert main(["leaderboard", "render"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: render: no ./leaderboard folder here") and "--board DIR" in lines[0]
+    assert "Errno" not in err and "Traceback" not in err
+    assert main(["leaderboard", "render", "--board", "nope"]) == 2
+    assert "nope: no such folder" in capsys.readouterr().err
+    assert not (tmp_path / "nope").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+    make_board(tmp_path / "leaderboard")
+    assert main(["leaderboard", "render"]) == 0  # the default board where there is one
+    assert (tmp_path / "leaderboard" / "LEADERBOARD.md").is_file()
 
 
 def test_empty_board_says_no_results(tmp_path: Path) -> None:
@@ -213,13 +268,13 @@ def test_html_table_rows_and_values(board: Path) -> None:
     names = [a["data-name"] for t, a in doc.tags if t == "tr" and "data-name" in a]
     assert names == SCORE_ORDER  # the parser unescapes attributes: the raw hostile name round-trips
     keys = [a["data-key"] for t, a in doc.tags if t == "th"]
-    assert keys == ["rank", "name", "score", "cost", "attainment", "slo_gate", "misses", "failed", "learns", "authors",
-                    "commit", "submitted"]
+    assert keys == ["rank", "name", "score", "cost", "attainment", "gate_failures", "lost", "misses", "learns",
+                    "authors", "commit", "submitted"]
     assert [a.get("aria-sort") for t, a in doc.tags if t == "th"][0] == "ascending"
     values = [a["data-value"] for t, a in doc.tags if t == "td"]
     per_row = [values[i:i + 12] for i in range(0, len(values), 12)]
-    assert per_row[1][:8] == ["2", "epact", "70.5625", "0.01", "99.5", "1.0", "120.0", "0"]
-    assert per_row[2][2:8] == ["5.0", "1.16", "97.0", "0.5", "1000.0", "1"]
+    assert per_row[1][:8] == ["2", "epact", "70.5625", "0.01", "99.5", "0", "0", "120.0"]
+    assert per_row[2][2:8] == ["5.0", "1.16", "97.0", "1", "1", "1000.0"]
     assert per_row[3][2:8] == ["", "", "", "", "", ""]  # nulls are empty, so they sort last
     assert render.NORMALIZATION.format(lower="vllm", upper="oracle") == NORMALIZATION
     assert NORMALIZATION in page

@@ -520,13 +520,13 @@ def test_seeds_from_the_scenarios_declared_ranges():
 
 
 def test_readme_plugin_module_runs_from_its_project_folder(tmp_path):
-    """README's "Bring your own controller" module, saved as my_pkg/ctl.py in a project folder that is not
+    """README's "Write a controller" module, saved as my_pkg/ctl.py in a project folder that is not
     installed: `commitenv run --controller my_pkg.ctl:HalfPool` finds it from that folder (as ``python -m`` would),
     with its typed argument validated and recorded."""
     import re
 
     readme = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", readme[readme.index("### Bring your own controller"):], re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", readme[readme.index("## Write a controller"):], re.S).group(1)
     (tmp_path / "my_pkg").mkdir()
     (tmp_path / "my_pkg" / "__init__.py").write_text("")
     (tmp_path / "my_pkg" / "ctl.py").write_text(code)

@@ -198,7 +198,7 @@ def test_h20_calibration_anchors() -> None:
 def test_pool_idle_floor_fits_under_the_papers_quietest_hour(gpu: str) -> None:
     """Every one of the paper's 32 GPUs is active under vLLM all hour, so its hourly reference energy is at least the
     pool's active-idle floor: the profile's floor must fit under the quietest hour with room for that hour's work
-    (docs/realism.md, "Idle floor": this is why a 122 W H200 floor cannot hold)."""
+    (docs/results/realism.md, "Idle floor": this is why a 122 W H200 floor cannot hold)."""
     import csv
 
     from commitenv.scenarios import load_scenario

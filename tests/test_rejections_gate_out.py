@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import commitenv.cli as cli
+import commitenv.cli.run as cli_run
+from commitenv.cli.args import check_out
 import commitenv.evaluation as ev
 from commitenv.cli import main
 from commitenv.evaluation import evaluate
@@ -254,7 +255,7 @@ def test_out_check_creates_nothing_it_did_not_find(tmp_path, capsys, monkeypatch
     keep = tmp_path / "keep"
     keep.mkdir()
     (keep / "x.txt").write_text("x")
-    assert cli._check_out(str(keep), beside=True) == keep
+    assert check_out(str(keep), beside=True) == keep
     assert sorted(p.name for p in keep.iterdir()) == ["x.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "sc"]
 
@@ -267,7 +268,7 @@ def test_late_write_failure_names_the_users_folder(tmp_path, capsys, monkeypatch
         res.write(PROC_OUT, figure=False)
     assert PROC_OUT in str(e.value) and "/proc/." not in str(e.value)  # not the temporary folder beside it
     # the CLI's late failure (the early check bypassed) names --out too
-    monkeypatch.setattr(cli, "_check_out", lambda out, beside=False: None if out is None else Path(out))
+    monkeypatch.setattr(cli_run, "check_out", lambda out, beside=False: None if out is None else Path(out))
     line = _one_error_line(capsys, main(["run", str(path), "--out", PROC_OUT, "--quiet"]))
     assert f"--out {PROC_OUT}" in line and "/proc/." not in line
     line = _one_error_line(capsys, main(["compare", str(path), "--controllers", "vllm", "--out", PROC_OUT,

@@ -85,7 +85,7 @@ def test_per_model_active_per_gpu_clocks_and_shares_reach_the_engine(tmp_path):
     assert [g.clock_idx for g in pool.gpus] == [0, 1, 1]
     assert [r.share for r in pool.replicas] == [0.3, 0.7, 1.0, 0.5, 0.5]
     states = [r.state for r in pool.replicas]
-    from commitenv.sim.replica import ACTIVE, STANDBY
+    from commitenv.sim.states import ACTIVE, STANDBY
 
     assert states[4] != ACTIVE and states[3] != ACTIVE  # small's 3rd instance and big's 2nd are off
     assert states[0] == states[1] == states[2] == ACTIVE and STANDBY is not None

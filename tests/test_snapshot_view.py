@@ -12,7 +12,7 @@ import pytest
 from commitenv.control import ControllerContext, ReplicaView, RequestView, Snapshot
 from commitenv.envs.commit_serve import CommitServeEnv
 from commitenv.sim import simulate
-from commitenv.sim.replica import STATE_NAMES
+from commitenv.sim.states import STATE_NAMES
 
 HOUR = "epact-h200-hour-fixed-a30"  # ideal realism, one hour
 BENCH = "bench-h200-hour-fixed-a30"  # paper realism: predicted deadlines, nominal what-if copies

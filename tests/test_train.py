@@ -160,6 +160,9 @@ def test_training_writes_model_normalizer_and_record(run_dir):
         assert s["cost_kwh_eq"] >= 0 and 0 <= s["attainment_pct"] <= 100
     best = rec["evaluations"]["best"]
     assert rec["scores"]["best"]["penalised_return"] == pytest.approx(best["mean_return"], rel=1e-6)
+    # the final evaluation is of the final policy, after its last update (it was the one before, issue 38)
+    assert rec["scores"]["final"]["penalised_return"] == pytest.approx(rec["evaluations"]["final"]["mean_return"],
+                                                                       rel=1e-6)
 
 
 def test_resume_continues_the_step_count(run_dir, tmp_path):
@@ -169,13 +172,13 @@ def test_resume_continues_the_step_count(run_dir, tmp_path):
 
     d = tmp_path / "run"
     shutil.copytree(run_dir, d)
-    spec = TrainSpec(SCENARIO, "ppo", steps=192, out=d, resume=True, eval_freq=0, eval_episodes=1,
-                     checkpoint_freq=64, progress=False, score=False)
+    spec = TrainSpec(SCENARIO, steps=192, out=d, resume=True, progress=False, score=False)  # options: the run's
     rec = train(spec)
     assert rec["steps_done"] == 192 and rec["status"] == "finished"
     assert [(s["start_step"], s["end_step"]) for s in rec["segments"]] == [(0, 128), (128, 192)]
-    assert rec["segments"][1]["train_seeds"] == ["3-4"]  # the schedule goes on after the traces already used
-    assert rec["train_seeds_used"] == ["0-4"]
+    # 60-step episodes: seed 2's episode (steps 120-179) was under way at 128 and is rebuilt, seed 3's starts at 180
+    assert rec["segments"][1]["train_seeds"] == ["2-3"]
+    assert rec["train_seeds_used"] == ["0-3"]
     assert (d / "checkpoints" / "model_192_steps.zip").is_file()
     assert PPO.load(str(d / "model.zip"), device="cpu").num_timesteps == 192
     assert [e["steps"] for e in rec["evaluations"]["history"]] == [64, 128, 192]
@@ -227,7 +230,9 @@ def test_controller_acts_exactly_as_the_sb3_policy(run_dir):
 SHIPPED_POLICIES = {"ppo-h200-hour": SCENARIO, "ppo-h20-hour": "bench-h20-hour-fixed-a30",
                     "ppo-h200-day": "bench-h200-day", "ppo-h20-day": "bench-h20-day"}
 # behaviour cloning (commitenv.train.bc), docs/training.md
-SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-hour-fixed-a30"}
+SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-hour-fixed-a30",
+                  # one clone per pool over its six dev-family hours (the record's scenario: the first of them)
+                  "bc-mpc-h200-family": "bench-h200-hour-fixed-a25", "bc-mpc-h20-family": "bench-h20-hour-fixed-a25"}
 
 
 def test_every_shipped_baseline_is_listed():
@@ -332,11 +337,15 @@ def test_sb3_spec_errors_are_clear(tmp_path):
         resolve("sb3:")
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "model.zip").write_bytes(b"")
-    with pytest.raises(ValueError, match="not a finished training run: missing train.json, vecnormalize.pkl"):
+    (tmp_path / "half" / "train.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a finished training run: missing vecnormalize.pkl"):
         resolve(f"sb3:{tmp_path / 'half'}")
     (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match="is a file but not a .zip"):
         resolve(f"sb3:{tmp_path / 'file'}")
+    (tmp_path / "broken.zip").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="broken.zip: not a stable-baselines3 model zip"):
+        resolve(f"sb3:{tmp_path / 'broken.zip'}").make()
 
 
 def test_policy_refuses_another_pool_shape(run_dir):

@@ -14,6 +14,7 @@ from commitenv.workload import (
     load_azure_csv,
     load_burstgpt_csv,
     load_mooncake_jsonl,
+    load_plain_csv,
     load_trace,
 )
 from commitenv.workload import _csvio
@@ -21,6 +22,7 @@ from helpers.paths import SHARED
 
 TRACES = SHARED / "data" / "traces"
 AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+PLAIN_HEADER = "arrival_s,prompt_tokens,output_tokens\n"
 BG_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
 
 
@@ -80,6 +82,18 @@ def test_line_numbers_survive_chunking(tmp_path, monkeypatch):
     t = load_azure_csv(p)
     assert t.prompt_tokens.tolist() == [1, 2, 3, 4, 5, 6, 7]
     np.testing.assert_allclose(t.arrival_s, np.arange(7.0))
+
+
+def test_plain_csv_shifts_to_the_first_request_and_raises_zero_outputs(tmp_path):
+    p = write(tmp_path, "mine.csv", "arrival_s,prompt_tokens,output_tokens,note\n"
+              "12.5,100,20,x\n12.5,7,0,y\n3612.5,300,1,z\n")
+    t = load_trace(p)
+    assert t.meta["format"] == "plain" and t.meta["time_origin"] == 12.5
+    np.testing.assert_array_equal(t.arrival_s, [0.0, 0.0, 3600.0])
+    np.testing.assert_array_equal(t.prompt_tokens, [100, 7, 300])
+    np.testing.assert_array_equal(t.output_tokens, [20, 1, 1])  # 0 is read as 1 token
+    assert t.meta["zero_outputs_raised"] == 1
+    np.testing.assert_array_equal(load_plain_csv(p).arrival_s, t.arrival_s)
 
 
 def test_mooncake_jsonl_with_hash_ids(tmp_path):
@@ -174,7 +188,11 @@ ERROR_CASES = [
     ("mchash.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "a"]}\n', 1,
      ["hash_ids"]),
     ("mcempty.jsonl", "\n\n", 2, ["no data rows"]),
-    ("weird.csv", "a,b,c\n1,2,3\n", 1, ["unrecognised trace format", "columns found: a, b, c"]),
+    ("plainneg.csv", PLAIN_HEADER + "-1,5,1\n", 2, ["negative time", "arrival_s"]),
+    ("plainback.csv", PLAIN_HEADER + "5,5,1\n4,5,1\n", 3, ["time goes backwards", "sorted"]),
+    ("plainfrac.csv", PLAIN_HEADER + "0,5,1.5\n", 2, ["output_tokens", "not a whole number"]),
+    ("plaincol.csv", "arrival_s,prompt_tokens\n0,5\n", 1, ["missing column 'output_tokens'"]),
+    ("weird.csv", "a,b,c\n1,2,3\n", 1, ["unrecognised trace format", "columns found: a, b, c", "arrival_s"]),
 ]
 
 

@@ -43,7 +43,7 @@ import numpy as np
 from commitenv.attribution.law import batch_member_terms
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.pool import StepLogBatch, StepLogEntry
-from commitenv.sim.replica import SEG_NONE
+from commitenv.sim.states import SEG_NONE
 
 
 

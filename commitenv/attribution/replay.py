@@ -18,7 +18,7 @@ and the tokens generated so far, and whether it is preempted, how often and how 
 else holds KV blocks. ``own_mode="fixed"`` is the paper's Eq. (6) with ``e_i`` fixed across coalitions (taken
 from the full window served alone, or the ``own`` values given): it charges every recompute of the full run to
 the preempted request in every coalition, so it is not the Shapley value of the engine's game once a run
-preempts (``docs/attribution-replay.md`` has a measured case). A table with prefix hash blocks is served with
+preempts (``docs/results/attribution-replay.md`` has a measured case). A table with prefix hash blocks is served with
 the engine's prefix cache (``prefix_block_tokens`` per hash block); which blocks a coalition computes depends on
 who is in it (section 6.7), so fixed own energies are wrong there too.
 

@@ -16,8 +16,6 @@ class Clock(Protocol):
     """Seconds since the clock's origin; ``sleep`` waits (or, virtually, advances). The hooks below let a clock that
     threads share in lockstep (`LockstepClock`) know which threads still run; other clocks ignore them."""
 
-    poll_s: float  # how long the pool's thread sleeps at most between looks at its workers (this clock's seconds)
-
     def now(self) -> float: ...
 
     def sleep(self, seconds: float) -> None: ...
@@ -57,8 +55,6 @@ class _Unshared:
 class WallClock(_Unshared):
     """Monotonic wall time since construction."""
 
-    poll_s = 0.005
-
     def __init__(self) -> None:
         self._t0 = time.monotonic()
 
@@ -72,8 +68,6 @@ class WallClock(_Unshared):
 
 class VirtualClock(_Unshared):
     """A clock that only moves when told: ``sleep`` and ``advance`` add to it (the fakes' time; one thread)."""
-
-    poll_s = 0.005
 
     def __init__(self, t: float = 0.0) -> None:
         self.t = float(t)
@@ -98,7 +92,6 @@ class ScaledClock(_Unshared):
         if not speed > 0:
             raise ValueError(f"speed: expected > 0, got {speed}")
         self.speed = float(speed)
-        self.poll_s = 0.005 * self.speed
         self._t0 = time.monotonic()
 
     def now(self) -> float:
@@ -117,7 +110,7 @@ class LockstepClock:
 
     def __init__(self, t: float = 0.0, poll_s: float = 0.05) -> None:
         self.t = float(t)
-        self.poll_s = poll_s
+        self.poll_s = poll_s  # the pool's thread looks at its workers at least this often (virtual seconds)
         self._cv = threading.Condition()
         self._running = 1  # threads on the clock that neither sleep nor wait
         self._wakes: list[tuple[float, int]] = []  # sleepers' (wake-up time, ticket), a heap

@@ -13,7 +13,8 @@ from commitenv.backends.engine import ServingEngine, StepRecord
 from commitenv.backends.fake_gpu import FakeGpu
 from commitenv.profiles.schema import Profile
 from commitenv.sim.gpu import GPU
-from commitenv.sim.replica import ACTIVE, STANDBY, Replica, batch_terms
+from commitenv.sim.replica import Replica, batch_terms
+from commitenv.sim.states import ACTIVE, STANDBY
 from commitenv.sim.request import Req
 
 
@@ -31,6 +32,8 @@ class SimEngine(ServingEngine):
         self._rng = np.random.default_rng(seed)
         self._ids: dict[int, str] = {}
         self._slot = 0
+        self.modelled_step_s = 0.0  # the steps' time by the law (noise included), s
+        self.step_overrun_s = 0.0  # how much longer they took on the clock (a scaled clock's oversleep), s
 
     def add_request(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         limit = self.profile.scheduler.context_limit
@@ -74,7 +77,10 @@ class SimEngine(ServingEngine):
         self.fake.begin_step(t0)
         self.clock.sleep(elapsed)  # a virtual clock advances; a scaled one runs the step in (shortened) real time
         self.fake.add_step(t0, t0 + elapsed, energy)  # a scaled clock's oversleep is idle time, metered as such
-        elapsed = max(self.clock.now() - t0, elapsed)
+        took = self.clock.now() - t0
+        self.modelled_step_s += elapsed
+        self.step_overrun_s += max(took - elapsed, 0.0)
+        elapsed = max(took, elapsed)
         rep.t1 = t0 + elapsed
         done = rep.finish()
         progress = tuple((self._ids[r.slot], r.computed, r.generated) for r in batch)

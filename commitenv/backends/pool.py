@@ -35,11 +35,12 @@ from typing import Callable
 
 import numpy as np
 
-from commitenv.backends.clock import Clock
+from commitenv.backends.clock import Clock, LockstepClock
 from commitenv.backends.engine import ServingEngine
 from commitenv.backends.gpu import GpuControl, LockedClocks
+from commitenv.backends.lag import LagBound, LagMeter, ReplayLagError
 from commitenv.profiles.schema import Profile
-from commitenv.sim import replica as sim_replica
+from commitenv.sim import states as sim_states
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.pool import EngineOptions, Pool, PoolLayout, StepLogEntry, request_terms
@@ -221,10 +222,16 @@ class HardwarePool:
     """See the module docstring. ``devices``: one (GPU, engine) per replica, all serving ``profile``'s model."""
 
     def __init__(self, profile: Profile, devices: list[tuple[GpuControl, ServingEngine]], clock: Clock,
-                 options: EngineOptions, *, clock_mhz: int | None = None) -> None:
+                 options: EngineOptions, *, clock_mhz: int | None = None,
+                 lag_bound: LagBound | None = LagBound()) -> None:
         self.profiles = [profile]
+        self.lag = LagMeter(lag_bound.late_arrival_s if lag_bound is not None else LagBound.late_arrival_s)
+        # (how far the replay falls behind real time: `commitenv.backends.lag`)
+        self.lag_bound = lag_bound
         self.opt = options
         self.clock = clock
+        # how long the replay sleeps at most between looks at the workers (clock seconds): 5 ms of real time
+        self._poll_s = clock.poll_s if isinstance(clock, LockstepClock) else 0.005 * getattr(clock, "speed", 1.0)
         self.now = 0.0
         self._lock = threading.Lock()
         self.workers = [DeviceWorker(i, g, e, clock, self._finished) for i, (g, e) in enumerate(devices)]
@@ -305,12 +312,34 @@ class HardwarePool:
                     continue
                 r = Req(i, self._arr[i], int(self.table.prompt_tokens[i]), int(self.out_tokens[i]),
                         float(self.deadline[i]))
+                self.lag.routed(self._arr[i], now)
                 self._route(r)
             if now >= t_end or (math.isinf(t_end) and self._cursor >= n and self._idle()):
                 break
             nxt = min(self._arr[self._cursor] if self._cursor < n else math.inf, t_end)
-            self.clock.sleep(min(max(nxt - now, 0.0), self.clock.poll_s))
+            self.clock.sleep(min(max(nxt - now, 0.0), self._poll_s))
         self.now = max(self.now, min(t_end, self.clock.now() - self._origin))
+        self._check_lag()
+
+    def _check_lag(self) -> None:
+        """Gather the engines' step overrun (engines that model their steps, the fakes, report it) and hold the lag
+        to ``lag_bound``: abort with `ReplayLagError`, or warn once and mark the run."""
+        lag = self.lag
+        lag.modelled_step_s = math.fsum(getattr(w.engine, "modelled_step_s", 0.0) for w in self.workers)
+        lag.step_overrun_s = math.fsum(getattr(w.engine, "step_overrun_s", 0.0) for w in self.workers)
+        bound = self.lag_bound
+        if bound is None:
+            return
+        first = lag.exceeded is None
+        why = lag.check(bound, self.now)
+        if why is None:
+            return
+        if bound.on_exceed == "abort":
+            raise ReplayLagError(f"the hardware replay fell behind real time: {why}, so its energy and SLO numbers "
+                                 "would not describe the pool. On the CPU fakes lower the speed (--backend "
+                                 "fake:SPEED) or the pool's size; on GPUs run the host with free cores")
+        if first:
+            log.warning("the hardware replay fell behind real time: %s; the run is marked backend_lagging", why)
 
     def _idle(self) -> bool:
         return all(w.load == 0 for w in self.workers) and not self.unrouted
@@ -395,7 +424,10 @@ class HardwarePool:
                 if _time.monotonic() > give_up:
                     log.warning("GPU %d: a step in flight at %.3f s did not end within %.0f s", w.index, t, timeout_s)
                     break
-                self.clock.sleep(self.clock.poll_s / 50)  # a shared clock moves on meanwhile
+                if isinstance(self.clock, LockstepClock):  # its time moves only while this thread sleeps on it
+                    self.clock.sleep(self._poll_s / 50)
+                else:
+                    _time.sleep(1e-4)
             for _ in range(len(slog)):
                 out.append(slog.popleft())
         return out
@@ -438,7 +470,7 @@ class HardwarePool:
         mirror.now = self.now
         mirror.pred_out, mirror.visible_deadline = self.pred_out, self.visible_deadline
         mirror._n_results = len(self.out_tokens)
-        states = {ACTIVE: sim_replica.ACTIVE, DRAINING: sim_replica.DRAINING, STANDBY: sim_replica.STANDBY}
+        states = {ACTIVE: sim_states.ACTIVE, DRAINING: sim_states.DRAINING, STANDBY: sim_states.STANDBY}
         bs = prof.scheduler.block_size
         for w, rep in zip(self.workers, mirror.replicas):
             rep.state = states[w.state]
@@ -458,7 +490,7 @@ class HardwarePool:
             rep.gpu.floor_w = rep.gpu.floor_power()
         mirror.unrouted = [r.copy() for r in self.unrouted]
         mirror.live = sum(rep.unf for rep in mirror.replicas) + len(mirror.unrouted)
-        mirror.routable = [[r for r in mirror.replicas if r.state == sim_replica.ACTIVE]]
+        mirror.routable = [[r for r in mirror.replicas if r.state == sim_states.ACTIVE]]
         copy = mirror.clone(hide_lengths=hide_lengths, own_profiles=own_profiles)
         copy.resume(copy.now)
         return copy
@@ -471,12 +503,15 @@ class HardwarePool:
 
 
 def fake_backend(speed: float | None = 200.0, *, energy_update_s: float = 0.05, noise_sigma: float = 0.0,
-                 seed: int = 0) -> Callable[[Profile, int, EngineOptions, int], HardwarePool]:
+                 seed: int = 0, lag_bound: LagBound | None = LagBound()
+                 ) -> Callable[[Profile, int, EngineOptions, int], HardwarePool]:
     """A pool factory for `CommitServeEnv(backend=...)`: one `FakeGpu` + `SimEngine` per replica on a shared
     clock running ``speed`` times real time, or, with ``speed=None``, on a `LockstepClock` (virtual time: the same
-    run however loaded the machine, a controller's thinking taking no time)."""
-    if speed is not None and not speed > 0:
-        raise ValueError(f"speed: expected > 0 (times real time) or None (virtual time), got {speed}")
+    run however loaded the machine, a controller's thinking taking no time, no lag); ``lag_bound`` holds the replay's
+    lag behind real time (`commitenv.backends.lag`; None: measured, never held)."""
+    if speed is not None and not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
+        raise ValueError(f"speed: expected a finite number > 0 (how many times real time) or None (virtual time), "
+                         f"got {speed!r}")
 
     def build(profile: Profile, n: int, options: EngineOptions, clock_mhz: int) -> HardwarePool:
         from commitenv.backends.clock import LockstepClock, ScaledClock
@@ -488,6 +523,6 @@ def fake_backend(speed: float | None = 200.0, *, energy_update_s: float = 0.05, 
         for i in range(n):
             g = FakeGpu(profile, clock, i, energy_update_s=energy_update_s)
             devices.append((g, SimEngine(profile, g, clock, noise_sigma=noise_sigma, seed=seed + i)))
-        return HardwarePool(profile, devices, clock, options, clock_mhz=clock_mhz)
+        return HardwarePool(profile, devices, clock, options, clock_mhz=clock_mhz, lag_bound=lag_bound)
 
     return build

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from commitenv.backends.engine import ServingEngine, StepRecord
+from commitenv.backends.lag import LagBound
 
 _CALLS = ("add_request", "step", "has_work", "sleep", "wake")
 
@@ -139,10 +140,11 @@ def _vllm_engine(model: str, clock: Any, engine_args: dict[str, Any]) -> Serving
     return VllmEngine(model, clock=clock, **engine_args)
 
 
-def vllm_backend(model: str, gpus: Sequence[int] | None = None, **engine_args: Any):
+def vllm_backend(model: str, gpus: Sequence[int] | None = None, *, lag_bound: LagBound | None = LagBound(), **engine_args: Any):
     """A pool factory for `CommitServeEnv(backend=...)` on real GPUs: replica i runs on GPU ``gpus[i]`` (default
     0..n-1) with an `NvmlGpu` and a vLLM engine (`VllmEngine`: ``model`` and ``engine_args``, the profile's token
-    budget and sequence cap unless given) in its own process, on one wall clock. Needs the ``gpu`` extra."""
+    budget and sequence cap unless given) in its own process, on one wall clock; ``lag_bound``: the replay's
+    `commitenv.backends.lag.LagBound` (None: measured, never held). Needs the ``gpu`` extra."""
 
     def build(profile, n: int, options, clock_mhz: int):
         from commitenv.backends.clock import WallClock
@@ -165,7 +167,7 @@ def vllm_backend(model: str, gpus: Sequence[int] | None = None, **engine_args: A
             for _, eng in devices:
                 eng.close()
             raise
-        return HardwarePool(profile, devices, clock, options, clock_mhz=clock_mhz)
+        return HardwarePool(profile, devices, clock, options, clock_mhz=clock_mhz, lag_bound=lag_bound)
 
     return build
 

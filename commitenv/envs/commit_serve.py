@@ -106,7 +106,7 @@ arrives), and ``info["miss_fraction_by_hour"]`` the running miss fraction of eve
 computed by `commitenv.scoring` from the engine's records, never from rewards.
 
 Attribution (``CommitServeEnv(..., attribution=True)``; off by default: the engine must then report every step,
-which costs time (docs/performance.md), and it adds a nested ``info`` entry): StepSplit's closed-form
+which costs time (docs/results/performance.md), and it adds a nested ``info`` entry): StepSplit's closed-form
 Shapley shares of the metered energy, per request and per tenant (`commitenv.attribution.PoolAttributor`; on a
 hardware backend `commitenv.attribution.hardware.HardwareAttributor`, which splits each GPU's counter energy above
 the profile's idle floor among the logged steps' members by their law terms: docs/real-gpu.md).

@@ -26,14 +26,15 @@ def _number(name: str, v: Any) -> float:
     return float(v)
 
 
-class LagrangianReward(gym.Wrapper):
+class LagrangianReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """reward - multiplier x info["cost"]; ``multiplier`` None takes the scenario's ``miss_penalty_kwh`` (kWh-eq per
     miss); ``adaptive`` updates it after every episode from the violation of ``limit`` (None: the scenario's
     epsilon) at rate ``lr`` (kWh-eq per miss per unit of miss fraction). ``info["lagrange_multiplier"]`` reports it."""
 
     def __init__(self, env: gym.Env, multiplier: float | None = None, *, adaptive: bool = False, lr: float = 1.0,
                  limit: float | None = None) -> None:
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, multiplier=multiplier, adaptive=adaptive, lr=lr, limit=limit)
+        gym.Wrapper.__init__(self, env)
         sc = getattr(env.unwrapped, "scenario", None)
         if multiplier is None:
             if sc is None:

@@ -202,13 +202,16 @@ def codec_for(kind: str, n: int, levels: int, start: int = 1, clocks_mhz: Sequen
 
 
 # ================================================================================================ wrappers
-class _CodecWrapper(gym.ActionWrapper):
-    """An action wrapper whose mapping is ``self.codec`` (see the module docstring); the observation is unchanged."""
+class _CodecWrapper(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
+    """An action wrapper whose mapping is ``self.codec`` (see the module docstring); the observation is unchanged.
+    Its constructor arguments are recorded, so that an env made by ``gym.make`` keeps a spec that rebuilds it
+    (Gymnasium's ``check_env`` requires that)."""
 
     codec_class: ClassVar[type[ActionCodec]]
 
     def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.ActionWrapper.__init__(self, env)
         act = env.action_space
         if not isinstance(act, spaces.Dict) or set(act.spaces) != {"active", "clock"}:
             raise TypeError(f"{type(self).__name__} expects a Dict(active, clock) action space, got {act}")

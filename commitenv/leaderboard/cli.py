@@ -10,6 +10,23 @@ from pathlib import Path
 from commitenv.runner import RAY_LOCAL
 
 
+DEFAULT_BOARD = Path("leaderboard")
+
+
+def _board(given: str | None, command: str) -> Path:
+    """``--board``, else ./leaderboard where it exists (a commitenv checkout); elsewhere ValueError saying what to
+    give, rather than a board made (and reference episodes run) in whatever folder the command was started from."""
+    if given is not None:
+        return Path(given)
+    if DEFAULT_BOARD.is_dir():
+        return DEFAULT_BOARD
+    what = {"submit": "an existing board, or a new folder (its first submission runs the suite's reference "
+                      "episodes first, vLLM and the oracle on each: many minutes)",
+            "render": "a leaderboard folder with results/<suite>.jsonl"}[command]
+    raise ValueError(f"{command}: no ./leaderboard folder here (it is in a commitenv checkout): give --board DIR, "
+                     f"{what}")
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     from commitenv.leaderboard.boxes import terminate_as_exit
     from commitenv.leaderboard.sandbox import SubmissionInvalid
@@ -19,13 +36,14 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs: expected at least 1, got {args.jobs}")
+    board = _board(args.board, "submit")
     sub = load_submission(args.path, name=args.name)
     # read once here, then out of the environment, so that no process started from now on inherits it
     secret = read_secret(args.secret_file)
     os.environ.pop(SECRET_ENV, None)
     try:
         with terminate_as_exit(forward=True):
-            res = submit(sub, args.suite, board=Path(args.board), n_jobs=args.jobs, ray_address=args.ray,
+            res = submit(sub, args.suite, board=board, n_jobs=args.jobs, ray_address=args.ray,
                          secret_file=args.secret_file, progress=not args.quiet, render=not args.no_render,
                          isolation=args.isolation, secret=secret)
     except SubmissionInvalid as e:
@@ -43,8 +61,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(f"    {r['reason']}")
     s = rec["score"]
     ci = f" (95 % CI {s['ci95'][0]:.1f} to {s['ci95'][1]:.1f})" if s["ci95"] else ""
+    m = rec["metrics"]
     print(f"{sub.name} on {rec['suite']}: score {s['mean']:.1f}{ci} over {s['n']} episodes, "
-          f"{rec['metrics']['failed']} lost; {rec['wall_s']:.0f} s")
+          f"{m['gate_failures']} failed the SLO gate, {m['lost']} lost; {rec['wall_s']:.0f} s")
     print(f"appended to {res.results_file}")
     return 0
 
@@ -52,7 +71,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 def _cmd_render(args: argparse.Namespace) -> int:
     from commitenv.leaderboard.render import render_board
 
-    md, html = render_board(Path(args.board))
+    md, html = render_board(_board(args.board, "render"))
     print(f"wrote {md} and {html}")
     return 0
 
@@ -74,8 +93,9 @@ def add_leaderboard_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--suite", default="dev", help="dev (public), test (drawn from the maintainer's secret; without it "
                                                   "dev runs), or a suite file")
     s.add_argument("--name", default=None, help="the name in the table (default: submission.yaml's)")
-    s.add_argument("--board", default="leaderboard", metavar="DIR",
-                   help="the leaderboard folder: suites/, references/, results/ (default ./leaderboard)")
+    s.add_argument("--board", default=None, metavar="DIR",
+                   help="the leaderboard folder: suites/, references/, results/ (default ./leaderboard, which must "
+                        "exist; a new folder runs the suite's reference episodes first)")
     s.add_argument("--jobs", type=int, default=1, metavar="N", help="episodes at a time (processes, or Ray tasks)")
     s.add_argument("--ray", nargs="?", const=RAY_LOCAL, default=None, metavar="ADDRESS",
                    help="run the episodes as Ray tasks (a new local Ray, or the cluster at ADDRESS)")
@@ -90,7 +110,7 @@ def add_leaderboard_parsers(sub: argparse._SubParsersAction) -> None:
     lb = sub.add_parser("leaderboard", help="leaderboard maintenance: render the table from the results")
     lsub = lb.add_subparsers(dest="lb_cmd", required=True)
     r = lsub.add_parser("render", help="write LEADERBOARD.md and index.html from results/*.jsonl")
-    r.add_argument("--board", default="leaderboard", metavar="DIR")
+    r.add_argument("--board", default=None, metavar="DIR", help="the leaderboard folder (default ./leaderboard)")
     r.set_defaults(func=_cmd_render)
     rf = lsub.add_parser("references", help="run (or check) the reference episodes of a suite (vLLM and the oracle), "
                                             "as the first submission would")

@@ -33,13 +33,11 @@ _ETC = ("/etc/ld.so.cache", "/etc/localtime")
 
 def package_paths() -> set[str]:
     """The Python library folders, the commitenv packages and the shipped scenarios and profiles (all public)."""
-    import commitenv_controllers
-
     import commitenv
-    from commitenv._paths import data_dir
+    from commitenv._paths import data_dir, package_dir
 
     paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths |= {str(Path(commitenv.__file__).parent), str(Path(commitenv_controllers.__file__).parent)}
+    paths |= {str(Path(commitenv.__file__).parent), str(package_dir("commitenv_controllers"))}
     for kind in ("scenarios", "profiles"):
         try:
             paths.add(str(data_dir(kind)))

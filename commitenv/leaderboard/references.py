@@ -48,3 +48,9 @@ def ensure(path: Path, eps: list[Episode], controllers: tuple[str, str], *, secr
               for c in controllers]
     got = lib.ensure(path, wanted, run, drop_stale=True)
     return [(got[2 * i], got[2 * i + 1]) for i in range(len(eps))]
+
+
+def missing(path: Path, eps: list[Episode], controllers: tuple[str, str], *, secret: bytes | None = None) -> int:
+    """How many of the episodes' reference runs ``path`` does not hold yet (what `ensure` would run)."""
+    have = lib.load(path)
+    return sum(1 for ep in eps for c in controllers if reference_key(ep, c, secret) not in have)

@@ -30,6 +30,9 @@ NORMALIZATION = (
     "min(that, 0) minus the shortfall of its worst hour in attainment points; "
     "suite score = mean with 95 % t-interval"
 )
+RANKING = ("rank: by the number of episodes not through the SLO gate (fewest first: the gate is a constraint), then "
+           "by suite score; a lost episode (crash, timeout, a limit, an invalid action) is scored by the do-nothing "
+           "run that replaced it")
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -71,16 +74,26 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict:
 
 
 def latest_by_name(records: list[dict]) -> list[dict]:
-    """The last record of each submission name (file order), by score mean descending (no score last), ties by name."""
+    """The last record of each submission name (file order), ranked: fewest episodes not through the SLO gate first,
+    then by score mean descending (no score last), ties by name."""
     latest: dict[str, dict] = {}
     for record in records:
         latest[record["name"]] = record
     return sorted(latest.values(), key=_rank_key)
 
 
-def _rank_key(record: dict) -> tuple[bool, float, str]:
+def _rank_key(record: dict) -> tuple[bool, float, float, str]:
+    """No score last; the gate is a constraint, so fewer episodes failing it rank higher whatever the scores (a
+    failed episode's score already carries its shortfall): all through ranks above one failure, one above four."""
     mean = _score(record).get("mean")
-    return (not _is_num(mean), -mean if _is_num(mean) else 0.0, record["name"])
+    return (not _is_num(mean), _not_through_gate(record), -mean if _is_num(mean) else 0.0, record["name"])
+
+
+def _not_through_gate(record: dict) -> float:
+    """Episodes that did not pass the SLO gate (lost ones included: their do-nothing replacement is scored); inf
+    when the record does not say."""
+    passed, total = _metric(record, "slo_gate_pass"), _metric(record, "episodes")
+    return float(total - passed) if _is_num(passed) and _is_num(total) and total > 0 else math.inf
 
 
 def _suite_order(results: dict[str, list[dict]]) -> list[str]:
@@ -108,22 +121,33 @@ def _scenario_mean(record: dict, scenario: str) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-def _failed(record: dict) -> tuple[int | None, str]:
-    """(failed episode count, "crash 1, timeout 2"): the count is metrics.failed, else counted from the episodes."""
-    statuses = Counter(str(e.get("status")) for e in _episodes(record) if e.get("status") not in (None, "ok"))
+def _lost(record: dict) -> tuple[int | None, str]:
+    """(lost episode count, "crash 1, timeout 2"): episodes the submission did not finish (crash, timeout, over a
+    limit, invalid action), from the episodes, else metrics.lost (metrics.failed in older records)."""
+    eps = _episodes(record)
+    statuses = Counter(str(e.get("status")) for e in eps if e.get("status") not in (None, "ok"))
     detail = ", ".join(f"{s} {n}" for s, n in sorted(statuses.items()))
-    count = _metric(record, "failed")
+    if eps:
+        return sum(statuses.values()), detail
+    count = _metric(record, "lost")
     if not _is_num(count):
-        count = sum(statuses.values()) if record.get("episodes") else None
-    return (int(count) if count is not None else None), detail
+        count = _metric(record, "failed")
+    return (int(count) if _is_num(count) else None), detail
 
 
-def _gate(record: dict) -> tuple[float | None, str]:
-    """(fraction of episodes through the SLO gate, "passed/episodes")."""
-    passed, total = _metric(record, "slo_gate_pass"), _metric(record, "episodes")
-    if not (_is_num(passed) and _is_num(total)):
-        return None, DASH
-    return (passed / total if total else None), f"{_fmt_count(passed)}/{_fmt_count(total)}"
+def _gate_failures(record: dict) -> tuple[int | None, int | None]:
+    """(episodes that ran and failed the SLO gate, episodes): counted from the episodes (lost ones apart), else
+    metrics.gate_failures, else metrics.episodes - metrics.slo_gate_pass."""
+    total = _metric(record, "episodes")
+    total = int(total) if _is_num(total) else None
+    eps = _episodes(record)
+    if eps:
+        return sum(1 for e in eps if e.get("status") == "ok" and e.get("slo_gate_pass") is False), total or len(eps)
+    count = _metric(record, "gate_failures")
+    if not _is_num(count):
+        passed = _metric(record, "slo_gate_pass")
+        count = total - passed if _is_num(passed) and total is not None else None
+    return (int(count) if count is not None else None), total
 
 
 def _normalization(ranked: list[dict]) -> str:
@@ -186,11 +210,18 @@ def _learns(record: dict) -> str:
     return DASH if learns is None else ("yes" if learns else "no")
 
 
-def _failed_text(record: dict) -> str:
-    count, detail = _failed(record)
+def _lost_text(record: dict) -> str:
+    count, detail = _lost(record)
     if count is None:
         return DASH
     return f"{count} ({detail})" if count and detail else str(count)
+
+
+def _gate_text(record: dict) -> str:
+    count, total = _gate_failures(record)
+    if count is None:
+        return DASH
+    return f"{count} of {total}" if total is not None else str(count)
 
 
 # ---------------------------------------------------------------------------------------------------- columns
@@ -204,9 +235,9 @@ COLUMNS: list[Column] = [
     ("cost", "cost kWh-eq", True, lambda r: _fmt(_metric(r, "cost_kwh_eq"), 4), lambda r: _metric(r, "cost_kwh_eq")),
     ("attainment", "attainment %", True, lambda r: _fmt(_metric(r, "attainment_pct"), 3),
      lambda r: _metric(r, "attainment_pct")),
-    ("slo_gate", "SLO gate (passed/episodes)", True, lambda r: _gate(r)[1], lambda r: _gate(r)[0]),
+    ("gate_failures", "SLO gate failed (episodes)", True, _gate_text, lambda r: _gate_failures(r)[0]),
+    ("lost", "lost episodes", True, _lost_text, lambda r: _lost(r)[0]),
     ("misses", "misses", True, lambda r: _fmt_count(_metric(r, "misses")), lambda r: _metric(r, "misses")),
-    ("failed", "failed episodes", True, _failed_text, lambda r: _failed(r)[0]),
     ("learns", "learns", True, _learns, lambda r: None if r.get("learns") is None else int(bool(r["learns"]))),
     ("authors", "authors", False, _authors, _authors),
     ("commit", "commit", False, _commit, lambda r: _commit(r) if _commit(r) != DASH else None),
@@ -247,7 +278,7 @@ def _md_suite(suite: str, ranked: list[dict]) -> list[str]:
     lines = [f"## Suite `{suite}`", ""]
     if not ranked:
         return lines + ["No results yet.", ""]
-    lines += [_normalization(ranked) + ".", ""]
+    lines += [_normalization(ranked) + ".", "", RANKING + ".", ""]
     if hashes := _suite_hashes(ranked):
         lines += [f"Suite hash: `{hashes}`.", ""]
     header = ["rank"] + [c[1] for c in COLUMNS]
@@ -354,6 +385,7 @@ def _html_suite(suite: str, ranked: list[dict]) -> str:
     if not ranked:
         return "\n".join(parts + ['<p class="empty">No results yet.</p>', "</section>"])
     parts.append(f'<p class="note">{_e(_normalization(ranked))}.</p>')
+    parts.append(f'<p class="note">{_e(RANKING)}.</p>')
     if hashes := _suite_hashes(ranked):
         parts.append(f'<p class="note">Suite hash: <code>{_e(hashes)}</code>.</p>')
     parts += [_html_board(suite, ranked), _scatter_svg(suite, ranked), _html_breakdown(suite, ranked), "</section>"]
@@ -497,6 +529,8 @@ def render_board(board_dir: Path) -> tuple[Path, Path]:
 
     Both texts are rendered before either file is touched, so a rendering error leaves the old board as it was."""
     board_dir = Path(board_dir)
+    if not board_dir.is_dir():
+        raise ValueError(f"{board_dir}: no such folder; expected a leaderboard folder holding results/<suite>.jsonl")
     results = load_results(board_dir / "results")
     markdown, page = render_markdown(results), render_html(results)
     md_path, html_path = board_dir / "LEADERBOARD.md", board_dir / "index.html"

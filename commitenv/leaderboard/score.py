@@ -40,10 +40,14 @@ def _mean(values: list[Any]) -> float | None:
 
 def suite_summary(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(score, metrics) of a suite's episode rows: the score's mean and 95 % interval; the raw metrics' means, the
-    SLO gate's pass count, the episode count and how many were lost (crash, timeout, ...). A raw metric an episode
-    does not have (the deviation of an energy-only scenario: None) is averaged over the episodes that have it."""
+    SLO gate's pass count, the episode count, how many episodes ran and failed the gate (``gate_failures``) and how
+    many were lost (``lost``, also ``failed`` as older records name it: crash, timeout, ...). A raw metric an
+    episode does not have (the deviation of an energy-only scenario: None) is averaged over the episodes that have
+    it."""
     total = mean_ci95([r["score"] for r in rows])
     metrics: dict[str, Any] = {k: _mean([r[k] for r in rows]) for k in RAW}
+    lost = sum(1 for r in rows if r["status"] != "ok")
     metrics.update({"slo_gate_pass": sum(1 for r in rows if r["slo_gate_pass"]), "episodes": len(rows),
-                    "failed": sum(1 for r in rows if r["status"] != "ok")})
+                    "gate_failures": sum(1 for r in rows if r["status"] == "ok" and not r["slo_gate_pass"]),
+                    "lost": lost, "failed": lost})
     return total, metrics

@@ -66,7 +66,16 @@ def _suite_episodes(suite_name: str, board: Path, secret_file: str | Path | None
 
 
 def _references(board: Path, suite, eps, secret, run) -> list:
-    return references.ensure(board / "references" / f"{suite.name}.json", eps, (suite.lower, suite.upper),
+    """The episodes' (lower, upper) reference summaries; the missing ones are run first, and said so: on a new
+    board that is every episode twice, which takes longer than scoring most submissions."""
+    path = board / "references" / f"{suite.name}.json"
+    todo = references.missing(path, eps, (suite.lower, suite.upper), secret=secret)
+    if todo:
+        log.warning("%s holds %d of the %d reference runs of suite '%s' (%s and %s on each episode): running the "
+                    "%d missing ones first (minutes each for the oracle; `commitenv leaderboard references --suite "
+                    "%s --board %s` runs them ahead)", path, 2 * len(eps) - todo, 2 * len(eps), suite.name,
+                    suite.lower, suite.upper, todo, suite.name, board)
+    return references.ensure(path, eps, (suite.lower, suite.upper),
                              secret=secret, run=lambda jobs: run(jobs, references.run_reference, "references"))
 
 

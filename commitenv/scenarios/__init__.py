@@ -25,13 +25,12 @@ _WHERE = {
          "reference_hourly_energy_j", "reference_key", "reference_workload_seed"], "commitments"
     ),
     **dict.fromkeys(
-        ["ScenarioError", "check_scenario", "env_id", "list_scenarios", "load_scenario", "parse_scenario",
-         "scenarios_dir"], "loader"
+        ["check_scenario", "env_id", "list_scenarios", "load_scenario", "parse_scenario", "scenarios_dir"], "loader"
     ),
     **dict.fromkeys(["describe_scenarios", "register_all"], "registry"),
     **dict.fromkeys(
         ["CommitmentSpec", "InitialConfig", "InstanceSpec", "ModelSpec", "NoiseSpecModel", "ObservationSpec",
-         "PoolSpec", "ReferenceSpec", "Scenario", "WorkloadSpec"], "schema"
+         "PoolSpec", "ReferenceSpec", "Scenario", "ScenarioError", "WorkloadSpec"], "schema"
     ),
 }
 
@@ -71,7 +70,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs
         reference_workload_seed,
     )
     from commitenv.scenarios.loader import (
-        ScenarioError,
         check_scenario,
         env_id,
         list_scenarios,
@@ -90,6 +88,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs
         PoolSpec,
         ReferenceSpec,
         Scenario,
+        ScenarioError,
         WorkloadSpec,
     )
 

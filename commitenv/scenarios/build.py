@@ -19,9 +19,8 @@ from pydantic import ValidationError
 from commitenv._paths import data_dir
 from commitenv.profiles import ProfileError, load_profile
 from commitenv.profiles.schema import Profile
-from commitenv.scenarios.loader import ScenarioError
 from commitenv.scenarios.realism import Realism
-from commitenv.scenarios.schema import Scenario
+from commitenv.scenarios.schema import Scenario, ScenarioError
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.pool import EngineOptions, Instance, PoolLayout
 from commitenv.sim.truth import TruthSpec

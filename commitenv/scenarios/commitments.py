@@ -46,8 +46,7 @@ from commitenv.scenarios.build import (
     synthetic_lengths_path,
     with_tenant_mix,
 )
-from commitenv.scenarios.loader import ScenarioError
-from commitenv.scenarios.schema import Scenario
+from commitenv.scenarios.schema import Scenario, ScenarioError
 
 CACHE_FORMAT = 1
 REFERENCE_ENGINE_SEED = 0
@@ -115,7 +114,7 @@ def engine_code_sha256() -> str:
 
 def reference_inputs(sc: Scenario) -> dict:
     """Everything the reference run's numbers depend on, as a JSON-able dict (hashed into the cache key)."""
-    from commitenv import __version__
+    from commitenv._version import __version__
 
     wl = sc.workload.model_dump(mode="json")
     wl["seed"] = reference_workload_seed(sc)

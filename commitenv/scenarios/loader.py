@@ -15,15 +15,11 @@ import yaml
 from pydantic import ValidationError
 
 from commitenv._paths import data_dir
-from commitenv.scenarios.schema import Scenario
+from commitenv.scenarios.schema import Scenario, ScenarioError
 
 ENV_NAMESPACE = "commitenv"
 ENV_VERSION = 0
 _ID_RE = re.compile(rf"^{ENV_NAMESPACE}/(?P<name>[^/]+?)-v(?P<version>\d+)$")
-
-
-class ScenarioError(ValueError):
-    """A scenario is unknown, unreadable or invalid; the message names the file and the field."""
 
 
 # ------------------------------------------------------------------------------------------ discovery

@@ -6,7 +6,8 @@ commitenv stays cheap and a broken scenario file surfaces when that scenario is 
 
 from __future__ import annotations
 
-from commitenv.scenarios.loader import ScenarioError, env_id, list_scenarios, load_scenario
+from commitenv.scenarios.loader import env_id, list_scenarios, load_scenario
+from commitenv.scenarios.schema import ScenarioError
 
 ENTRY_POINT = "commitenv.envs:CommitServeEnv"
 

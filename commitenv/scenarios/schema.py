@@ -11,6 +11,10 @@ from commitenv.scenarios.realism import Realism
 from commitenv.sim.migration import MigrationSpec
 
 
+class ScenarioError(ValueError):
+    """A scenario is unknown, unreadable or invalid; the message names the file and the field."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -327,23 +331,28 @@ class InitialConfig(_Strict):
     clock_mhz: int | None = Field(default=None, gt=0)
 
 
+# ``lambda_minus E*_h / (epsilon N_h)`` of the shipped reference hours: using up the whole miss tolerance costs as much
+# as leaving the hour's commitment unused, so serving fewer requests never pays (every shipped scenario states it).
+DEFAULT_MISS_PENALTY_KWH = 0.015
+
+
 class Scenario(_Strict):
-    """One registered scenario (`commitenv/<name>-v0`)."""
+    """One registered scenario (`commitenv/<name>-v0`); every field, its default and unit: docs/scenarios.md."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
-    description: str = Field(min_length=1)
+    description: str = ""  # free text; its first line is what `commitenv scenarios` lists
     pool: PoolSpec
     workload: WorkloadSpec
-    horizon_hours: int = Field(ge=1, le=24 * 14)
-    interval_s: float = Field(default=60.0, gt=0)
+    horizon_hours: int = Field(ge=1, le=24 * 14)  # settled hours; the episode then serves every request left
+    interval_s: float = Field(default=60.0, gt=0)  # decision interval, s; divides 3600
     commitment: CommitmentSpec
-    lambda_plus: float = Field(default=2.0, gt=0)
-    lambda_minus: float = Field(default=1.0, gt=0)
-    alpha: float = Field(default=3.0, gt=0)
-    epsilon: float = Field(default=0.01, ge=0, le=1)
-    miss_penalty_kwh: float = Field(default=0.0, ge=0)
+    lambda_plus: float = Field(default=2.0, gt=0)  # kWh-eq per kWh over the commitment
+    lambda_minus: float = Field(default=1.0, gt=0)  # kWh-eq per kWh of commitment left unused
+    alpha: float = Field(default=3.0, gt=0)  # SLO scale: deadline = arrival + alpha L_ref
+    epsilon: float = Field(default=0.01, ge=0, le=1)  # miss tolerance per arrival hour (the absolute gate)
+    miss_penalty_kwh: float = Field(default=DEFAULT_MISS_PENALTY_KWH, ge=0)  # kWh-eq per miss (learners' reward)
     objective: ObjectiveSpec = ObjectiveSpec()
-    actuation_delay_s: float = Field(default=0.0, ge=0)
+    actuation_delay_s: float = Field(default=0.0, ge=0)  # s from the interval start to the action applying
     observation: ObservationSpec = ObservationSpec()
     noise: NoiseSpecModel = NoiseSpecModel()
     realism: Realism = Realism(level="paper")

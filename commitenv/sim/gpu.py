@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from commitenv.sim.states import ACTIVE, DRAINING, LOADING, MOVING, WAKING
+
 if TYPE_CHECKING:  # pragma: no cover
     from commitenv.profiles.schema import Profile
     from commitenv.sim.replica import Replica
@@ -32,8 +34,6 @@ class GPU:
         """Idle power implied by the hosted instances' states (the most awake one sets it; an instance loading its
         weights draws at least its profile's ``load_w``, one still waiting for memory nothing; a GPU hosting nothing
         draws standby power)."""
-        from commitenv.sim.replica import ACTIVE, DRAINING, LOADING, MOVING, WAKING
-
         prof = self.profile if self.profile is not None else self.replicas[0].profile
         lvl = prof.clocks[self.clock_idx]
         here = [r for r in self.replicas if not (r.state == LOADING and r.load_wait)]  # (a waiting load draws nothing)

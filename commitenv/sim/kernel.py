@@ -21,8 +21,9 @@ from numba import njit
 
 from commitenv.sim.coeffs import coeffs_for
 from commitenv.sim.noise import NoiseSource
+from commitenv.sim.records import InFlightPart, SegmentLog, StepLogBatch
+from commitenv.sim.states import ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, STANDBY, WAKING
 
-SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 INF = math.inf
 # pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
 ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
@@ -41,7 +42,6 @@ R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R
 # R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables;
 # R_SCLK: the clock level its segment started at (the step log's clock); R_LOGGED: the segment was started while the
 # step log was written (`Replica.seg_log` set), so its booking is logged
-ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3  # `commitenv.sim.replica` lifecycle states
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
 # per-request float64 columns (``qf``)
@@ -49,7 +49,6 @@ Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 # per-GPU int64 columns (``gi``) and float64 columns (``gf``)
 G_CLOCK, G_PENDING, G_VER = range(3)
 GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
-EV_SEG, EV_WAKE, EV_CLOCK = 0, 1, 2  # `commitenv.sim.pool` event kinds (the heap orders same-time events by kind)
 # scheduler limits, the truth table's first cell, whether the tables hold legacy noise draws, whether the step log
 # is written and whether decode runs advance in closed form (``sched``: int64)
 S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE, S_LOG, S_CLOSED = range(8)
@@ -59,6 +58,10 @@ LF_T0, LF_T1, LF_ENERGY, LF_FLOOR = range(4)
 LM_REQ, LM_NEW, LM_COMPUTED, LM_DECODE = range(4)
 # coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
 C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
+# the state arrays a `KernelState` writes (a copy duplicates them; tables, rows and the step log are handled apart):
+# per request (indexed like ``qi``; a compaction makes them anew) and the rest (scalars, replicas, GPUs, event heap)
+REQUEST_ARRAYS = ("qi", "qf", "qc", "rejected", "wq", "done_out")
+ENGINE_ARRAYS = ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn")
 
 
 @njit(cache=True)
@@ -1078,7 +1081,7 @@ class KernelState:
         ri[:, R_VER] = [rep.version for rep in reps]
         ri[:, R_SEG] = [rep.seg for rep in reps]
         ri[:, R_K] = [rep.run_k for rep in reps]
-        ri[:, R_SCLK] = [rep.gpu.clock_idx if rep.seg_log is None else prof.clock_index(rep.seg_log[4]) for rep in reps]
+        ri[:, R_SCLK] = [rep.gpu.clock_idx if rep.seg_log is None else prof.clock_index(rep.seg_log.clock_mhz) for rep in reps]
         ri[:, R_LOGGED] = [rep.seg != SEG_NONE and rep.seg_log is not None for rep in reps]
         for col, name in ((R_T0, "t0"), (R_T1, "t1"), (R_BT0, "T0"), (R_D, "D"), (R_E0, "E0"), (R_F, "F"),
                           (R_FT, "ft"), (R_FE, "fe"), (R_ENERGY, "seg_energy"), (R_FLOOR_W, "seg_floor_w"),
@@ -1178,8 +1181,6 @@ class KernelState:
     def _drain_log(self) -> None:
         """The entries written since the last drain, as a `StepLogBatch` (request slots, clock in MHz), onto the list
         `take_log` hands out; the arrays are empty again."""
-        from commitenv.sim.pool import StepLogBatch
-
         n, nm = int(self.si[I_LOG]), int(self.si[I_LOGM])
         if n == 0:
             return
@@ -1193,8 +1194,6 @@ class KernelState:
 
     def take_log(self):
         """The step log entries booked since the last call, in booking order, as one `StepLogBatch` (None: none)."""
-        from commitenv.sim.pool import StepLogBatch
-
         out, self._log_out = self._log_out, []
         return StepLogBatch.join(out) if out else None
 
@@ -1205,14 +1204,15 @@ class KernelState:
         self.si[I_LOG] = self.si[I_LOGM] = 0
         self._log_out = []
 
-    def _seg_log(self, x: int) -> tuple:
+    def _seg_log(self, x: int) -> SegmentLog:
         """`Replica.seg_log` of replica ``x``'s segment in flight, as the Python loop records it at its start (a run's
         computed tokens advanced by the steps already booked, as `Pool.settle` advances them)."""
         nb, ri = int(self.ri[x, R_BATCH_N]), self.ri
         members = self.bq[x, :nb]
         new = np.ones(nb, np.int64) if ri[x, R_SEG] == SEG_RUN else self.bk[x, :nb]
-        return (tuple(self.slots(members).tolist()), tuple(new.tolist()), tuple(self.qi[members, Q_COMPUTED].tolist()),
-                tuple(_decode_flags(self.qi, members, new).tolist()), int(self._mhz[ri[x, R_SCLK]]), 1.0)
+        return SegmentLog(tuple(self.slots(members).tolist()), tuple(new.tolist()),
+                          tuple(self.qi[members, Q_COMPUTED].tolist()), tuple(_decode_flags(self.qi, members, new).tolist()),
+                          int(self._mhz[ri[x, R_SCLK]]), 1.0)
 
     # ------------------------------------------------------------------------------------------ requests
     def slots(self, idx: np.ndarray) -> np.ndarray:
@@ -1291,8 +1291,7 @@ class KernelState:
         if self.taken != self.si[I_DONE] or self.si[I_LOG]:
             raise RuntimeError("kernel: compaction before the finished requests' results (or step log) were taken")
         if copy_all:  # (first: the compaction writes into these)
-            for name in ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv",
-                         "e_dyn"):
+            for name in ENGINE_ARRAYS:
                 setattr(self, name, getattr(self, name).copy())
         cur, L = int(self.si[I_CURSOR]), self.n_live
         if ahead_s is not None and not self._stopped:
@@ -1333,7 +1332,9 @@ class KernelState:
         need = max(need, c0 + have + int(3600 // cell))
         c0 = max(0, int((self.sf[F_NOW] - 1.0) // cell))  # (1 s back: a change may be applied just before the clock)
         ft, fe = self._truth.factor_tables(need)
-        self.ftab, self.fetab = ft[:, c0:need], fe[:, c0:need]  # (views of the truth's shared tables)
+        # (contiguous copies: a view of the truth's growing tables is C-contiguous or not depending on its capacity,
+        # and numba compiles `advance` again for each memory layout it meets)
+        self.ftab, self.fetab = np.ascontiguousarray(ft[:, c0:need]), np.ascontiguousarray(fe[:, c0:need])
         self.sched = self.sched.copy()  # (copies share it until one of them moves its tables)
         self.sched[S_CELL0] = c0
 
@@ -1437,8 +1438,7 @@ class KernelState:
             c.lookahead_s = min(self.lookahead_s, self.COPY_LOOKAHEAD_S)
             c._compact(copy_all=True, ahead_s=c.lookahead_s)
         else:
-            for name in ("qi", "qf", "qc", "rejected", "ri", "rf", "gi", "gf", "si", "sf", "wq", "run", "bq", "bk",
-                         "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn", "done_out"):
+            for name in REQUEST_ARRAYS + ENGINE_ARRAYS:
                 setattr(c, name, getattr(self, name).copy())
         if log:
             c.lgi, c.lgf, c.lgm, c._log_out = self.lgi.copy(), self.lgf.copy(), self.lgm.copy(), list(self._log_out)
@@ -1450,9 +1450,7 @@ class KernelState:
     @property
     def nbytes(self) -> int:
         """Bytes of the state arrays (what `copy` duplicates at most)."""
-        return sum(a.nbytes for a in (self.qi, self.qf, self.qc, self.rejected, self.ri, self.rf, self.gi, self.gf,
-                                      self.si, self.sf, self.wq, self.run, self.bq, self.bk, self.pend, self.ht,
-                                      self.hk, self.hs, self.hi, self.hv, self.e_dyn, self.done_out))
+        return sum(getattr(self, name).nbytes for name in REQUEST_ARRAYS + ENGINE_ARRAYS)
 
     def stop_arrivals(self) -> None:
         """No request arrives after the ones already in (`Pool.stop_arrivals`)."""
@@ -1566,8 +1564,6 @@ class KernelState:
 
     def in_flight(self, t: float) -> list:
         """`Pool.in_flight`: the logged segments in flight that started before ``t``."""
-        from commitenv.sim.pool import InFlightPart
-
         if not self.logging:
             return []
         ri, rf = self.ri, self.rf

@@ -17,16 +17,12 @@ from typing import TYPE_CHECKING
 from commitenv.profiles.schema import Profile
 from commitenv.sim.coeffs import StepCoeffs, coeffs_for
 from commitenv.sim.prefix_cache import PrefixCache
+from commitenv.sim.records import SegmentLog
 from commitenv.sim.request import Req
+from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
 
 if TYPE_CHECKING:  # pragma: no cover
     from commitenv.sim.gpu import GPU
-
-ACTIVE, DRAINING, STANDBY, WAKING = 0, 1, 2, 3
-MOVING, LOADING = 4, 5  # leaving its GPU (finishing the requests it keeps), cold-starting on another GPU
-STATE_NAMES = ("active", "draining", "standby", "waking", "moving", "loading")
-
-SEG_NONE, SEG_STEP, SEG_RUN = 0, 1, 2
 
 
 def batch_terms(batch: list[tuple[Req, int]], flags: list[bool] | None = None) -> tuple[int, int, int, int]:
@@ -93,7 +89,7 @@ class Replica:
         self.seg_floor_w = 0.0  # GPU floor power the segment is charged against since seg_floor_t
         self.seg_floor_t = 0.0
         self.seg_floor_acc = 0.0  # floor energy charged over [t0, seg_floor_t)
-        self.seg_log: tuple | None = None
+        self.seg_log: SegmentLog | None = None
         self._coeffs: StepCoeffs | None = None
         self.pending_start = False  # queued to start a step once every event at the current time is in
         self.pcache: PrefixCache | None = None  # prefix block cache (only when the workload has hash blocks)
@@ -365,8 +361,9 @@ class Replica:
                 if self.t1 > t_next:
                     self.cut(t_next)  # the truth's factors change at the next cell: a step engine redraws there
                 if record:
-                    self.seg_log = (tuple([r.slot for r in reqs]), (1,) * len(reqs), tuple([r.computed for r in reqs]),
-                                    tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
+                    self.seg_log = SegmentLog(tuple([r.slot for r in reqs]), (1,) * len(reqs),
+                                              tuple([r.computed for r in reqs]), tuple(flags),
+                                              self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
                 return True
         dt = ft * c.step_time(P, n, L, A)
         self.seg = SEG_STEP
@@ -374,9 +371,9 @@ class Replica:
         self.t1 = t + dt
         self.seg_energy = fe * c.step_energy(P, n, L, A)
         if record:
-            self.seg_log = (tuple([r.slot for r, _ in batch]), tuple([k for _, k in batch]),
-                            tuple([r.computed for r, _ in batch]), tuple(flags), self.profile.clocks[self.gpu.clock_idx].mhz,
-                            self.share)
+            self.seg_log = SegmentLog(tuple([r.slot for r, _ in batch]), tuple([k for _, k in batch]),
+                                      tuple([r.computed for r, _ in batch]), tuple(flags),
+                                      self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
         return True
 
     def _kv_steps(self, batch: list[tuple[Req, int]], kmax: int) -> int:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from commitenv.sim.pool import Pool
-from commitenv.sim.replica import STATE_NAMES
+from commitenv.sim.states import STATE_NAMES
 
 if TYPE_CHECKING:  # pragma: no cover
     from commitenv.sim.whatif import WhatIf

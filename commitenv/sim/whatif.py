@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from commitenv.sim.pool import REPLAY_SLOT_BASE, Pool
-from commitenv.sim.view import Snapshot
 from commitenv.workload.table import RequestTable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from commitenv.sim.view import Snapshot
 
 
 @dataclass(frozen=True)

@@ -21,25 +21,31 @@ def add_train_parser(sub: Any) -> argparse.ArgumentParser:
                                    "train seeds, VecNormalize, evaluation on test seeds, checkpoints; see "
                                    "docs/training.md.")
     t.add_argument("scenario", help="scenario name or file (commitenv scenarios lists them)")
-    t.add_argument("--algo", choices=ALGORITHMS, default="ppo",
+    t.add_argument("--algo", choices=ALGORITHMS, default=None,
                    help="ppo / a2c (MultiDiscrete actions), sac (Box actions), dqn (one Discrete action per "
                         "(active, clock) pair), ppo-lagrangian (PPO with the miss price as an adaptive Lagrange "
                         "multiplier, docs/objective.md); default ppo")
-    t.add_argument("--steps", type=int, default=100_000, help="environment steps in total (default 100000)")
-    t.add_argument("--envs", type=int, default=1, help="parallel envs: 1 in this process, more in subprocesses")
+    t.add_argument("--steps", type=int, default=None, help="environment steps in total (default 100000; with "
+                                                            "--resume: the total to reach, default the run's own)")
+    t.add_argument("--envs", type=int, default=None, help="parallel envs: 1 (default) in this process, more in "
+                                                          "subprocesses")
     t.add_argument("--config", default=None, metavar="FILE", help="YAML of hyperparameters (docs/training.md)")
     t.add_argument("--out", required=True, metavar="DIR",
                    help="run folder: model.zip, vecnormalize.pkl, best_model.zip, train.json, checkpoints/, logs")
     t.add_argument("--resume", action="store_true",
-                   help="continue the run in DIR from its last checkpoint up to --steps in total")
-    t.add_argument("--seed", type=seed, default=0, help="the learner's own randomness (episode traces come from the "
+                   help="continue the run in DIR from its last checkpoint, with the options it started with "
+                        "(giving a different --algo, --envs, --seed, --eval-freq, --eval-episodes or "
+                        "--checkpoint-freq is refused), up to --steps in total")
+    t.add_argument("--seed", type=seed, default=None, help="the learner's own randomness (episode traces come from the "
                                                        "scenario's train seeds)")
-    t.add_argument("--eval-freq", type=int, default=6_000, metavar="STEPS",
+    t.add_argument("--eval-freq", type=int, default=None, metavar="STEPS",
                    help="evaluate every STEPS environment steps (0: only at the end; default 6000)")
-    t.add_argument("--eval-episodes", type=int, default=5, metavar="N",
-                   help="test seeds per evaluation: the last N of the scenario's test range (0: no evaluation)")
-    t.add_argument("--checkpoint-freq", type=int, default=10_000, metavar="STEPS",
-                   help="save a checkpoint every STEPS environment steps (default 10000)")
+    t.add_argument("--eval-episodes", type=int, default=None, metavar="N",
+                   help="test seeds per evaluation: the last N of the scenario's test range (0: no evaluation; "
+                        "default 5)")
+    t.add_argument("--checkpoint-freq", type=int, default=None, metavar="STEPS",
+                   help="save a checkpoint at the first rollout boundary after every STEPS environment steps "
+                        "(default 10000)")
     t.add_argument("--device", default="cpu", help="torch device (default cpu: small MLPs run fastest there)")
     t.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (default 1)")
     t.add_argument("--no-score", action="store_true",
@@ -62,7 +68,8 @@ def run_train(args: argparse.Namespace) -> int:
           f"(this run: {rec['segments'][-1]['wall_s']} s)")
     ev = rec.get("evaluations") or {}
     if ev:
-        print(f"evaluation on test seeds {rec['eval_seeds']}: final mean return {ev['final']['mean_return']:.4f}, "
+        print(f"evaluation on test seeds {rec['eval_seeds']} (mean penalised return, the learner's: -(cost + miss "
+              f"penalty x misses) + offset): final {ev['final']['mean_return']:.4f} at step {ev['final']['steps']}, "
               f"best {ev['best']['mean_return']:.4f} at step {ev['best']['steps']}")
     for which, s in (rec.get("scores") or {}).items():
         if isinstance(s, dict):

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -22,21 +24,26 @@ import os
 import platform
 import re
 import shlex
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from commitenv.envs.wrappers import ActionCodec
 from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA, SB3_CLASS
 from commitenv.train.config import AlgoConfig, InitialAction, default_config, load_config, parse_config
+from commitenv.train.callbacks import callback_classes, save_atomically, write_checkpoint
 from commitenv.train.envs import SeedRanges, make_env, seed_ranges
+from commitenv.train.resume import (OPTION_FLAGS, EvaluationLog, RolloutState, read_evaluations, read_state,
+                                    resolve_options, restore_rng, rewind, saved_options)
 
 log = logging.getLogger("commitenv.train")
 
-__all__ = ["TrainSpec", "checkpoints", "start_near", "train"]
+__all__ = ["Checkpoint", "Terminated", "TrainSpec", "checkpoints", "start_near", "train"]
 
 SCORE_KEYS = ("cost_kwh_eq", "attainment_pct", "misses", "mean_abs_dev_pct", "energy_mj", "episode_return",
               "penalised_return")  # penalised: the learner's return (LagrangianReward at the miss penalty)
@@ -45,19 +52,20 @@ _CKPT = re.compile(r"^model_(\d+)_steps\.zip$")
 
 @dataclass
 class TrainSpec:
-    """What ``commitenv train`` was asked for (see the CLI's help for each field)."""
+    """What ``commitenv train`` was asked for (see the CLI's help for each field). The run options left None take
+    their defaults in a new run and, with ``resume``, the values the run started with (train.json ``options``)."""
 
     scenario: str
-    algo: str = "ppo"
-    steps: int = 100_000
-    envs: int = 1
+    algo: str | None = None  # ppo
+    steps: int | None = None  # 100000; with resume: the total to reach (None: the run's own)
+    envs: int | None = None  # 1
     out: str | Path = "runs/train"
     config: str | Path | None = None
     resume: bool = False
-    seed: int = 0
-    eval_freq: int = 6_000  # env steps between evaluations (0: only at the end)
-    eval_episodes: int = 5  # 0: no evaluation, no best model, no scores
-    checkpoint_freq: int = 10_000
+    seed: int | None = None  # 0
+    eval_freq: int | None = None  # 6000 env steps between evaluations (0: only at the end)
+    eval_episodes: int | None = None  # 5; 0: no evaluation, no best model, no scores
+    checkpoint_freq: int | None = None  # 10000
     device: str = "cpu"
     torch_threads: int = 1
     progress: bool = True
@@ -65,8 +73,8 @@ class TrainSpec:
     hyperparameters: dict[str, Any] | None = field(default=None, repr=False)  # instead of a config file
 
     def command(self) -> str:
-        """The ``commitenv train`` command line of this spec."""
-        parts = ["commitenv", "train", self.scenario, "--algo", self.algo, "--steps", str(self.steps), "--envs",
+        """The ``commitenv train`` command line of this spec (with its options resolved)."""
+        parts = ["commitenv", "train", self.scenario, "--algo", str(self.algo), "--steps", str(self.steps), "--envs",
                  str(self.envs)]
         if self.config is not None:
             parts += ["--config", str(self.config)]
@@ -83,26 +91,48 @@ class TrainSpec:
         return " ".join(shlex.quote(p) for p in parts)
 
 
-def checkpoints(directory: str | Path) -> list[tuple[int, Path, Path]]:
-    """(steps, model, normalizer) of every complete checkpoint under ``directory/checkpoints``, oldest first."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint of a run folder: its step, model zip, normalizer pickle and state file (None: written before
+    state files existed; resuming from it restarts the envs' episodes)."""
+
+    step: int
+    model: Path
+    normalizer: Path
+    state: Path | None
+
+
+def checkpoints(directory: str | Path) -> list[Checkpoint]:
+    """Every complete checkpoint under ``directory/checkpoints``, oldest first (a checkpoint whose files are not all
+    there, as a kill while writing it leaves, is not listed)."""
     d = Path(directory) / "checkpoints"
     out = []
     if d.is_dir():
         for f in d.iterdir():
             m = _CKPT.match(f.name)
-            norm = d / f"model_vecnormalize_{m.group(1)}_steps.pkl" if m else None
-            if m and norm is not None and norm.is_file():
-                out.append((int(m.group(1)), f, norm))
-    return sorted(out)
+            if not m:
+                continue
+            norm, state = (d / f"model_{kind}_{m.group(1)}_steps.pkl" for kind in ("vecnormalize", "state"))
+            if norm.is_file():
+                out.append(Checkpoint(int(m.group(1)), f, norm, state if state.is_file() else None))
+    return sorted(out, key=lambda c: c.step)
+
+
+def _resumable(found: list[Checkpoint]) -> Checkpoint | None:
+    """The checkpoint to continue from: the latest with a state file, else (an older run) the latest."""
+    full = [c for c in found if c.state is not None]
+    return full[-1] if full else (found[-1] if found else None)
 
 
 # ================================================================================================ checks
 def _check_spec(spec: TrainSpec) -> None:
-    if spec.algo not in ALGORITHMS:
+    if spec.algo is not None and spec.algo not in ALGORITHMS:
         raise ValueError(f"--algo {spec.algo}: expected one of {', '.join(ALGORITHMS)}")
     for flag, v, least in (("--steps", spec.steps, 1), ("--envs", spec.envs, 1), ("--eval-freq", spec.eval_freq, 0),
                            ("--eval-episodes", spec.eval_episodes, 0), ("--checkpoint-freq", spec.checkpoint_freq, 1),
                            ("--torch-threads", spec.torch_threads, 1)):
+        if v is None:
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < least:
             raise ValueError(f"{flag}: expected a whole number >= {least}, got {v!r}")
     if spec.config is not None and spec.hyperparameters is not None:
@@ -167,108 +197,53 @@ def _seed_text(seeds: list[int]) -> list[str]:
     return out
 
 
-# ================================================================================================ callbacks
-def _callbacks() -> dict[str, type]:
-    """The callback classes (built on first use: they subclass stable-baselines3's)."""
-    from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback
-
-    class TqdmCallback(BaseCallback):
-        """A tqdm bar over environment steps (used when rich, which SB3's own bar needs, is not installed)."""
-
-        def _on_training_start(self) -> None:
-            from tqdm import tqdm
-
-            total = int(self.locals.get("total_timesteps", 0))
-            self.bar = tqdm(total=total, initial=self.model.num_timesteps, unit="step", desc="train", leave=False)
-
-        def _on_step(self) -> bool:
-            self.bar.update(self.training_env.num_envs)
-            return True
-
-        def _on_training_end(self) -> None:
-            self.bar.close()
-
-    class SaveNormalizer(BaseCallback):
-        """On a new best evaluation: the training statistics the best model was evaluated with, next to it."""
-
-        def __init__(self, path: Path) -> None:
-            super().__init__()
-            self.path = path
-
-        def _on_step(self) -> bool:
-            norm = self.model.get_vec_normalize_env()
-            if norm is not None:
-                norm.save(str(self.path))
-            return True
-
-    class SeededEval(EvalCallback):
-        """`EvalCallback` that restarts its test seeds at every evaluation (the same episodes each time) and can
-        evaluate on demand (`evaluate_now`, at the end of training)."""
-
-        def __init__(self, *args: Any, first_seed: int, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.first_seed = first_seed
-
-        def _on_step(self) -> bool:
-            if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
-                self.eval_env.seed(self.first_seed)
-            return super()._on_step()
-
-        def evaluate_now(self) -> bool:
-            freq, self.eval_freq = self.eval_freq, 1
-            try:
-                return self._on_step()
-            finally:
-                self.eval_freq = freq
-
-    class Checkpoints(CheckpointCallback):
-        """`CheckpointCallback` that keeps only the latest replay buffer (SAC/DQN: megabytes each)."""
-
-        def _on_step(self) -> bool:
-            ok = super()._on_step()
-            if self.save_replay_buffer and self.n_calls % self.save_freq == 0:
-                for f in Path(self.save_path).glob("model_replay_buffer_*_steps.pkl"):
-                    if f.name != f"model_replay_buffer_{self.num_timesteps}_steps.pkl":
-                        f.unlink(missing_ok=True)
-            return ok
-
-    class DualUpdate(BaseCallback):
-        """``ppo-lagrangian``'s dual ascent: after each rollout, multiplier <- max(0, multiplier + lr x (mean over the
-        episodes finished in it of the worst arrival hour's miss fraction - limit)), sent to every worker's
-        `LagrangianReward`, so that all of them penalise misses at the same price."""
-
-        def __init__(self, multiplier: float, lr: float, limit: float) -> None:
-            super().__init__()
-            self.multiplier, self.lr, self.limit = multiplier, lr, limit
-            self.worst: list[float] = []
-            self.history: list[list[float]] = []  # (steps, multiplier, mean worst-hour miss fraction) per update
-
-        def _on_step(self) -> bool:
-            for done, info in zip(self.locals["dones"], self.locals["infos"]):
-                if done:
-                    self.worst.append(max(info.get("miss_fraction_by_hour") or [0.0]))
-            return True
-
-        def _on_rollout_end(self) -> None:
-            if not self.worst:
-                return
-            violation = float(np.mean(self.worst)) - self.limit
-            self.worst = []
-            self.multiplier = max(0.0, self.multiplier + self.lr * violation)
-            self.training_env.env_method("set_multiplier", self.multiplier)
-            self.history.append([int(self.num_timesteps), self.multiplier, violation + self.limit])
-            self.logger.record("lagrangian/multiplier", self.multiplier)
-            self.logger.record("lagrangian/violation", violation)
-
-    return {"tqdm": TqdmCallback, "normalizer": SaveNormalizer, "eval": SeededEval, "checkpoints": Checkpoints,
-            "dual": DualUpdate}
-
-
 # ================================================================================================ training
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the training loop so that it stops as Ctrl-C does (checkpoint, status ``interrupted``)."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While training: SIGTERM raises `Terminated` (in the main thread only: elsewhere signals cannot be caught)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _resolve(spec: TrainSpec, out: Path) -> tuple[TrainSpec, dict[str, Any] | None]:
+    """``spec`` with its run options filled in (the defaults, or on resume the run's own: `resolve_options`) and the
+    run's prior train.json record (None for a new run)."""
+    given = {k: getattr(spec, k) for k in OPTION_FLAGS}
+    if not spec.resume:
+        if (out / "train.json").exists():
+            raise ValueError(f"--out {out}: already holds a training run (train.json); give --resume to continue it, "
+                             "or another folder")
+        return dataclasses.replace(spec, **resolve_options(given, None, str(out))), None
+    prior = _read_record(out)
+    if spec.algo is not None and prior.get("algo") != spec.algo:
+        raise ValueError(f"--resume: {out} trained algo {prior.get('algo')!r}, not {spec.algo!r}")
+    if spec.config is not None or spec.hyperparameters is not None:
+        raise ValueError(f"--resume: the run keeps the hyperparameters it started with ({out / 'train.json'}); "
+                         "drop --config")
+    return dataclasses.replace(spec, **resolve_options(given, saved_options(prior), str(out))), prior
+
+
 def train(spec: TrainSpec) -> dict[str, Any]:
     """Train as ``spec`` says and return the train.json record (also written to ``spec.out``); see the module
-    docstring. ValueError for bad input (nothing is trained then)."""
+    docstring. ValueError for bad input (nothing is trained then). train.json never stays ``running`` after this
+    returns or raises: ``finished``, ``interrupted`` (Ctrl-C, SIGTERM; a checkpoint is written) or ``failed``."""
     _check_spec(spec)
+    out = Path(spec.out)
+    spec, prior = _resolve(spec, out)
     sb3 = _import_sb3()
     import torch
     from stable_baselines3.common.logger import configure
@@ -278,63 +253,61 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     from commitenv.evaluation import _scenario_file
     from commitenv.scenarios import load_scenario
 
-    out = Path(spec.out)
     sc = load_scenario(spec.scenario)
+    if prior is not None and prior.get("scenario") != sc.name:
+        raise ValueError(f"--resume: {out} trained scenario {prior.get('scenario')!r}, not {sc.name!r}")
     ranges = seed_ranges(sc)
     eval_seeds = ranges.eval_seeds(spec.eval_episodes)
     mapping = ACTION_MAPPING[spec.algo]
     episode_steps = sc.horizon_hours * sc.intervals_per_hour
     offpolicy = spec.algo in ("sac", "dqn")
 
-    prior: dict[str, Any] | None = None
-    start_steps, ckpt = 0, None
-    if spec.resume:
-        prior = _read_record(out)
-        for key, given in (("scenario", sc.name), ("algo", spec.algo)):
-            if prior.get(key) != given:
-                raise ValueError(f"--resume: {out} trained {key} {prior.get(key)!r}, not {given!r}")
-        if spec.config is not None or spec.hyperparameters is not None:
-            raise ValueError(f"--resume: the run keeps the hyperparameters it started with ({out / 'train.json'}); "
-                             "drop --config")
+    start_steps, ckpt, state = 0, None, None
+    if prior is not None:
         cfg = parse_config(prior.get("hyperparameters"), spec.algo, str(out / "train.json"))
-        found = checkpoints(out)
-        if not found:
-            raise ValueError(f"--resume: no checkpoint in {out / 'checkpoints'} to continue from")
-        start_steps, ckpt_model, ckpt_norm = found[-1]
-        ckpt = (ckpt_model, ckpt_norm)
-        if start_steps >= spec.steps:
+        ckpt = _resumable(checkpoints(out))
+        if ckpt is None:
+            log.warning("--resume: no checkpoint in %s: training starts again from step 0 with the run's options",
+                        out / "checkpoints")
+        else:
+            start_steps = ckpt.step
+            state = read_state(ckpt.state) if ckpt.state is not None else None
+        if start_steps >= spec.steps and prior.get("status") == "finished":
             raise ValueError(f"--resume: {out} has trained {start_steps} steps already, --steps {spec.steps} asks for "
                              "no more (--steps is the total)")
+        evaluations = read_evaluations(out / "eval" / "evaluations.npz", spec.eval_episodes).upto(start_steps)
     else:
-        if (out / "train.json").exists():
-            raise ValueError(f"--out {out}: already holds a training run (train.json); give --resume to continue it, "
-                             "or another folder")
         if spec.config is not None:
             cfg = load_config(spec.config, spec.algo)
         elif spec.hyperparameters is not None:
             cfg = parse_config(spec.hyperparameters, spec.algo, "hyperparameters")
         else:
             cfg = default_config(spec.algo)
+        evaluations = EvaluationLog()
     torch.set_num_threads(spec.torch_threads)
     n = spec.envs
-    # per env, the episodes started so far (the last one cut by the checkpoint): the schedule goes on after them
-    episodes_done = -(-start_steps // (episode_steps * n))
     lo, hi = ranges.train
     width = hi - lo
+    if state is not None:  # each env starts from the seed of its episode under way
+        firsts = [s for s, _ in state.episodes]
+    else:  # (a checkpoint without a state file: the episodes started so far, the last one cut, are skipped)
+        episodes_done = -(-start_steps // (episode_steps * n))
+        firsts = [lo + (i + n * episodes_done) % width for i in range(n)]
     dual = getattr(cfg, "lagrangian", None)  # ppo-lagrangian: the multiplier the workers start from
-    lam = None
+    lam, dual_history = None, []
     if dual is not None:
-        lam = (prior or {}).get("lagrangian", {}).get("multiplier") if prior else None
+        lam = state.multiplier if state is not None else (prior or {}).get("lagrangian", {}).get("multiplier")
         if lam is None:
             lam = sc.miss_penalty_kwh if dual.initial_multiplier is None else dual.initial_multiplier
-    fns = [_EnvFn(spec.scenario, mapping, lo, hi, lo + (i + n * episodes_done) % width, n, multiplier=lam)
-           for i in range(n)]
+        dual_history = state.dual_history if state is not None else []
+    fns = [_EnvFn(spec.scenario, mapping, lo, hi, firsts[i], n, multiplier=lam) for i in range(n)]
     venv = SubprocVecEnv(fns) if n > 1 else DummyVecEnv(fns)
-    eval_venv, model = None, None
+    eval_venv, model, record = None, None, None
+    status = "failed"
     try:
         norm_cfg = cfg.normalize
         if ckpt is not None:
-            train_env = VecNormalize.load(str(ckpt[1]), venv)
+            train_env = VecNormalize.load(str(ckpt.normalizer), venv)
             train_env.training = True
         else:
             train_env = VecNormalize(venv, gamma=cfg.gamma, **norm_cfg.model_dump())
@@ -345,14 +318,17 @@ def train(spec: TrainSpec) -> dict[str, Any]:
             eval_env = VecNormalize(eval_venv, training=False, norm_obs=norm_cfg.norm_obs, norm_reward=False,
                                     clip_obs=norm_cfg.clip_obs, gamma=cfg.gamma)
         cls = getattr(sb3, SB3_CLASS[spec.algo])
+        actions: list[list[Any]] = [[] for _ in range(n)]
         if ckpt is not None:
-            model = cls.load(str(ckpt[0]), env=train_env, device=spec.device)
-            buf = ckpt[0].parent / f"model_replay_buffer_{start_steps}_steps.pkl"
+            model = cls.load(str(ckpt.model), env=train_env, device=spec.device)
+            buf = ckpt.model.parent / f"model_replay_buffer_{start_steps}_steps.pkl"
             if offpolicy and buf.is_file():
                 model.load_replay_buffer(str(buf))
             elif offpolicy:
                 log.warning("--resume: no replay buffer saved at step %d; %s starts with an empty one", start_steps,
                             spec.algo.upper())
+            if state is not None:
+                actions = _replay(model, train_env, state)
         else:
             kwargs = cfg.algo_kwargs()
             kwargs["policy_kwargs"] = _policy_kwargs(kwargs["policy_kwargs"])
@@ -376,45 +352,53 @@ def train(spec: TrainSpec) -> dict[str, Any]:
                          _scenario_file(sc))
         _write_json(out / "train.json", record)
 
-        cbs = _callbacks()
-        callbacks: list[Any] = [cbs["checkpoints"](save_freq=max(spec.checkpoint_freq // n, 1),
-                                                   save_path=str(out / "checkpoints"), name_prefix="model",
-                                                   save_vecnormalize=True, save_replay_buffer=offpolicy)]
-        evaluator = None
-        if eval_env is not None:
-            evaluator = cbs["eval"](eval_env, first_seed=eval_seeds[0],
-                                    callback_on_new_best=cbs["normalizer"](out / "best_vecnormalize.pkl"),
-                                    n_eval_episodes=len(eval_seeds),
-                                    eval_freq=max(spec.eval_freq // n, 1) if spec.eval_freq else 0,
-                                    log_path=str(out / "eval"), best_model_save_path=str(out), deterministic=True,
-                                    verbose=0)
-            _restore_evaluations(evaluator, out, prior)
-            callbacks.append(evaluator)
+        cbs = callback_classes()
         dual_cb = None
         if dual is not None:
-            dual_cb = cbs["dual"](lam, dual.lr, sc.epsilon if dual.limit is None else dual.limit)
+            dual_cb = cbs["dual"](lam, dual.lr, sc.epsilon if dual.limit is None else dual.limit, dual_history)
+        saver = cbs["checkpoints"](out / "checkpoints", spec.checkpoint_freq, start_steps, actions, offpolicy, dual_cb)
+        callbacks: list[Any] = [saver]
+        evaluator = None
+        if eval_env is not None:
+            evaluator = cbs["eval"](eval_env, eval_seeds, spec.eval_freq, spec.steps, start_steps, evaluations, out,
+                                    (out / "best_model.zip").is_file())
+            callbacks.append(evaluator)
+        if dual_cb is not None:
             callbacks.append(dual_cb)
         rich = importlib.util.find_spec("rich") is not None and importlib.util.find_spec("tqdm") is not None
         if spec.progress and not rich:
             callbacks.append(cbs["tqdm"]())
+        if state is not None:
+            restore_rng(model, state.rng)  # last: loading the model reseeded them
 
         status = "finished"
         t0 = time.perf_counter()
         try:
-            model.learn(total_timesteps=spec.steps - start_steps, callback=callbacks,
-                        reset_num_timesteps=ckpt is None, progress_bar=spec.progress and rich)
-        except KeyboardInterrupt:
+            with _sigterm_interrupts():
+                if spec.steps <= start_steps:  # killed after its last step: only the final evaluation is left
+                    for cb in callbacks:
+                        cb.init_callback(model)
+                else:
+                    model.learn(total_timesteps=spec.steps - start_steps, callback=callbacks,
+                                reset_num_timesteps=ckpt is None, progress_bar=spec.progress and rich)
+        except KeyboardInterrupt as e:
             status = "interrupted"
-            log.warning("interrupted at step %d: saving a checkpoint; --resume continues from it", model.num_timesteps)
+            log.warning("%s at step %d: saving a checkpoint; --resume continues from it",
+                        "terminated" if isinstance(e, Terminated) else "interrupted", model.num_timesteps)
+            if saver.latest is not None and saver.latest.step < model.num_timesteps:
+                rewind(model, saver.latest)  # on-policy: back to the last rollout boundary, so resuming is exact
         wall = time.perf_counter() - t0
         steps_done = int(model.num_timesteps)
-        _save_final(model, out, steps_done, offpolicy)
+        if saver.latest is not None and saver.latest.step == steps_done:
+            final = saver.latest  # (rewound to it)
+        else:
+            final = saver.state(with_params=False)
+        _save_final(model, out, final, offpolicy)
         if evaluator is not None and status == "finished" and (
-                not evaluator.evaluations_timesteps or evaluator.evaluations_timesteps[-1] != steps_done):
-            evaluator.evaluate_now()
-        used = [s for seeds in train_env.get_attr("seeds_used") for s in seeds]
+                not evaluator.log.timesteps or evaluator.log.timesteps[-1] != steps_done):
+            evaluator.evaluate()  # the final policy, after its last update
         segment = {"command": spec.command(), "start_step": start_steps, "end_step": steps_done, "envs": n,
-                   "wall_s": round(wall, 1), "train_seeds": _seed_text(used), "episodes_started": len(used)}
+                   "wall_s": round(wall, 1), **_seeds_used(train_env)}
         record["segments"] = list(record.get("segments", [])) + [segment]
         record.update(status=status, steps_done=steps_done,
                       wall_s=round(sum(s["wall_s"] for s in record["segments"]), 1),
@@ -422,10 +406,16 @@ def train(spec: TrainSpec) -> dict[str, Any]:
                                                    for s in _expand(seg["train_seeds"])]),
                       evaluations=_evaluations(evaluator), files=_files(out))
         if dual_cb is not None:
-            history = list((record.get("lagrangian") or {}).get("history", [])) + dual_cb.history
             record["lagrangian"] = {"multiplier": dual_cb.multiplier, "lr": dual_cb.lr, "limit": dual_cb.limit,
-                                    "history": history}
+                                    "history": dual_cb.history}
+        record.pop("error", None)
         _write_json(out / "train.json", record)
+    except BaseException as e:
+        if record is not None:  # never left "running": the exit is recorded
+            record.update(status="interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+                          error=f"{type(e).__name__}: {e}")
+            _write_json(out / "train.json", record)
+        raise
     finally:
         logger = getattr(model, "_logger", None)
         if logger is not None:
@@ -434,9 +424,39 @@ def train(spec: TrainSpec) -> dict[str, Any]:
             if env is not None:
                 env.close()
     if status == "finished" and spec.score and eval_seeds:
-        record["scores"] = score(out, spec.scenario, eval_seeds, progress=spec.progress)
+        try:
+            record["scores"] = score(out, spec.scenario, eval_seeds, progress=spec.progress)
+        except BaseException as e:
+            record.update(status="interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+                          error=f"scoring: {type(e).__name__}: {e}")
+            _write_json(out / "train.json", record)
+            raise
         _write_json(out / "train.json", record)
     return record
+
+
+def _replay(model: Any, train_env: Any, state: RolloutState) -> list[list[Any]]:
+    """Rebuild each env's episode under way at the checkpoint (reset with its seed, replay its actions) and hand
+    the learner the observation it had then, without counting it again in the normalizer's statistics."""
+    raw = [train_env.venv.env_method("replay", seed, acts, indices=[i])[0]
+           for i, (seed, acts) in enumerate(state.episodes)]
+    obs = np.stack([np.asarray(o) for o in raw]).astype(train_env.observation_space.dtype)
+    train_env.old_obs = obs
+    if state.returns is not None:
+        train_env.returns = np.array(state.returns, copy=True)
+    model._last_obs = train_env.normalize_obs(obs)
+    model._last_episode_starts = np.array([len(a) == 0 for _, a in state.episodes], dtype=bool)
+    if hasattr(model, "_last_original_obs"):
+        model._last_original_obs = obs
+    return [list(a) for _, a in state.episodes]
+
+
+def _seeds_used(train_env: Any) -> dict[str, Any]:
+    try:
+        used = [s for seeds in train_env.get_attr("seeds_used") for s in seeds]
+    except (EOFError, BrokenPipeError, ConnectionError):  # workers gone (Ctrl-C reaches them too)
+        return {"train_seeds": [], "episodes_started": None}
+    return {"train_seeds": _seed_text(used), "episodes_started": len(used)}
 
 
 class _EnvFn:
@@ -490,54 +510,21 @@ def start_near(model: Any, codec: ActionCodec, init: InitialAction) -> dict[str,
     return {"active": active, "clock": clock}
 
 
-def _save_final(model: Any, out: Path, steps: int, offpolicy: bool) -> None:
-    """model.zip and vecnormalize.pkl (each written beside and moved in), and a checkpoint at the final step so that
-    ``--resume`` continues from exactly here."""
+def _save_final(model: Any, out: Path, state: RolloutState | None, offpolicy: bool) -> None:
+    """model.zip and vecnormalize.pkl (each written beside and moved in), and a checkpoint at the final step (from
+    ``state``) so that ``--resume`` continues from exactly here."""
     norm = model.get_vec_normalize_env()
-    tmp_model, tmp_norm = out / f".model-{os.getpid()}.zip", out / f".vecnormalize-{os.getpid()}.pkl"
-    try:
-        model.save(str(tmp_model))
-        norm.save(str(tmp_norm))
-        os.replace(tmp_model, out / "model.zip")
-        os.replace(tmp_norm, out / "vecnormalize.pkl")
-    finally:
-        tmp_model.unlink(missing_ok=True)
-        tmp_norm.unlink(missing_ok=True)
-    ck = out / "checkpoints"
-    ck.mkdir(exist_ok=True)
-    if not (ck / f"model_{steps}_steps.zip").is_file():
-        model.save(str(ck / f"model_{steps}_steps.zip"))
-        norm.save(str(ck / f"model_vecnormalize_{steps}_steps.pkl"))
-        if offpolicy:
-            model.save_replay_buffer(str(ck / f"model_replay_buffer_{steps}_steps.pkl"))
-            for f in ck.glob("model_replay_buffer_*_steps.pkl"):
-                if f.name != f"model_replay_buffer_{steps}_steps.pkl":
-                    f.unlink(missing_ok=True)
-
-
-def _restore_evaluations(evaluator: Any, out: Path, prior: dict[str, Any] | None) -> None:
-    """On resume: the evaluations so far (eval/evaluations.npz) and the best mean return, so that a worse model
-    never replaces best_model.zip."""
-    if prior is None:
-        return
-    path = out / "eval" / "evaluations.npz"
-    if path.is_file():
-        with np.load(path) as z:
-            evaluator.evaluations_timesteps = [int(t) for t in z["timesteps"]]
-            evaluator.evaluations_results = [list(map(float, r)) for r in z["results"]]
-            evaluator.evaluations_length = [list(map(int, r)) for r in z["ep_lengths"]]
-    best = (prior.get("evaluations") or {}).get("best")
-    if best is not None and (out / "best_model.zip").is_file():
-        evaluator.best_mean_reward = float(best["mean_return"])
-    elif evaluator.evaluations_results and (out / "best_model.zip").is_file():
-        evaluator.best_mean_reward = max(float(np.mean(r)) for r in evaluator.evaluations_results)
+    save_atomically(model.save, out / "model.zip")
+    save_atomically(norm.save, out / "vecnormalize.pkl")
+    if state is not None and not (out / "checkpoints" / f"model_state_{state.step}_steps.pkl").is_file():
+        write_checkpoint(model, out / "checkpoints", state, offpolicy)
 
 
 def _evaluations(evaluator: Any) -> dict[str, Any] | None:
-    if evaluator is None or not evaluator.evaluations_timesteps:
+    if evaluator is None or not evaluator.log.timesteps:
         return None
     rows = [{"steps": int(t), "mean_return": float(np.mean(r)), "std_return": float(np.std(r))}
-            for t, r in zip(evaluator.evaluations_timesteps, evaluator.evaluations_results)]
+            for t, r in zip(evaluator.log.timesteps, evaluator.log.results)]
     best = max(rows, key=lambda r: r["mean_return"])
     return {"history": rows, "best": best, "final": rows[-1]}
 
@@ -558,7 +545,7 @@ def _files(out: Path) -> dict[str, str | None]:
 def _record(spec: TrainSpec, sc: Any, ranges: SeedRanges, eval_seeds: list[int], mapping: str, cfg: AlgoConfig,
             prior: dict[str, Any] | None, tensorboard: bool, features: tuple[str, ...],
             scenario_file: str | None) -> dict[str, Any]:
-    doc: dict[str, Any] = dict(prior or {})
+    doc: dict[str, Any] = {k: v for k, v in (prior or {}).items() if k not in ("scores", "error")}  # (the old model's)
     doc.update({
         "command": spec.command(),
         "scenario": sc.name,
@@ -568,7 +555,8 @@ def _record(spec: TrainSpec, sc: Any, ranges: SeedRanges, eval_seeds: list[int],
         "steps": spec.steps,
         "steps_done": doc.get("steps_done", 0),
         "envs": spec.envs,
-        "seed": spec.seed if prior is None else prior.get("seed", spec.seed),
+        "seed": spec.seed,
+        "options": {k: getattr(spec, k) for k in OPTION_FLAGS},  # what --resume restores
         "seed_ranges": {"train": list(ranges.train), "test": list(ranges.test), "source": ranges.source},
         "train_seed_schedule": "env i of K resets with lo + i, lo + i + K, ... of the train range",
         "eval_seeds": eval_seeds,
@@ -581,6 +569,7 @@ def _record(spec: TrainSpec, sc: Any, ranges: SeedRanges, eval_seeds: list[int],
                  else "logs/progress.csv (a resumed segment in logs/from-<step>/); TensorBoard: not installed, "
                       "pip install tensorboard for event files"),
         "status": "running",
+        "pid": os.getpid(),
     })
     return doc
 

@@ -6,7 +6,7 @@ Sources (``load_trace``, ``synthesize``, ``builtin_workload``) all produce a :cl
 
 from .builtin import AZURE_CODE_DAY_HOURLY_COUNTS, azure_code_day, azure_conv_hour, builtin_workload, list_builtin
 from .lengths import EmpiricalLengths, builtin_lengths
-from .loaders import load_azure_csv, load_burstgpt_csv, load_mooncake_jsonl, load_trace
+from .loaders import load_azure_csv, load_burstgpt_csv, load_mooncake_jsonl, load_plain_csv, load_trace
 from .synthetic import synthesize
 from .table import RequestTable, WorkloadError, make_table
 from .transforms import compress_time, merge, scale_rate, tag_tenant, time_window
@@ -25,6 +25,7 @@ __all__ = [
     "load_azure_csv",
     "load_burstgpt_csv",
     "load_mooncake_jsonl",
+    "load_plain_csv",
     "load_trace",
     "make_table",
     "merge",

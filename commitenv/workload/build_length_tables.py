@@ -1,10 +1,10 @@
 """Regenerate a shipped length table from a trace: ``python -m commitenv.workload.build_length_tables TRACE OUT``.
 
-The shipped tables were made with::
+The shipped tables were made from the two 2023 files of Azure/AzurePublicDataset with::
 
-    python -m commitenv.workload.build_length_tables ../shared/data/traces/AzureLLMInferenceTrace_code_2023.csv \
+    python -m commitenv.workload.build_length_tables AzureLLMInferenceTrace_code_2023.csv \
         commitenv/workload/data/azure_code_lengths.json
-    python -m commitenv.workload.build_length_tables ../shared/data/traces/AzureLLMInferenceTrace_conv_2023.csv \
+    python -m commitenv.workload.build_length_tables AzureLLMInferenceTrace_conv_2023.csv \
         commitenv/workload/data/azure_conv_lengths.json
 
 Only quantiles are written, never the trace itself.

@@ -5,7 +5,7 @@ inference coding trace (2024 week-long release, 969,781 requests), which is not 
 
 Derivation of :data:`AZURE_CODE_DAY_HOURLY_COUNTS` (reproducible; the numbers are hard-coded so that the
 package needs nothing outside it). The paper's Table 4 gives, per trace hour, the full-capacity vLLM energy
-``E_h`` of its 32-GPU H20 pool (``h20_reference_vllm_mj`` in ``../shared/data/paper/epact_day_hourly.csv``).
+``E_h`` of its 32-GPU H20 pool (the paper's appendix table of hourly references, ``h20_reference_vllm_mj``).
 Energy above the pool's idle floor ``F`` is roughly proportional to arrivals, so::
 
     counts_h ∝ E_h - F,   F = 14.0 MJ  (32 GPUs x ~121.5 W x 3600 s)

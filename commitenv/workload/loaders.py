@@ -1,4 +1,5 @@
-"""Readers for public LLM request traces: Azure LLM inference (2023/2024), Mooncake JSONL, BurstGPT.
+"""Readers for LLM request traces: a plain ``arrival_s,prompt_tokens,output_tokens`` CSV and the public Azure LLM
+inference (2023/2024), Mooncake JSONL and BurstGPT formats.
 
 Every loader returns a :class:`RequestTable` in file order with ``arrival_s`` = seconds since the first
 request. The time origin: no loader keeps the trace's own origin; each shifts its time axis so that the first
@@ -18,6 +19,7 @@ column). ``*.gz`` files are read transparently; a truncated or corrupt gzip stre
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ from ._csvio import (
 )
 from .table import RequestTable
 
+PLAIN_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -64,6 +67,54 @@ def _no_rows(path: Path, last_line: int, what: str = "the file has only a header
     raise fail(path, last_line, f"empty file: no data rows ({what})")
 
 
+@dataclass(frozen=True)
+class _CsvRequests:
+    """The request columns of a CSV trace, as read (times on the file's clock, tokens checked)."""
+
+    times: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    lines: np.ndarray  # 1-based file line of each row
+    zero_outputs: int  # outputs of 0 tokens, read as 1
+    extra: np.ndarray | None = None  # the raw strings of the ``extra`` column, when one was asked for
+
+
+def _read_csv_requests(path: Path, columns: tuple[str, str, str], parse_time, extra: str | None = None) -> _CsvRequests:
+    """Read the ``(time, prompt, output)`` columns of a CSV trace chunk by chunk (and the raw ``extra`` column);
+    ``parse_time(values, lines, path, column)`` turns a chunk's time strings into numbers. Bad rows raise naming the
+    file, line and column."""
+    time_col, prompt_col, output_col = columns
+    ts, prompts, outputs, lines, extras = [], [], [], [], []
+    n_zero = 0
+    for cols, ln in csv_chunks(path, columns if extra is None else (*columns, extra)):
+        if extra is not None:
+            extras.append(np.asarray(cols[extra]))
+        ts.append(parse_time(cols[time_col], ln, path, time_col))
+        p, _ = check_tokens(parse_numbers(cols[prompt_col], ln, path, prompt_col), ln, path, prompt_col, minimum=1)
+        o, z = check_tokens(parse_numbers(cols[output_col], ln, path, output_col), ln, path, output_col, minimum=0)
+        prompts.append(p)
+        outputs.append(o)
+        lines.append(ln)
+        n_zero += z
+    if not ts:
+        _no_rows(path, 1)
+    return _CsvRequests(np.concatenate(ts), np.concatenate(prompts), np.concatenate(outputs), np.concatenate(lines),
+                        n_zero, np.concatenate(extras) if extra is not None else None)
+
+
+def load_plain_csv(path: str | Path) -> RequestTable:
+    """A plain CSV of one's own (``arrival_s,prompt_tokens,output_tokens``; other columns are ignored).
+
+    Time origin: shifted. ``arrival_s`` is seconds on any clock (sorted, >= 0); the table counts from the first
+    request, whose ``arrival_s`` ``meta["time_origin"]`` holds.
+    """
+    path = Path(path)
+    r = _read_csv_requests(path, PLAIN_COLUMNS, parse_numbers)
+    check_time(r.times, r.lines, path, "arrival_s", show=lambda v: f"{v:g}")
+    return _finish(path, r.times, r.prompt, r.output, r.zero_outputs, unit=1.0,
+                   meta={"format": "plain", "time_origin": float(r.times[0]), "time_origin_unit": "s"})
+
+
 def load_azure_csv(path: str | Path) -> RequestTable:
     """Azure LLM inference trace (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
@@ -75,28 +126,15 @@ def load_azure_csv(path: str | Path) -> RequestTable:
     ``meta["start_time"]``) holds as a UTC ISO string to the nanosecond, e.g. ``2023-11-16 18:15:46.680590000+00:00``.
     """
     path = Path(path)
-    ts, prompts, outputs, lines = [], [], [], []
-    n_zero = 0
-    for cols, ln in csv_chunks(path, AZURE_COLUMNS):
-        ts.append(parse_iso_ns(cols["TIMESTAMP"], ln, path, "TIMESTAMP"))
-        p, _ = check_tokens(parse_numbers(cols["ContextTokens"], ln, path, "ContextTokens"), ln, path,
-                            "ContextTokens", minimum=1)
-        o, z = check_tokens(parse_numbers(cols["GeneratedTokens"], ln, path, "GeneratedTokens"), ln, path,
-                            "GeneratedTokens", minimum=0)
-        prompts.append(p)
-        outputs.append(o)
-        lines.append(ln)
-        n_zero += z
-    if not ts:
-        _no_rows(path, 1)
-    times, ln = np.concatenate(ts), np.concatenate(lines)
+    r = _read_csv_requests(path, AZURE_COLUMNS, parse_iso_ns)
+    times, ln = r.times, r.lines
     early = np.flatnonzero(times < 0)  # absolute dates: before 1970 is a corrupt or mis-formatted file
     if len(early):
         k = int(early[0])
         raise fail(path, int(ln[k]), f"column 'TIMESTAMP': {_ns_iso(times[k])} is before 1970-01-01 (the Unix epoch); "
                                      "expected the trace's own dates, e.g. '2023-11-16 18:15:46.6805900'")
     check_time(times, ln, path, "TIMESTAMP", show=_ns_iso, allow_negative=True)  # absolute dates
-    return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1e-9,
+    return _finish(path, times, r.prompt, r.output, r.zero_outputs, unit=1e-9,
                    meta={"format": "azure", "start_time": _ns_iso(times[0]) + "+00:00",
                          "time_origin": _ns_iso(times[0]) + "+00:00", "time_origin_unit": "UTC datetime"})
 
@@ -113,29 +151,15 @@ def load_burstgpt_csv(path: str | Path) -> RequestTable:
     file's clock.
     """
     path = Path(path)
-    ts, prompts, outputs, models, lines = [], [], [], [], []
-    n_zero = 0
-    for cols, ln in csv_chunks(path, BURSTGPT_COLUMNS):
-        ts.append(parse_numbers(cols["Timestamp"], ln, path, "Timestamp"))
-        p, _ = check_tokens(parse_numbers(cols["Request tokens"], ln, path, "Request tokens"), ln, path,
-                            "Request tokens", minimum=1)
-        o, z = check_tokens(parse_numbers(cols["Response tokens"], ln, path, "Response tokens"), ln, path,
-                            "Response tokens", minimum=0)
-        m = np.char.strip(np.asarray(cols["Model"]))
-        empty = np.flatnonzero(np.char.str_len(m) == 0)
-        if len(empty):
-            raise fail(path, int(ln[empty[0]]), "column 'Model': empty model name")
-        prompts.append(p)
-        outputs.append(o)
-        models.append(m)
-        lines.append(ln)
-        n_zero += z
-    if not ts:
-        _no_rows(path, 1)
-    times, ln = np.concatenate(ts), np.concatenate(lines)
-    check_time(times, ln, path, "Timestamp", show=lambda v: f"{v:g}")
-    names, tenant = np.unique(np.concatenate(models), return_inverse=True)
-    return _finish(path, times, np.concatenate(prompts), np.concatenate(outputs), n_zero, unit=1.0,
+    r = _read_csv_requests(path, ("Timestamp", "Request tokens", "Response tokens"), parse_numbers, extra="Model")
+    models = np.char.strip(r.extra)
+    empty = np.flatnonzero(np.char.str_len(models) == 0)
+    if len(empty):
+        raise fail(path, int(r.lines[empty[0]]), "column 'Model': empty model name")
+    times = r.times
+    check_time(times, r.lines, path, "Timestamp", show=lambda v: f"{v:g}")
+    names, tenant = np.unique(models, return_inverse=True)
+    return _finish(path, times, r.prompt, r.output, r.zero_outputs, unit=1.0,
                    tenant=tenant, tenant_names=tuple(str(x) for x in names),
                    meta={"format": "burstgpt", "start_time": float(times[0]), "time_origin": float(times[0]),
                          "time_origin_unit": "s"})
@@ -218,7 +242,8 @@ def load_mooncake_jsonl(path: str | Path) -> RequestTable:
 
 def load_trace(path: str | Path) -> RequestTable:
     """Load any supported trace, choosing the reader by suffix (``.jsonl``/``.json``: Mooncake) or, for CSV,
-    by header (Azure ``TIMESTAMP,ContextTokens,GeneratedTokens`` or BurstGPT ``Timestamp,Model,...``)."""
+    by header (plain ``arrival_s,prompt_tokens,output_tokens``, Azure ``TIMESTAMP,ContextTokens,GeneratedTokens``
+    or BurstGPT ``Timestamp,Model,...``)."""
     path = Path(path)
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     if name.endswith((".jsonl", ".json")):
@@ -231,9 +256,12 @@ def load_trace(path: str | Path) -> RequestTable:
     if first.lstrip().startswith("{"):
         return load_mooncake_jsonl(path)
     cols = [c.strip() for c in first.strip().split(",")]
+    if "arrival_s" in cols:
+        return load_plain_csv(path)
     if "ContextTokens" in cols or "TIMESTAMP" in cols:
         return load_azure_csv(path)
     if "Request tokens" in cols or "Model" in cols:
         return load_burstgpt_csv(path)
-    raise fail(path, 1, f"unrecognised trace format (columns found: {', '.join(cols) or 'none'}); expected Azure "
+    raise fail(path, 1, f"unrecognised trace format (columns found: {', '.join(cols) or 'none'}); expected plain "
+               f"({', '.join(PLAIN_COLUMNS)}), Azure "
                f"({', '.join(AZURE_COLUMNS)}), BurstGPT ({', '.join(BURSTGPT_COLUMNS)}) or Mooncake JSON lines")

@@ -1,7 +1,8 @@
 """A policy trained by ``commitenv train`` (stable-baselines3) as a controller: ``--controller sb3:DIR``.
 
-DIR is a run folder (``commitenv train --out DIR``) or the name of a baseline shipped in this package
-(``data/<name>/``: ``sb3:ppo-h200-hour``). The controller loads the model and its observation statistics, normalizes
+DIR is a run folder (``commitenv train --out DIR``), a folder or ``.zip`` of a stable-baselines3 model trained
+elsewhere on the env's observation (``sb3:PATH.zip``; its VecNormalize pickle beside it is used when there), or the
+name of a baseline shipped in this package (``data/<name>/``: ``sb3:ppo-h200-hour``). The controller loads the model and its observation statistics, normalizes
 every observation exactly as in training (statistics frozen), acts deterministically and maps the action back to the
 env action with the training wrapper's own codec (`commitenv.envs.wrappers`). A run records the origin
 ``sb3:<abs dir>``, from which ``commitenv attribute`` rebuilds it. ``--controller-arg which=final`` runs the final
@@ -30,8 +31,9 @@ def shipped() -> list[str]:
 
 
 def policy_dir(where: str, spec: str | None = None) -> Path:
-    """The absolute run folder ``where`` names: an existing folder, else a shipped baseline's name; ValueError saying
-    what is missing (or that stable-baselines3 is not installed) otherwise."""
+    """The absolute path ``where`` names: a folder holding a stable-baselines3 model (a ``commitenv train`` run, or
+    any folder with ``model.zip``), a model ``.zip``, else a shipped baseline's name; ValueError saying what is
+    missing (or that stable-baselines3 is not installed) otherwise."""
     from commitenv.train import RL_EXTRA
     from commitenv.train.policy import policy_files
 
@@ -41,10 +43,12 @@ def policy_dir(where: str, spec: str | None = None) -> Path:
         p = SHIPPED / where
     if not p.exists():
         names = shipped()
-        raise ValueError(f"{label}: no folder {where} (expected the --out folder of `commitenv train`"
+        raise ValueError(f"{label}: no folder {where} (expected the --out folder of `commitenv train`, a folder "
+                         "holding a stable-baselines3 model.zip, or a model .zip"
                          + (f", or a shipped baseline: {', '.join(names)})" if names else ")"))
-    if not p.is_dir():
-        raise ValueError(f"{label}: {where} is a file; expected the --out folder of `commitenv train`")
+    if p.is_file() and p.suffix != ".zip":
+        raise ValueError(f"{label}: {where} is a file but not a .zip; expected the --out folder of `commitenv train` "
+                         "or a stable-baselines3 model .zip")
     try:
         policy_files(p, "final")
     except ValueError as e:
@@ -55,8 +59,12 @@ def policy_dir(where: str, spec: str | None = None) -> Path:
 
 
 def policy_name(path: Path) -> str:
-    """The name a trained policy runs under: ``sb3-<folder name>``."""
-    return f"sb3-{Path(path).name}"
+    """The name a trained policy runs under: ``sb3-<folder name>``, or ``sb3-<zip name>`` for a zip not named
+    ``model.zip`` / ``best_model.zip``."""
+    p = Path(path)
+    if p.suffix == ".zip" and p.stem not in ("model", "best_model"):
+        return f"sb3-{p.stem}"
+    return f"sb3-{(p.parent if p.suffix == '.zip' else p).name}"
 
 
 class SB3PolicyConfig(BaseModel):

@@ -55,7 +55,7 @@ class EPACT(Controller):
     printed (exact ties only). ``"measured"`` (default) sets it at each decision from the controller's own
     energy predictor: the median of |metered - predicted| / |predicted| interval energy of the applied
     candidates over the last hour's decisions, times |T_k| and the smaller of the two rates; a number fixes
-    that relative error instead. Rationale (docs/reproductions/epact-attainment-gap.md): on epact-h20-day,
+    that relative error instead. Rationale (docs/results/reproductions/epact-attainment-gap.md): on epact-h20-day,
     97 % of ePACT's misses are requests that arrive and finish inside one interval, i.e. misses the
     forecast part of the gate admitted (up to epsilon); eq. 3 bought them for J differences smaller than the
     predictor's own energy error (median 2.8 %), which feedback then undoes anyway.

@@ -39,7 +39,7 @@ At every decision (interval k of the hour, time t):
    Why: the what-if copy runs the nominal profile, which the hardware does not (at realism ``paper`` the truth
    draws above the energy model, the meter adds its GPU bias, and the ratio differs by clock), so ePACT
    overshoots every interval's target and the feedback piles the overuse into the hour's last intervals.
-   Causal (the meter of ended intervals); it carries over hours. Figures: docs/baselines.md.
+   Causal (the meter of ended intervals); it carries over hours. Figures: docs/results/baselines.md.
 6. **Hour-end cost** (``hour_end_weight`` W, ``cap_margin`` m; `hour_end_cost`): candidates are ranked by
    eq. 3 plus W times the hour's settlement if the later intervals draw as close to the rest of the commitment
    as they can, i.e. between a floor and (1 - m) times the capped draw. The floor of a later interval is the
@@ -64,7 +64,7 @@ At every decision (interval k of the hour, time t):
    seed 100000: the applied candidates' predicted misses were 0 while 1.4 % of requests missed, most by less than
    0.1 s), so the gate with epsilon alone admitted configurations whose real misses exceed epsilon. Causal
    (``new_misses`` of ended intervals, ``probe.recent_arrivals``). Off by default: it buys service with energy,
-   which the issue's cost goal does not price (docs/baselines.md).
+   which the issue's cost goal does not price (docs/results/baselines.md).
 
 Not used: the hourly commitments as a shape prior across hours. On bench-h200-day the commitments are
 gamma_h x E_hist_h with fractions gamma_h that jump between hours (e.g. 1.00 -> 0.85 from hour 4 to 5), so

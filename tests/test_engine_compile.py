@@ -1,0 +1,53 @@
+"""The compiled loop meets one array signature per entry point: the truth factor tables it reads stay C-contiguous as
+they grow hour after hour (a view of the truth's growing cache is contiguous or not depending on its capacity, and
+numba compiled `advance` a second time for the other memory layout in mid-run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from commitenv.envs import CommitServeEnv
+from commitenv.sim import kernel
+from commitenv.sim.kernel import KernelState
+
+
+@pytest.fixture
+def python_pool(monkeypatch):
+    """The bench hour's pool on the Python loop; each test drives its own `KernelState` from it."""
+    monkeypatch.setattr(kernel, "ENABLED", False)
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=100000)
+    return env.pool
+
+
+def _layouts(dispatcher) -> set[str]:
+    """The memory layouts ('C', 'F', 'A') of every array argument of every signature compiled so far."""
+    return {str(a.layout) for sig in dispatcher.signatures for a in sig if hasattr(a, "layout")}
+
+
+def test_truth_tables_stay_contiguous_and_equal_the_truths_cells(python_pool):
+    """Grown hour by hour to a day and a half (the truth's cache re-allocates on the way), the tables are contiguous
+    and hold the truth's factors of cells [cell0, cell0 + width) for every GPU."""
+    ks = KernelState(python_pool)
+    truth = python_pool.truth
+    for hour in range(1, 37):
+        ks.sf[0] = 3600.0 * hour  # (the engine clock, as `advance` would leave it)
+        ks._ensure(3600.0 * hour + 60.0)
+        assert ks.ftab.flags.c_contiguous and ks.fetab.flags.c_contiguous, f"hour {hour}"
+        c0, w = int(ks.sched[kernel.S_CELL0]), ks.ftab.shape[1]
+        assert (c0 + w) * truth._cell > 3600.0 * hour + 60.0
+        for g in range(ks.R):
+            ft = [truth.draw(g, (c + 0.5) * truth._cell)[0] for c in (c0, c0 + w - 1)]
+            assert ks.ftab[g, 0] == ft[0] and ks.ftab[g, w - 1] == ft[1]
+
+
+def test_advancing_past_table_regrowth_compiles_no_other_layout(python_pool):
+    """Three hours on the kernel (the tables regrow twice after the first hour): `advance` and `set_active` are only
+    ever compiled for C-contiguous arrays."""
+    ks = KernelState(python_pool)
+    for k in range(1, 19):
+        ks.set_active(600.0 * k - 1.0, 16 + k % 8)
+        ks.advance(600.0 * k)
+    assert ks.sched[kernel.S_CELL0] > 0  # (the tables moved past the first cells)
+    for f in (kernel.advance, kernel.set_active, kernel._flush, kernel.settle):
+        assert _layouts(f) <= {"C"}, f"{f.__name__}: {_layouts(f)}"
