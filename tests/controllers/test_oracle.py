@@ -174,7 +174,7 @@ def test_table_dp_rejects_bad_tables():
         plan_table([[1.0, 2.0]], [[0, 0]], terms)
     with pytest.raises(ValueError, match="whole numbers"):
         plan_table([[1.0], [1.0]], [[0.5], [0]], terms)
-    for bad in ((-1.0,), (float("nan"),), ()):  # 0 is allowed: an energy-only hour (tests/test_energy_only.py)
+    for bad in ((-1.0,), (float("nan"),), ()):  # 0 is allowed: an energy-only hour (tests/envs/test_energy_only.py)
         with pytest.raises(ValueError, match="commitments_j"):
             PlanTerms(2, bad)
 

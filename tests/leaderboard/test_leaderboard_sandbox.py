@@ -176,7 +176,7 @@ def test_the_host_process_is_out_of_reach(tmp_path, toy):
 
 def test_a_snapshot_sent_to_the_sandbox_holds_no_truth(tmp_path, toy):
     """Snapshots arrive at each decision time, and nothing in the child's memory afterwards is a trace table or a
-    truth model (the snapshot's own tests, tests/test_snapshot_view.py, check its contents)."""
+    truth model (the snapshot's own tests, tests/sim/test_snapshot_view.py, check its contents)."""
     body = """
     class Look(Served):
         def reset(self, ctx, seed=None):

@@ -445,7 +445,7 @@ def test_snapshot_does_not_carry_the_run_seed(paper_env):
 
 @pytest.mark.xfail(strict=True, reason="known leak (design): bench seed ranges are public and small, and derived_seed "
                    "is a public function: enumerating the declared test range inverts the controller's seed (closed on the "
-                   "leaderboard: a secret suite's controller seed is its own secret stream, tests/test_leaderboard.py)")
+                   "leaderboard: a secret suite's controller seed is its own secret stream, tests/leaderboard/test_leaderboard.py)")
 def test_controller_seed_cannot_be_inverted_over_the_declared_seed_range():
     sc = load_scenario(PAPER)
     lo, hi = sc.seeds.test
@@ -456,7 +456,7 @@ def test_controller_seed_cannot_be_inverted_over_the_declared_seed_range():
 
 @pytest.mark.xfail(strict=True, reason="known leak (design): the generator and the test seeds are public; the first "
                    "minute of arrivals (recent_arrivals) identifies the trace, hence every true output length (closed on the "
-                   "leaderboard: secret run seeds, tests/test_leaderboard_sandbox.py::"
+                   "leaderboard: secret run seeds, tests/leaderboard/test_leaderboard_sandbox.py::"
                    "test_the_workload_cannot_be_rebuilt_from_a_secret_seed)")
 def test_trace_cannot_be_identified_from_the_first_minute(paper_env):
     env = paper_env
@@ -481,7 +481,7 @@ def test_trace_cannot_be_identified_from_the_first_minute(paper_env):
 
 @pytest.mark.xfail(strict=True, reason="known leak (in-process): EnvProbe keeps the env in closures, and a function's "
                    "__closure__ is public; the leaderboard sandbox's process boundary closes it there "
-                   "(tests/test_leaderboard_sandbox.py::test_the_host_process_is_out_of_reach)")
+                   "(tests/leaderboard/test_leaderboard_sandbox.py::test_the_host_process_is_out_of_reach)")
 def test_probe_does_not_reach_the_env_through_its_closures(paper_env):
     from commitenv_controllers import ControllerContext
 
@@ -498,7 +498,7 @@ def test_probe_does_not_reach_the_env_through_its_closures(paper_env):
 @pytest.mark.xfail(strict=True, reason="known leak (in-process): a controller's act() is called from run_episode, and "
                    "Python frames are public: sys._getframe(1).f_locals holds run_episode's env (and with it the trace); "
                    "the leaderboard sandbox closes it (the child's frames are its own message loop, "
-                   "tests/test_leaderboard_sandbox_attacks.py::test_the_callers_frames_hold_no_env)")
+                   "tests/leaderboard/test_leaderboard_sandbox_attacks.py::test_the_callers_frames_hold_no_env)")
 def test_act_cannot_reach_the_env_through_its_callers_frame():
     import sys
 

@@ -244,7 +244,7 @@ def test_a_hidden_episodes_reason_is_scrubbed_of_its_terms_and_the_secret():
 
 
 def test_the_callers_frames_hold_no_env(tmp_path, toy):
-    """The in-process frame door (tests/test_no_leaks.py::test_act_cannot_reach_the_env_through_its_callers_frame):
+    """The in-process frame door (tests/envs/test_no_leaks.py::test_act_cannot_reach_the_env_through_its_callers_frame):
     in the sandbox, act()'s callers are the child's message loop; no frame holds an env, a pool or a trace table."""
     body = """
     class A(Attack):

@@ -140,7 +140,7 @@ def test_close_window_rejects_the_past():
         led.close_window(0.001, 1.0)
 
 
-# a preemption-heavy run (request 6 is preempted 44 times: tests/test_attribution_replay_report.py)
+# a preemption-heavy run (request 6 is preempted 44 times: tests/attribution/test_attribution_replay_report.py)
 TIGHT = dict(token_budget=512, max_seqs=16, context_limit=2048, block_size=4, kv_capacity_tokens=3200)
 TIGHT_ARR = [0.019, 0.052, 0.077, 0.115, 0.124, 0.127, 0.143]
 TIGHT_PROMPT = [629, 458, 64, 264, 383, 472, 740]
