@@ -16,7 +16,7 @@ forks that extend it lazily all see the same factors, whatever their order; a le
 engine calls `CommitServeEnv.step` makes (apply at interval start + actuation delay (+ the scenario's fixed
 planning delay), settle at the boundary, read the settlement meter), so a fork stepped with the actions the
 environment later receives meters the same joules and misses the same requests, bit for bit
-(``tests/test_oracle.py`` checks it at realism ``paper``). The controller's meter (NVML-like counters) is not
+(``tests/controllers/test_oracle.py`` checks it at realism ``paper``). The controller's meter (NVML-like counters) is not
 modelled: it never enters settlement.
 """
 

@@ -10,7 +10,7 @@
 #                vLLM's wheel (~340 MB, plus its CUDA PyTorch) needs a package index; a machine without network
 #                must have them installed beforehand.
 #   nvidia-smi   driver, GPU, current clocks, supported clocks.
-#   contracts    python -m pytest -q tests/test_backend_contracts.py -m gpu (the GpuControl contract on real NVML).
+#   contracts    python -m pytest -q tests/backends/test_backend_contracts.py -m gpu (the GpuControl contract on real NVML).
 #   calibrate    commitenv calibrate --gpu $GPU --model $MODEL --template $TEMPLATE --quick
 #                --out $OUT/profile.yaml --report $OUT/calibration.json
 #
@@ -91,7 +91,7 @@ nvidia-smi -i '$GPU' -q -d SUPPORTED_CLOCKS | head -n 60"
 "$PYTHON" -c "from importlib.metadata import version as v; print('vllm', v('vllm'), '| nvidia-ml-py', v('nvidia-ml-py'))" \
     >>"$OUT/nvidia-smi.log" 2>&1 || true
 
-run_step contracts 90 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_backend_contracts.py -m gpu -rs
+run_step contracts 90 "$PYTHON" -m pytest -q -p no:cacheprovider tests/backends/test_backend_contracts.py -m gpu -rs
 
 if command -v commitenv >/dev/null 2>&1; then CLI=(commitenv); else CLI=("$PYTHON" -m commitenv); fi
 args=(calibrate --gpu "$GPU" --model "$MODEL" --template "$TEMPLATE" --quick

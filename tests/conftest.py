@@ -1,93 +1,70 @@
-"""Shared fixtures: a toy profile with round coefficients so engine cases can be computed by hand."""
+"""Fixtures and hooks for every test: the toy profile, the run's reference cache, each process's temp folder and
+the slow cases' timeout.
+Shared helpers (profiles, scenarios, controllers) live in ``helpers/``, imported as ``helpers.*``."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from commitenv.profiles.schema import Profile
-from commitenv.sim.memory import GPU_MEMORY_UTILIZATION
+from helpers.profiles import toy_profile
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
-
-def toy_profile(**over) -> Profile:
-    """Two clock levels; at the top clock: t = 0.01 + 0.001 P + 0.0001 n + 0.00001 L (tau4 = 0),
-    E = 1 + 0.1 P + 0.01 n + 0.001 L; idle 50 W (active and draining), standby 20 W."""
-    sched = dict(token_budget=8, max_seqs=4, context_limit=64, block_size=4, kv_capacity_tokens=64)
-    sched.update(over.pop("scheduler", {}))
-    top = dict(
-        mhz=1000,
-        time=dict(tau0=0.01, tau1=0.001, tau2=0.0001, tau3=0.00001, tau4=0.0),
-        energy=dict(a=1.0, c1=0.1, c2=0.0, b=0.01, kappa=0.001),
-        active_idle_w=50.0,
-        draining_idle_w=50.0,
-    )
-    low = dict(
-        mhz=500,
-        time=dict(tau0=0.012, tau1=0.002, tau2=0.0001, tau3=0.000012, tau4=0.0),
-        energy=dict(a=0.8, c1=0.12, c2=0.0, b=0.008, kappa=0.0009),
-        active_idle_w=40.0,
-        draining_idle_w=40.0,
-    )
-    raw = dict(
-        name="toy",
-        gpu=dict(name="toy-gpu", memory_gb=1, tdp_w=100, memory_bandwidth_gbs=100),
-        model=dict(name="toy-model", params_b=1, weight_gb=1, kv_bytes_per_token=1),
-        clocks=[low, top],
-        reference_clock_mhz=1000,
-        standby_w=20.0,
-        scheduler=sched,
-        latencies=dict(clock_change_s=0.0, activation_s=1.0),
-        sm_share=dict(compute_exponent=1.0, memory_exponent=0.5, min_share=0.1),
-        sources={"gpu": "test", "model": "test", "clocks": "test", "reference_clock_mhz": "test", "standby_w": "test",
-                 "scheduler": "test", "latencies": "test", "sm_share": "test"},
-    )
-    raw.update(over)
-    if "gpu" not in over:  # memory consistent with the KV capacity: footprint 1/64 of usable (`commitenv.sim.memory`)
-        kvb = raw["model"]["kv_bytes_per_token"]
-        raw["gpu"] = dict(raw["gpu"], memory_gb=sched["kv_capacity_tokens"] * kvb * 64 / 63 / GPU_MEMORY_UTILIZATION / 1e9)
-    return Profile.model_validate(raw)
+SLOW_TIMEOUT_S = 1800  # a slow case's own per-test timeout (the default, pyproject's `timeout`, is 300 s)
 
 
-# scheduler limits of a toy instance that can share its GPU: its KV cache at share 1 holds 16 requests at the context
-# limit, so down to the toy's minimum SM share of 0.1 it still holds one (`commitenv.sim.memory`)
-COLOCATE = dict(kv_capacity_tokens=1024)
-
-
-def attn_toy_profile(**over) -> Profile:
-    """The toy profile whose clocks also charge the prefill attention term (top clock: tau4 = 1e-6 s,
-    c2 = 1e-4 J per attention pair)."""
-    low = dict(mhz=500, time=dict(tau0=0.012, tau1=0.002, tau2=0.0001, tau3=0.000012, tau4=2e-6),
-               energy=dict(a=0.8, c1=0.12, c2=0.0002, b=0.008, kappa=0.0009), active_idle_w=40.0,
-               draining_idle_w=40.0)
-    top = dict(mhz=1000, time=dict(tau0=0.01, tau1=0.001, tau2=0.0001, tau3=0.00001, tau4=1e-6),
-               energy=dict(a=1.0, c1=0.1, c2=0.0001, b=0.01, kappa=0.001), active_idle_w=50.0,
-               draining_idle_w=50.0)
-    return toy_profile(clocks=[low, top], **over)
-
-
-def slow_requested(config) -> bool:
-    """Slow cases that skip themselves run only when asked for: ``-m slow`` (or any marker expression selecting
-    ``slow`` without ``not slow``) or ``COMMITENV_RUN_SLOW=1``; a plain run stays quick."""
-    expr = (config.getoption("markexpr") or "").replace(" ", "")
-    return os.environ.get("COMMITENV_RUN_SLOW") == "1" or ("slow" in expr and "notslow" not in expr)
+def pytest_collection_modifyitems(config, items):
+    """Slow cases (episode-scale runs) get a longer timeout than the default unless they set their own."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 @pytest.fixture
 def toy():
+    """The toy profile (`helpers.profiles.toy_profile`)."""
     return toy_profile()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_reference_cache(tmp_path_factory):
-    """Every test shares one reference-commitment cache in the session's temp folder, never ~/.cache
-    (tests that exercise the cache itself point COMMITENV_CACHE elsewhere with monkeypatch)."""
-    d = tmp_path_factory.getbasetemp() / "commitenv-cache"
+    """Every test shares one reference-commitment cache in the run's temp folder (all xdist workers' too), never
+    ~/.cache (tests that exercise the cache itself point COMMITENV_CACHE elsewhere with monkeypatch)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist workers share their run's folder (the cache writes atomically)
+        base = base.parent
+    d = base / "commitenv-cache"
     d.mkdir(exist_ok=True)
     mp = pytest.MonkeyPatch()
     mp.setenv("COMMITENV_CACHE", str(d))
     yield d
+    mp.undo()
+
+
+def _sweep_temp_dirs(parent: Path) -> None:
+    """Remove the temp folders of earlier test processes that are gone (named ``commitenv-test-<worker>-<pid>-*``)."""
+    for d in parent.glob("commitenv-test-*"):
+        pid = d.name.split("-")[3] if d.name.count("-") >= 4 else ""
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_temp_dir(_session_reference_cache):
+    """Each test process (an xdist worker, or the only one) gets its own temp folder for what the code under test
+    puts in the system's temp dir (the leaderboard's sandbox folders, Ray's session files), so parallel workers never
+    see each other's folders; a short path under the system's temp dir (Ray's socket paths must stay under 107
+    bytes). Child processes inherit it through TMPDIR. It outlives the session (multiprocessing removes its own
+    folders in it at exit), and the next run removes it."""
+    system = Path(tempfile.gettempdir())
+    _sweep_temp_dirs(system)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    d = tempfile.mkdtemp(prefix=f"commitenv-test-{worker}-{os.getpid()}-", dir=system)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TMPDIR", d)
+    mp.setattr(tempfile, "tempdir", d)
+    yield Path(d)
     mp.undo()

@@ -2,7 +2,7 @@
 reasons), with NVML's error kinds, and `LockedClocks`, which resets a locked clock on every way out.
 
 Implementations: `commitenv.backends.nvml.NvmlGpu` (nvidia-ml-py) and `commitenv.backends.fake_gpu.FakeGpu` (the
-profile's power on a virtual clock). The same contract tests (tests/test_backend_contracts.py) run on both.
+profile's power on a virtual clock). The same contract tests (tests/backends/test_backend_contracts.py) run on both.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from commitenv.backends.clock import Clock
+from commitenv.backends.clock import Clock, LockstepClock
 from commitenv.backends.engine import ServingEngine
 from commitenv.backends.gpu import GpuControl, LockedClocks
 from commitenv.backends.lag import LagBound, LagMeter, ReplayLagError
@@ -77,6 +77,7 @@ class DeviceWorker:
         self._level: Callable[[int], int] | None = None
         self._log_c: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name=f"commitenv-gpu{index}", daemon=True)
+        clock.enter()  # counted on a shared clock before it starts (see `commitenv.backends.clock.LockstepClock`)
         self._thread.start()
 
     @property
@@ -86,6 +87,7 @@ class DeviceWorker:
     def submit(self, r: Req) -> None:
         with self._cv:
             self._inbox.append(r)
+            self.clock.unpark(self)
             self._cv.notify()
 
     def want(self, state: str) -> None:
@@ -94,6 +96,7 @@ class DeviceWorker:
             self._want = state
             if state == DRAINING and self.state == ACTIVE:
                 self._set_state(DRAINING)
+            self.clock.unpark(self)
             self._cv.notify()
 
     def _set_state(self, state: str) -> None:
@@ -105,8 +108,10 @@ class DeviceWorker:
     def stop(self) -> None:
         with self._cv:
             self._stop = True
+            self.clock.unpark(self)
             self._cv.notify()
-        self._thread.join(timeout=30)
+        with self.clock.released():  # a shared clock moves on while this thread waits for the worker to finish
+            self._thread.join(timeout=30)
         close = getattr(self.engine, "close", None)  # an engine in its own process (`ProcessEngine`) stops it
         if callable(close):
             close()
@@ -143,6 +148,13 @@ class DeviceWorker:
                             tuple(dec), clock_mhz=level, share=1.0)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self.clock.unpark(self)
+            self.clock.leave()
+
+    def _serve(self) -> None:
         eng = self.engine
         try:
             while True:
@@ -158,7 +170,9 @@ class DeviceWorker:
                             eng.sleep()
                             self._set_state(STANDBY)
                         if not (self.state == STANDBY and self._want == ACTIVE):
+                            self.clock.park(self)  # waits for work: a shared clock may move on
                             self._cv.wait(timeout=0.002)
+                            self.clock.unpark(self)
                             continue
                 if self.state == STANDBY:  # asked to serve again: wake outside the lock (it takes a while)
                     with self._cv:
@@ -216,6 +230,8 @@ class HardwarePool:
         self.lag_bound = lag_bound
         self.opt = options
         self.clock = clock
+        # how long the replay sleeps at most between looks at the workers (clock seconds): 5 ms of real time
+        self._poll_s = clock.poll_s if isinstance(clock, LockstepClock) else 0.005 * getattr(clock, "speed", 1.0)
         self.now = 0.0
         self._lock = threading.Lock()
         self.workers = [DeviceWorker(i, g, e, clock, self._finished) for i, (g, e) in enumerate(devices)]
@@ -301,7 +317,7 @@ class HardwarePool:
             if now >= t_end or (math.isinf(t_end) and self._cursor >= n and self._idle()):
                 break
             nxt = min(self._arr[self._cursor] if self._cursor < n else math.inf, t_end)
-            self.clock.sleep(min(max(nxt - now, 0.0), 0.005 * getattr(self.clock, "speed", 1.0)))
+            self.clock.sleep(min(max(nxt - now, 0.0), self._poll_s))
         self.now = max(self.now, min(t_end, self.clock.now() - self._origin))
         self._check_lag()
 
@@ -408,7 +424,10 @@ class HardwarePool:
                 if _time.monotonic() > give_up:
                     log.warning("GPU %d: a step in flight at %.3f s did not end within %.0f s", w.index, t, timeout_s)
                     break
-                _time.sleep(1e-4)
+                if isinstance(self.clock, LockstepClock):  # its time moves only while this thread sleeps on it
+                    self.clock.sleep(self._poll_s / 50)
+                else:
+                    _time.sleep(1e-4)
             for _ in range(len(slog)):
                 out.append(slog.popleft())
         return out
@@ -483,21 +502,23 @@ class HardwarePool:
         self._locked.__exit__(None, None, None)
 
 
-def fake_backend(speed: float = 200.0, *, energy_update_s: float = 0.05, noise_sigma: float = 0.0,
+def fake_backend(speed: float | None = 200.0, *, energy_update_s: float = 0.05, noise_sigma: float = 0.0,
                  seed: int = 0, lag_bound: LagBound | None = LagBound()
                  ) -> Callable[[Profile, int, EngineOptions, int], HardwarePool]:
     """A pool factory for `CommitServeEnv(backend=...)`: one `FakeGpu` + `SimEngine` per replica on a shared
-    clock running ``speed`` times real time; ``lag_bound`` holds the replay's lag behind real time
-    (`commitenv.backends.lag`; None: measured, never held)."""
-    if not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
-        raise ValueError(f"speed: expected a finite number > 0 (how many times real time), got {speed!r}")
+    clock running ``speed`` times real time, or, with ``speed=None``, on a `LockstepClock` (virtual time: the same
+    run however loaded the machine, a controller's thinking taking no time, no lag); ``lag_bound`` holds the replay's
+    lag behind real time (`commitenv.backends.lag`; None: measured, never held)."""
+    if speed is not None and not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
+        raise ValueError(f"speed: expected a finite number > 0 (how many times real time) or None (virtual time), "
+                         f"got {speed!r}")
 
     def build(profile: Profile, n: int, options: EngineOptions, clock_mhz: int) -> HardwarePool:
-        from commitenv.backends.clock import ScaledClock
+        from commitenv.backends.clock import LockstepClock, ScaledClock
         from commitenv.backends.fake_engine import SimEngine
         from commitenv.backends.fake_gpu import FakeGpu
 
-        clock = ScaledClock(speed)
+        clock = LockstepClock() if speed is None else ScaledClock(speed)
         devices = []
         for i in range(n):
             g = FakeGpu(profile, clock, i, energy_update_s=energy_update_s)

@@ -2,7 +2,7 @@
 `step` is one scheduler step whose token counts (P, A, n, L) are read from vLLM's scheduler output.
 
 UNTESTED WITHOUT A GPU: written against vLLM 0.33.0's source (the PyPI wheel, commit g4ba787ec9) and never run;
-only its pure helpers (`scheduled_chunks`, `step_terms`) are exercised on CPU, by tests/test_backend_nvml.py.
+only its pure helpers (`scheduled_chunks`, `step_terms`) are exercised on CPU, by tests/backends/test_backend_nvml.py.
 vLLM is imported when an engine is built, not with this module; without it, ImportError names the ``gpu`` extra.
 
 Internals relied on (all in `_scheduler_of`): ``LLMEngine.engine_core`` is an ``InprocClient`` whose ``engine_core``

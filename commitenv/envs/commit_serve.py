@@ -7,7 +7,7 @@ shares and placement keys; it never replaces these two.
 
 Observation (``Box`` float32, 16 features, ``OBS_FEATURES`` names them in order): a function of the controller's view
 alone (``info``, `commitenv.control.ControllerContext` and its probe's ``snapshot()`` / ``recent_arrivals()``; test:
-tests/test_observation_view.py recomputes every feature from them), each scaled so that it stays in about [-1, 1] in
+tests/envs/test_observation_view.py recomputes every feature from them), each scaled so that it stays in about [-1, 1] in
 operation with its unit kept readable: fractions stay linear, energy ratios are compressed only far from their normal
 range (``soft``: x up to 1, 1 + ln x beyond; ``slog``: sign(x) ln(1 + |x|), about x near 0), counts are log-scaled.
 Nothing is cut off: the ``observation_space`` bounds hold every value a scenario can produce (the final guard clip

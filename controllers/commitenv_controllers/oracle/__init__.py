@@ -44,7 +44,7 @@ What is exact and what is not:
 
 * exact: the evaluation of every schedule the search reaches (true workload, truth model and its noise, the
   environment's actuation and settlement): the replay meters the planned energies bit for bit (0 J difference,
-  ``planned_*`` = the settled figures, checked in ``tests/test_oracle.py``), so the plan's reported cost is the
+  ``planned_*`` = the settled figures, checked in ``tests/controllers/test_oracle.py``), so the plan's reported cost is the
   cost the environment then settles;
 * optimal: for per-interval tables that do not depend on the engine state (`plan_table` with ``energy_grid_j=0``
   and no beam: an exact DP, checked against brute force); with the engine, when the beam is wider than the number

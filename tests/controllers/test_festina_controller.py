@@ -1,0 +1,72 @@
+"""The `festina` controller end to end: its three hooks installed by the episode loop, legal shared actions
+(per-GPU shares summing to <= 1, at least each minimum), keep-alive scaling, and less energy than the vLLM default on
+a lightly loaded shared pool and on a one-model pool."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commitenv.evaluation import run_episode
+from commitenv_controllers import make
+from commitenv_controllers.festina.controller import Festina
+from helpers.scenarios import toy_three_hour
+from helpers.scenarios import shared_scenario
+
+
+def test_festina_on_a_shared_pool(tmp_path):
+    path = str(shared_scenario(tmp_path))
+    env_v, vllm = run_episode("vllm", path, 0)
+    ctrl = make("festina")
+    assert isinstance(ctrl, Festina)
+    seen = []
+    act = ctrl.act
+
+    def spy(obs, info):
+        a = act(obs, info)
+        seen.append(a)
+        return a
+
+    ctrl.act = spy
+    env, res = run_episode(ctrl, path, 0)
+    assert env.pool.dispatch is ctrl.dispatch_policy() and all(r.local is ctrl.local_policy() for r in env.pool.replicas)
+    assert env.pool.dispatch_calls >= res.summary["requests"] - res.summary["rejected"]
+    assert env.pool.local_calls > 0
+    placement = env.layout.gpus
+    for a in seen:
+        shares = a["shares"]
+        k = 0
+        for g in placement:
+            assert sum(shares[k:k + len(g)]) <= 1.0 + 1e-12
+            assert all(x >= 0.1 for x in shares[k:k + len(g)])
+            k += len(g)
+        assert all(1 <= x <= n for x, n in zip(a["active"], env.replicas_per_model))
+    assert res.summary["energy_mj"] < vllm.summary["energy_mj"]
+    assert res.summary["requests"] == vllm.summary["requests"]
+    assert np.all(np.isfinite(env.pool.finish_t[~env.pool.rejected]))  # everything accepted was served
+
+
+def test_festina_on_a_one_model_pool(tmp_path):
+    path = str(toy_three_hour(tmp_path, horizon_hours=1, commitment={"mj": [0.2]}, name="toy-one"))
+    _, vllm = run_episode("vllm", path, 0)
+    env, res = run_episode("festina", path, 0)
+    assert res.summary["energy_mj"] < vllm.summary["energy_mj"]
+    assert res.summary["festina_local_calls"] > 0 and env.pool.dispatch_calls > 0
+
+
+def test_consolidation_packs_memory_reservations(tmp_path):
+    """Five lightly used instances (SM_l = 0.1 each) fit one GPU by SMs; with the toy pool's placement reservations
+    (0.5 + 0.5, 1.0, 0.6 + 0.4 of each GPU's memory: 3 GPUs' worth) no plan frees a GPU, with small reservations one
+    does."""
+    from commitenv.control import ControllerContext
+    from commitenv.envs import CommitServeEnv
+
+    env = CommitServeEnv(str(shared_scenario(tmp_path)))
+    env.reset(seed=0)
+    ctrl = Festina()
+    ctrl.reset(ControllerContext.from_env(env))
+    usage = {r: (10.0, 1000.0, 0.1) for r in range(5)}  # busy s, F_l MHz, SM_l
+    placed = env.pool.replicas
+    assert [r.mem_share for r in placed] == [0.5, 0.5, 1.0, 0.6, 0.4]
+    assert ctrl._consolidated(usage, [r.mem_share for r in placed]) is None
+    moved = ctrl._consolidated(usage, [0.1] * 5)
+    assert moved and len(set(ctrl.gpu_of)) < 3
