@@ -9,6 +9,7 @@ truth, and the seed a controller is given, so a controller's seed tells it nothi
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -318,6 +319,7 @@ def episode_workload(sc: Scenario, run_seed: int) -> RequestTable:
             table = time_window(src, start * 3600.0, (start + H) * 3600.0, rebase=True)
             if len(table) == 0:
                 raise ScenarioError(f"{sc.source}: workload: the trace window starting at {start:g} h is empty")
+            _warn_if_trace_just_overruns(sc, src, (start + H) * 3600.0)
             if wl.rate_scale != 1.0:
                 table = scale_rate(table, wl.rate_scale, seed=ws & 0x7FFF_FFFF)
     except WorkloadError as e:
@@ -325,6 +327,16 @@ def episode_workload(sc: Scenario, run_seed: int) -> RequestTable:
     table.meta["scenario"] = sc.name
     table.meta["workload_seed"] = "derived from the run seed"
     return table
+
+
+def _warn_if_trace_just_overruns(sc: Scenario, src: RequestTable, end_s: float) -> None:
+    """A trace whose last requests arrive less than one horizon after the window ends was most likely meant to be
+    served whole: say how many requests fall outside (a day trace windowed to an hour is not warned about)."""
+    after = src.arrival_s[src.arrival_s >= end_s]
+    if len(after) and after[-1] < end_s + sc.horizon_hours * 3600.0:
+        warnings.warn(f"{sc.source}: workload: {len(after)} of the trace's {len(src)} requests arrive after the "
+                      f"window ends ({end_s:g} s from the trace's first request; horizon_hours: {sc.horizon_hours}) "
+                      "and are not served; lengthen horizon_hours or trim the trace", stacklevel=3)
 
 
 def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
@@ -387,6 +399,8 @@ def _pinned_workload(sc: Scenario, s: int, start_hour: float, field: str) -> Req
             f"of the {what}, which spans {span_h} h; expected start_hour + horizon_hours <= {span_h}"
         )
     table = time_window(src, t0, t1, rebase=True)
+    if wl.trace is not None and field == "workload.start_hour":
+        _warn_if_trace_just_overruns(sc, src, t1)
     if wl.rate_scale != 1.0:
         table = scale_rate(table, wl.rate_scale, seed=s)
     table.meta["scenario"] = sc.name

@@ -339,3 +339,31 @@ def test_engine_overrides_are_refused_when_the_file_is_loaded(tmp_path, long_pro
         load_scenario(write_scenario(tmp_path, "too-long-at-load", engine={"context_limit": 65}, **common))
     with pytest.raises(ScenarioError, match="engine.prefix_block_tokens"):
         load_scenario(write_scenario(tmp_path, "odd-block-at-load", engine={"prefix_block_tokens": 6}, **common))
+
+
+def test_a_trace_that_just_overruns_its_window_is_warned_about(tmp_path):
+    """An operator's 50-request trace whose last two arrive after the one-hour window: the two are not served, and
+    the run says so; a trace that goes on for more than a horizon past the window (a day windowed to an hour) is not
+    warned about."""
+    import warnings
+
+    import numpy as np
+
+    from commitenv.envs import CommitServeEnv
+    from helpers.scenarios import write_scenario, write_trace
+
+    t = np.concatenate([np.linspace(0.0, 3500.0, 48), [3600.8, 3638.3]])
+    trace = write_trace(tmp_path / "mine.csv", t, np.full(50, 10), np.full(50, 5))
+    path = write_scenario(tmp_path, "mine", workload={"trace": str(trace)}, horizon_hours=1, interval_s=600,
+                          commitment={"mj": [0.1]})
+    with pytest.warns(UserWarning, match=r"2 of the trace's 50 requests arrive after the window ends \(3600 s"):
+        env = CommitServeEnv(str(path))
+        env.reset(seed=0)
+    assert len(env.table) == 48
+    long = np.concatenate([np.linspace(0.0, 3500.0, 48), [3600.0 + 3700.0, 9000.0]])  # beyond one more horizon
+    trace2 = write_trace(tmp_path / "day.csv", long, np.full(50, 10), np.full(50, 5))
+    path2 = write_scenario(tmp_path, "day", workload={"trace": str(trace2)}, horizon_hours=1, interval_s=600,
+                           commitment={"mj": [0.1]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        CommitServeEnv(str(path2)).reset(seed=0)
