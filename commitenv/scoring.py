@@ -125,7 +125,9 @@ def normalised_score(cost: float, lower: float, upper: float, gate_pass: bool, s
     span = lower - upper
     if not span > 0:
         raise ValueError(f"score: the upper reference ({upper:.6g} kWh-eq) must cost less than the lower one "
-                         f"({lower:.6g} kWh-eq) on every episode")
+                         f"({lower:.6g} kWh-eq) on every episode: here nothing can be gained over the lower "
+                         "reference (e.g. full-capacity vLLM already stays under a commitment that is too large; "
+                         "lower the commitment), so the episode has no score")
     s = 100.0 * (lower - cost) / span
     return s if gate_pass else min(s, 0.0) - shortfall_pct
 
