@@ -330,10 +330,14 @@ def episode_workload(sc: Scenario, run_seed: int) -> RequestTable:
 
 
 def _warn_if_trace_just_overruns(sc: Scenario, src: RequestTable, end_s: float) -> None:
-    """A trace whose last requests arrive less than one horizon after the window ends was most likely meant to be
-    served whole: say how many requests fall outside (a day trace windowed to an hour is not warned about)."""
+    """A trace whose last few requests arrive less than one horizon after the window ends was most likely meant to be
+    served whole: say how many fall outside (not for a day trace windowed to an hour, a trace with more requests
+    after the window than in it, or one whose later stretch is the commitment's reference window)."""
     after = src.arrival_s[src.arrival_s >= end_s]
-    if len(after) and after[-1] < end_s + sc.horizon_hours * 3600.0:
+    ref = sc.commitment.reference
+    if ref is not None and ref.start_hour is not None:
+        return
+    if len(after) and after[-1] < end_s + sc.horizon_hours * 3600.0 and 2 * len(after) < len(src):
         warnings.warn(f"{sc.source}: workload: {len(after)} of the trace's {len(src)} requests arrive after the "
                       f"window ends ({end_s:g} s from the trace's first request; horizon_hours: {sc.horizon_hours}) "
                       "and are not served; lengthen horizon_hours or trim the trace", stacklevel=3)
