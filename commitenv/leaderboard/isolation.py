@@ -93,15 +93,17 @@ def bwrap_argv(box: Path, command: list[str], *, denied: tuple[str, ...] = (), i
     args = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--uid", str(NOBODY), "--gid", str(NOBODY),
             "--disable-userns", "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr", *_top_level()]
+            "--ro-bind", "/usr", "/usr", *_top_level(),
+            # the private /tmp first: a public root under /tmp (a checkout or virtual environment there) is bound
+            # into it afterwards rather than hidden by it
+            "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
     for r in roots:
         args += ["--ro-bind", r, r]
     for f in _ETC:
         if os.path.isfile(f):
             args += ["--ro-bind", f, f]
     args += _masks(denied, roots)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
-             "--bind", str(box), BOX, "--chdir", BOX]
+    args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(box), BOX, "--chdir", BOX]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     return args + ["--", *command]

@@ -610,3 +610,13 @@ def test_secret_suite_submit_is_refused_without_the_kernel(tmp_path, toy, monkey
     with pytest.raises(SandboxUnavailable, match="no namespaces"):
         submit(sub, str(hidden), board=board, secret=b"s3cret", render=False)
     assert not (board / "results").exists()
+
+
+def test_a_public_root_under_tmp_is_bound_after_the_private_tmp(monkeypatch, tmp_path):
+    """A checkout or virtual environment under /tmp stays visible: the child's private /tmp is mounted first and the
+    root bound into it (mounted after, the tmpfs hid the venv's python: "bwrap: execvp ... No such file")."""
+    monkeypatch.setattr(iso, "_public_roots", lambda: ["/tmp/some-checkout/.venv", "/opt/python"])
+    argv = iso.bwrap_argv(tmp_path, ["python"])
+    tmpfs = max(i for i, a in enumerate(argv) if a == "--tmpfs" and argv[i + 1] == "/tmp")
+    binds = [i for i, a in enumerate(argv) if a == "--ro-bind" and argv[i + 1] == "/tmp/some-checkout/.venv"]
+    assert binds and tmpfs < binds[0]
