@@ -194,7 +194,7 @@ def episodes(suite: Suite, suite_hash: str, secret: bytes | None = None) -> list
     pools = [names for names in d.families.values() for _ in range(d.per_family)]
     pools += [d.scenarios] * (d.episodes - len(pools))
     slots = [pool[int(_uniform(secret, suite_hash, k, "scenario") * len(pool))] for k, pool in enumerate(pools)]
-    if d.families and d.per_family:
+    if d.per_family:  # (validated: a quota comes with its families)
         slots = [slots[k] for k in sorted(range(len(slots)), key=lambda k: _uniform(secret, suite_hash, k, "order"))]
     out = []
     for i, sc in enumerate(slots):
