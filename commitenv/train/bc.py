@@ -63,6 +63,7 @@ class BCSpec:
     torch_threads: int = 1
     config: str | Path | None = None  # the YAML the options came from (recorded in the command)
     commitment_scale: tuple[float, float] = (1.0, 1.0)
+    expert_args: dict[str, Any] = field(default_factory=dict)  # the expert's constructor arguments (validated)
 
     @property
     def scenarios(self) -> list[str]:
@@ -74,6 +75,8 @@ class BCSpec:
                  str(self.dagger_episodes), "--seed", str(self.seed), "--epochs", str(self.epochs), "--batch-size",
                  str(self.batch_size), "--learning-rate", str(self.learning_rate), "--net-arch",
                  ",".join(map(str, self.net_arch)), "--out", str(self.out)]
+        for k, v in self.expert_args.items():
+            parts += ["--expert-arg", f"{k}={json.dumps(v)}"]
         if tuple(self.commitment_scale) != (1.0, 1.0):
             parts += ["--commitment-scale", *(str(x) for x in self.commitment_scale)]
         if self.demos is not None:
@@ -114,7 +117,7 @@ def demo_episodes(scenarios: list[str], first: int, count: int, scale: tuple[flo
 
 
 def collect(episodes: list[DemoEpisode], expert: str, learner: Callable[[np.ndarray], Any] | None = None,
-            progress: bool = False) -> dict[str, np.ndarray]:
+            progress: bool = False, expert_args: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     """Observations and the expert's flat actions on ``episodes``; with ``learner`` (raw observation -> flat action)
     the learner's action is executed and the expert only labels (DAgger). Returns ``obs`` (n, F) float32, ``act``
     (n, 2) int64, ``seed`` (n,), ``episode`` (n,: the index in ``episodes``) and, per episode, the return of whoever
@@ -130,7 +133,7 @@ def collect(episodes: list[DemoEpisode], expert: str, learner: Callable[[np.ndar
     obs_l, act_l, seed_l, ep_l, costs = [], [], [], [], []
     for i, ep in enumerate(episodes):
         s = ep.seed
-        ctrl = spec.make()
+        ctrl = spec.make(**(expert_args or {}))
         env = CommitServeEnv(scaled_commitment(ep.scenario, ep.commitment_scale))
         obs, info = env.reset(seed=int(s))
         ctrl.reset(ControllerContext.from_env(env), derived_seed(int(s), "controller"))
@@ -244,15 +247,18 @@ def _accuracy(model: Any, obs_norm: np.ndarray, act: np.ndarray) -> list[float]:
 def _demos(spec: BCSpec, episodes: list[DemoEpisode], progress: bool) -> dict[str, np.ndarray]:
     path = Path(spec.demos) if spec.demos is not None else None
     if spec.scenarios == [spec.scenarios[0]] and all(e.commitment_scale == 1.0 for e in episodes):
-        key = json.dumps({"scenario": spec.scenarios[0], "expert": spec.expert, "seeds": [e.seed for e in episodes]})
+        key = {"scenario": spec.scenarios[0], "expert": spec.expert, "seeds": [e.seed for e in episodes]}
     else:
-        key = json.dumps({"expert": spec.expert, "episodes": [asdict(e) for e in episodes]})
+        key = {"expert": spec.expert, "episodes": [asdict(e) for e in episodes]}
+    if spec.expert_args:  # (a key without them stays as before, so earlier demonstration files still match)
+        key["expert_args"] = spec.expert_args
+    key = json.dumps(key)
     if path is not None and path.is_file():
         with np.load(path, allow_pickle=False) as z:
             if str(z["key"]) == key:
                 return {k: z[k] for k in ("obs", "act", "seed", "episode_return")}
         raise ValueError(f"--demos {path}: holds other demonstrations (not {key}); give another file")
-    data = collect(episodes, spec.expert, progress=progress)
+    data = collect(episodes, spec.expert, progress=progress, expert_args=spec.expert_args)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(path, key=key, **data)
@@ -316,7 +322,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
             a, _ = model.predict(norm.normalize_obs(np.asarray(o, dtype=np.float32)[None]), deterministic=True)
             return a[0]
 
-        new = collect(eps, spec.expert, learner=learner, progress=progress)
+        new = collect(eps, spec.expert, learner=learner, progress=progress, expert_args=spec.expert_args)
         rounds[-1]["dagger_episodes"] = [asdict(e) for e in eps]
         rounds[-1]["learner_episode_return"] = float(np.mean(new["episode_return"])) if eps else None
         data = _concat(data, new)
@@ -346,7 +352,8 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
 
 # ================================================================================================ CLI
 CONFIG_KEYS = {"expert": str, "demo_episodes": int, "dagger_rounds": int, "dagger_episodes": int, "epochs": int,
-               "batch_size": int, "learning_rate": (float, int, str), "net_arch": list, "commitment_scale": list}
+               "batch_size": int, "learning_rate": (float, int, str), "net_arch": list, "commitment_scale": list,
+               "expert_args": dict}
 
 
 def load_options(path: str | Path) -> dict[str, Any]:
@@ -370,11 +377,28 @@ def load_options(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def _expert_args(expert: str, from_config: dict[str, Any], items: list[str] | None) -> dict[str, Any]:
+    """The expert's constructor arguments: the config file's ``expert_args``, then ``--expert-arg KEY=VALUE`` items
+    (which win), validated against the expert's declared configuration; ValueError naming the item."""
+    from commitenv.controller_config import check_kwargs, parse_arg_value
+    from commitenv.registry import resolve
+
+    kwargs, raw = dict(from_config), {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--expert-arg {item}: expected KEY=VALUE (KEY a Python identifier)")
+        kwargs[key], raw[key] = parse_arg_value(value), value
+    return check_kwargs(resolve(expert), kwargs, raw) if kwargs else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m commitenv.train.bc", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", nargs="+", help="one scenario, or several of one pool (played in turn)")
     p.add_argument("--out", required=True)
     p.add_argument("--expert", default="mpc")
+    p.add_argument("--expert-arg", action="append", default=None, metavar="KEY=VALUE",
+                   help="the expert's constructor argument (repeatable); VALUE is read as JSON when it is valid JSON")
     p.add_argument("--demo-episodes", type=int, default=40)
     p.add_argument("--dagger-rounds", type=int, default=0)
     p.add_argument("--dagger-episodes", type=int, default=10)
@@ -398,9 +422,10 @@ def main(argv: list[str] | None = None) -> int:
                 if k not in given:
                     setattr(a, k, ",".join(map(str, v)) if k == "net_arch" and isinstance(v, list) else v)
         arch = [int(x) for x in a.net_arch.split(",") if x]
+        expert_args = _expert_args(a.expert, dict(getattr(a, "expert_args", None) or {}), a.expert_arg)
         spec = BCSpec(a.scenario[0] if len(a.scenario) == 1 else list(a.scenario), a.out, a.expert, a.demo_episodes,
                       a.dagger_rounds, a.dagger_episodes, a.seed, a.epochs, a.batch_size, float(a.learning_rate), arch,
-                      a.demos, a.torch_threads, a.config, tuple(a.commitment_scale))
+                      a.demos, a.torch_threads, a.config, tuple(a.commitment_scale), expert_args)
         rec = train_bc(spec)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -119,3 +119,32 @@ def test_one_policy_serves_one_pool(tmp_path):
     with pytest.raises(ValueError, match="--commitment-scale"):
         train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc", commitment_scale=(1.1, 0.9)), progress=False)
     assert not (tmp_path / "bc").exists()
+
+
+def test_expert_arguments_reach_the_expert_and_key_its_demonstrations(tmp_path, monkeypatch):
+    from commitenv.train import bc
+
+    # the labels are the configured expert's: Fixed-Config told to keep 20 replicas at 1035 MHz (clock index 2)
+    eps = [bc.DemoEpisode("bench-h200-hour-fixed-a30", 0)]
+    data = bc.collect(eps, "fixed_config", expert_args={"active": 20, "clock_mhz": 1035})
+    assert data["act"].tolist() == [[19, 2]] * 60  # flat codec: active - 1, clock index
+    # the command line: values as JSON, validated against the expert's declared arguments
+    seen = {}
+    monkeypatch.setattr(bc, "train_bc",
+                        lambda spec: seen.setdefault("spec", spec) and {"wall_s": 0, "bc": {"rounds": []}})
+    assert bc.main(["bench-h200-hour-fixed-a30", "--expert", "fixed_config", "--expert-arg", "active=20",
+                    "--out", str(tmp_path / "o")]) == 0
+    spec = seen["spec"]
+    assert spec.expert_args == {"active": 20} and "--expert-arg active=20" in spec.command()
+    assert bc.main(["bench-h200-hour-fixed-a30", "--expert", "fixed_config", "--expert-arg", "actve=20",
+                    "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
+    # a demonstration file of the unconfigured expert is not taken for the configured one's
+    demos = tmp_path / "d.npz"
+    plain = bc.BCSpec("bench-h200-hour-fixed-a30", tmp_path / "a", expert="fixed_config", demo_episodes=1,
+                      demos=demos)
+    bc._demos(plain, eps, progress=False)
+    configured = bc.BCSpec("bench-h200-hour-fixed-a30", tmp_path / "b", expert="fixed_config", demo_episodes=1,
+                           demos=demos, expert_args={"active": 20})
+    with pytest.raises(ValueError, match="--demos"):
+        bc._demos(configured, eps, progress=False)
