@@ -4,78 +4,8 @@ hourly energy commitments (ePACT sections 4.1 and C.3).
 Action (``Dict``): ``active`` replicas in 1..N and ``clock`` (index into the profile's clock levels),
 applied ``actuation_delay_s`` after the interval starts. The shared-GPU variant extends this dict with SM
 shares and placement keys; it never replaces these two.
-
-Observation (``Box`` float32, 16 features, ``OBS_FEATURES`` names them in order): a function of the controller's view
-alone (``info``, `commitenv.control.ControllerContext` and its probe's ``snapshot()`` / ``recent_arrivals()``; test:
-tests/envs/test_observation_view.py recomputes every feature from them), each scaled so that it stays in about [-1, 1] in
-operation with its unit kept readable: fractions stay linear, energy ratios are compressed only far from their normal
-range (``soft``: x up to 1, 1 + ln x beyond; ``slog``: sign(x) ln(1 + |x|), about x near 0), counts are log-scaled.
-Nothing is cut off: the ``observation_space`` bounds hold every value a scenario can produce (the final guard clip
-binds only at an energy ratio or a count beyond about 10^8). Learners: docs/training.md.
-
-Symbols, each with where the view has it. K = intervals per hour, H = horizon hours (``ctx.intervals_per_hour``,
-``ctx.horizon_hours``); k = interval of the hour and h = hour (``info["interval"]``, ``info["hour"]``: h = min(steps //
-K, H - 1), k = steps - hK); N = GPUs (``ctx.n_replicas`` for one model, ``len(ctx.placement)`` on a shared pool), TDP
-= ``ctx.profile.gpu.tdp_w``; E*_h = the hour's commitment, J (``info["commitment_j"]`` = ``ctx.commitments_j[h]``);
-D_h = E*_h, or N x TDP x 3600 s when E*_h = 0 (energy-only); M = the controller meter's energy of the hour so far, J
-(``info["hour_energy_j"]``; ``snapshot.meter_j`` minus its reading when the hour began) and e = the last interval's,
-J (``info["interval_energy_j"]``; the change of ``snapshot.meter_j``; 0 at the reset); A = requests arrived so far,
-rejected ones included (``len(recent_arrivals(w))`` for a window w reaching back past t = 0); live requests = the
-arrived, unfinished requests of ``snapshot.requests`` (running batches, queues, unrouted, migrating), with visible
-deadlines ``deadline_s`` and now = ``snapshot.t``.
-
-====  =======================  ===========================================  ==========  ===================
-idx   name                     formula (unit, scale)                        bounds      typical (bench hour)
-====  =======================  ===========================================  ==========  ===================
-0     time_in_hour             k / K (K in the final observation)           [0, 1]      0 .. 1
-1     hour_of_horizon          h / H (constant 0 in single-hour scenarios)  [0, 1]      0
-2     commitment               soft(E*_h / (N x TDP x 3600 s)): the         [0, 20]     0.16
-                               commitment against the pool's full power
-3     hour_energy              soft(M / D_h): 1 = the commitment is used    [0, 20]     0 .. 1.1
-                               up
-4     last_interval_energy     slog(e / (D_h / K) - 1): 0 = at the nominal  [-20, 20]   -0.7 .. 0.35
-                               share, -ln 2 = nothing
-5     target                   slog(T / (D_h / K) - 1), T = (D_h - M) /     [-20, 20]   -2.3 .. 2.8
-                               (K - k) the remaining commitment split
-                               evenly (T = 0 at k = K): 0 = on track,
-                               > 0 behind, < 0 ahead
-6     arrivals                 log1p(A - A at the last boundary) / 10       [0, 2]      0 .. 0.7
-7     waiting                  log1p(live requests not in a running         [0, 2]      0 .. 0.6
-                               batch: queued, unrouted, migrating) / 10
-8     running                  log1p(live requests in running batches)/10   [0, 2]      0 .. 0.5
-9     waiting_tokens           log1p(sum over live requests of max(0,       [0, 2]      0 .. 0.9
-                               prompt + generated - computed - [generated
-                               > 0])) / 15: tokens to compute before each
-                               next output token (the prompt still to
-                               prefill; after a recompute preemption the
-                               generated tokens too)
-10    slack_min                tanh(min over live requests of (visible      [-1, 1]     -1 .. 1
-                               deadline - now) / 60 s); 1 with none live
-11    slack_mean               tanh(mean of the same slacks / 60 s); 1      [-1, 1]     -0.6 .. 1
-                               with none live
-12    overdue_frac             live requests with visible deadline < now /  [0, 1]      0 .. 1
-                               live requests; 0 with none live
-13    active                   ``info["active"]`` / ``ctx.n_replicas``:     [0, 1]      0.03 .. 1
-                               configured active replicas (summed over
-                               models on a shared pool) / replicas
-14    clock                    index of ``info["clock_mhz"]`` in            [0, 1]      0 .. 1
-                               ``ctx.clocks_mhz`` / max(levels - 1, 1)
-                               (the highest GPU's on a shared pool)
-15    misses                   log1p(``info["misses"]``) / 10: deadline     [0, 2]      0 .. 1
-                               misses known so far (the sum of
-                               ``info["cost"]``)
-====  =======================  ===========================================  ==========  ===================
-
-The reset's observation has e = 0 (feature 4 = -ln 2); the final one (after the last step and the drain) has k = K and
-M = 0 (the hour has closed), so feature 5 is slog(-1) = -ln 2, and no live requests. Energy-only hours (``commitment:
-{energy_only: true}``, E*_h = 0): feature 2 is 0 (soft(0)), which tells a policy it is in the energy-only regime, and
-features 3, 4 and 5 use D_h = N x TDP x 1 h, so nothing divides by E*_h = 0. ``info["commitment_j"]`` is then 0 and
-``info["target_j"]`` keeps its formula (E*_h - M)/(K - k), i.e. -M/(K - k).
-
-``hour_of_horizon`` and ``commitment`` are constant in a single-hour scenario; they are kept so that the observation is
-the same vector in every scenario (a policy can be carried to multi-hour days and other commitment levels), and a
-learner's running normalization turns a constant feature into a constant 0. The typical ranges are those of vLLM,
-random and under-provisioned policies on ``bench-h200-hour-fixed-a30``.
+Observation (``Box`` float32, 16 features, ``OBS_FEATURES``): a function of the controller's view alone,
+each feature's formula, scale and bounds in `commitenv.envs.observation`.
 
 Two meters (realism levels, docs/realism.md): observations and ``info`` energies are what the controller's
 NVML-like counters read (`commitenv.envs.meters`); the settlement and the reward use the pool meter. At ``ideal``
@@ -143,7 +73,9 @@ from commitenv.attribution.hardware import HardwareAttributor
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import arrival_hours, slo_outcome
 from commitenv.planning import quantize
+from commitenv.envs.actions import check_action, check_shared_action
 from commitenv.envs.meters import ControllerMeter
+from commitenv.envs.observation import OBS_FEATURES, OBS_HIGH, OBS_LOW, observe  # noqa: F401  (OBS_FEATURES: re-exported)
 from commitenv.scenarios import (commitments_mj, engine_options, load_scenario, scenario_layout, scenario_profiles,
                                  scenario_tenant_model, scenario_workload)
 from commitenv.scenarios.build import realism_of
@@ -155,40 +87,6 @@ from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interv
 from commitenv.sim.local import LocalPolicy
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.workload.table import RequestTable
-
-OBS_FEATURES = (
-    "time_in_hour",
-    "hour_of_horizon",
-    "commitment",
-    "hour_energy",
-    "last_interval_energy",
-    "target",
-    "arrivals",
-    "waiting",
-    "running",
-    "waiting_tokens",
-    "slack_min",
-    "slack_mean",
-    "overdue_frac",
-    "active",
-    "clock",
-    "misses",
-)
-_R = 20.0  # bound of the compressed energy ratios: soft and slog reach it only at a ratio of ~10^8
-_OBS_LOW = np.array([0, 0, 0, 0, -_R, -_R, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0], dtype=np.float32)
-_OBS_HIGH = np.array([1, 1, _R, _R, _R, _R, 2, 2, 2, 2, 1, 1, 1, 1, 1, 2], dtype=np.float32)
-
-
-def _soft(x: float) -> float:
-    """A non-negative ratio whose unit is 1: itself up to 1, then 1 + ln x (continuous with slope 1 at 1), so
-    that an unusual ratio (a commitment far above the pool's draw) stays finite without being cut off."""
-    return x if x <= 1.0 else 1.0 + math.log(x)
-
-
-def _slog(x: float) -> float:
-    """Signed log, sign(x) ln(1 + |x|): about x near 0, logarithmic far from it (a deviation from a nominal share)."""
-    return math.copysign(math.log1p(abs(x)), x)
-
 
 class CommitServeEnv(gym.Env):
     """Gymnasium environment over the serving engine; see the module docstring for spaces and reward."""
@@ -247,7 +145,7 @@ class CommitServeEnv(gym.Env):
             self.action_space = spaces.Dict(
                 {"active": spaces.Discrete(self.n_replicas, start=1), "clock": spaces.Discrete(len(self.clocks_mhz))}
             )
-        self.observation_space = spaces.Box(_OBS_LOW, _OBS_HIGH, dtype=np.float32)
+        self.observation_space = spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
         init = sc.initial
         self._init_active = init.active if init.active is not None else self.n_replicas
         self._init_clock = self.profile.clock_index(init.clock_mhz) if init.clock_mhz is not None else self.profile.reference_clock_index
@@ -347,101 +245,10 @@ class CommitServeEnv(gym.Env):
         return self._obs(), self._info(0.0, new_misses=0)
 
     def _check_action(self, action: Any) -> tuple[int, int]:
-        if not isinstance(action, dict) or "active" not in action or "clock" not in action:
-            raise ValueError(f"action: expected a dict with keys 'active' and 'clock', got {action!r}")
-        extra = sorted(str(k) for k in action if k not in ("active", "clock"))
-        if extra:
-            raise ValueError(f"action: unknown key(s) {', '.join(extra)}; this scenario's action has only 'active' and "
-                             "'clock'")
-        vals = []
-        for key in ("active", "clock"):
-            try:
-                v = np.asarray(action[key]).item()
-            except (TypeError, ValueError):
-                raise ValueError(f"action: 'active' and 'clock' must be integers, got {key}={action[key]!r}") from None
-            if isinstance(v, bool) or not isinstance(v, int):  # a float, even 4.0, is not in the Discrete space
-                raise ValueError(f"action: 'active' and 'clock' must be integers (the spaces are Discrete; ctx.action "
-                                 f"builds one from a whole float), got {key}={action[key]!r}")
-            vals.append(v)
-        a, c = vals
-        if not 1 <= a <= self.n_replicas:
-            raise ValueError(f"action['active']: expected 1..{self.n_replicas} replicas, got {a}")
-        if not 0 <= c < len(self.clocks_mhz):
-            raise ValueError(f"action['clock']: expected a level index 0..{len(self.clocks_mhz) - 1} "
-                             f"(levels {self.clocks_mhz} MHz), got {c}")
-        return a, c
+        return check_action(action, self.n_replicas, self.clocks_mhz)
 
     def _check_shared_action(self, action: Any) -> SharedConfig:
-        """A shared pool's action: ``active`` per model and ``clock`` (required); optional ``clocks`` per GPU
-        (replaces ``clock`` GPU by GPU), ``shares`` and ``placement`` (GPU) per replica (absent: they stay), and
-        ``migrate`` (index into `MIGRATE_MODES`: what the moves of this action do with running requests)."""
-        keys = ("active", "clock", "clocks", "shares", "placement", "migrate")
-        if not isinstance(action, dict) or "active" not in action or "clock" not in action:
-            raise ValueError(f"action: expected a dict with keys 'active' (per model) and 'clock', optionally "
-                             f"'clocks' (per GPU), 'shares' and 'placement' (per replica) and 'migrate', got {action!r}")
-        extra = sorted(str(k) for k in action if k not in keys)
-        if extra:
-            raise ValueError(f"action: unknown key(s) {', '.join(extra)}; a shared pool's action has {', '.join(keys)}")
-
-        def ints(key: str, n: int) -> list[int]:
-            v = np.asarray(action[key])
-            if v.ndim == 0:
-                v = v.reshape(1)
-            if v.shape != (n,) or v.dtype == bool or not np.issubdtype(v.dtype, np.integer):
-                raise ValueError(f"action['{key}']: expected {n} integers (a float, even a whole one, is not in the "
-                                 f"MultiDiscrete space), got {action[key]!r}")
-            return [int(x) for x in v]
-
-        nl = len(self.clocks_mhz)
-        active = ints("active", len(self.profiles))
-        for m, (a, n) in enumerate(zip(active, self.replicas_per_model)):
-            if not 1 <= a <= n:
-                raise ValueError(f"action['active'][{m}]: expected 1..{n} instances of model "
-                                 f"'{self.model_names[m]}', got {a}")
-        (clock,) = ints("clock", 1)
-        if not 0 <= clock < nl:
-            raise ValueError(f"action['clock']: expected a level index 0..{nl - 1} (levels {self.clocks_mhz} MHz), "
-                             f"got {clock}")
-        clocks = ints("clocks", self.n_gpus) if "clocks" in action else [clock] * self.n_gpus
-        for g, c in enumerate(clocks):
-            if not 0 <= c < nl:
-                raise ValueError(f"action['clocks'][{g}]: expected a level index 0..{nl - 1}, got {c}")
-        gpus = list(self.shared_cfg.gpus)
-        if "placement" in action:
-            gpus = ints("placement", self.n_replicas)
-            for r, g in enumerate(gpus):
-                if not 0 <= g < self.n_gpus:
-                    raise ValueError(f"action['placement'][{r}]: expected a GPU index 0..{self.n_gpus - 1}, got {g}")
-                if g != self.shared_cfg.gpus[r] and self.pool.replicas[r].profile.latencies.load_s is None:
-                    raise ValueError(f"action['placement'][{r}]: moving it needs cold-start figures "
-                                     f"(latencies.load_s, load_w) in profile {self.pool.replicas[r].profile.name}")
-        migrate = "none"
-        if "migrate" in action:
-            (mi,) = ints("migrate", 1)
-            if not 0 <= mi < len(MIGRATE_MODES):
-                raise ValueError(f"action['migrate']: expected 0..{len(MIGRATE_MODES) - 1} "
-                                 f"({', '.join(MIGRATE_MODES)}), got {mi}")
-            migrate = MIGRATE_MODES[mi]
-        shares = list(self.shared_cfg.shares)
-        if "shares" in action:
-            v = np.asarray(action["shares"], dtype=float) if not isinstance(action["shares"], (str, bytes)) else None
-            if v is None or v.shape != (self.n_replicas,) or not np.all(np.isfinite(v)):
-                raise ValueError(f"action['shares']: expected {self.n_replicas} SM shares (one per replica), "
-                                 f"got {action['shares']!r}")
-            reps = self.pool.replicas
-            for r, x in enumerate(v.tolist()):
-                mn = reps[r].profile.sm_share.min_share
-                if not mn - 1e-12 <= x <= 1.0:
-                    raise ValueError(f"action['shares'][{r}]: expected {mn}..1.0, got {x}")
-            shares = [float(x) for x in v]
-        for g in range(self.n_gpus):
-            tot = sum(x for x, gg in zip(shares, gpus) if gg == g)
-            if tot > 1.0 + 1e-9:
-                raise ValueError(f"action['shares'/'placement']: the instances on GPU {g} would get {tot:.3f} > 1 of "
-                                 f"its SMs")
-        if "placement" in action:  # checked before anything applies, so that a refused move changes nothing else
-            self.pool.check_memory(dict(enumerate(gpus)), set(gpus))
-        return SharedConfig(tuple(active), tuple(clocks), tuple(shares), tuple(gpus), migrate)
+        return check_shared_action(self, action)
 
     def step(self, action: Any):
         if self.pool is None:
@@ -620,48 +427,7 @@ class CommitServeEnv(gym.Env):
 
     # ------------------------------------------------------------------------------------------ views
     def _obs(self) -> np.ndarray:
-        pool = self.pool
-        k, K = self.k, self.K
-        h = min(k // K, self.H - 1)
-        kin = k - h * K
-        ec = self.commit_j[h]
-        d = ec if ec > 0 else self._e_scale  # D_h: an energy-only hour (E*_h = 0) takes the full-power hour's energy
-        m = self.meter_prev - self.meter_hour_start  # the controller's meter, not the settled energy
-        target = (d - m) / (K - kin) if kin < K else 0.0
-        now = pool.now
-        slots, left = pool.live_state()
-        n_live = len(slots)
-        wait_tokens = overdue = 0
-        slack = np.empty(0)
-        if n_live:  # reduced in numpy: the queue can hold 10^5 requests
-            wait_tokens = int(np.maximum(left, 0).sum())
-            slack = pool.visible_deadline[slots] - now  # (the true deadlines where the scenario shows them)
-            overdue = int(np.count_nonzero(slack < 0))
-        cnt = pool.counts()
-        arrivals = pool.arrived - self.arrived_prev
-        self.arrived_prev = pool.arrived
-        x = np.array(
-            [
-                kin / K,
-                h / self.H,
-                _soft(ec / self._e_scale),
-                _soft(m / d),
-                _slog(self.last_interval_j / (d / K) - 1.0),
-                _slog(target / (d / K) - 1.0),
-                math.log1p(arrivals) / 10,
-                math.log1p(cnt["waiting"]) / 10,
-                math.log1p(cnt["running"]) / 10,
-                math.log1p(wait_tokens) / 15,
-                math.tanh(float(slack.min()) / 60) if n_live else 1.0,
-                math.tanh(float(slack.mean()) / 60) if n_live else 1.0,
-                overdue / n_live if n_live else 0.0,
-                self.cfg[0] / self.n_replicas,
-                self.cfg[1] / max(len(self.clocks_mhz) - 1, 1),
-                math.log1p(self.misses) / 10,
-            ],
-            dtype=np.float32,
-        )
-        return np.clip(x, _OBS_LOW, _OBS_HIGH)  # a guard only: see the module docstring for when it can bind
+        return observe(self)
 
     def _info(self, interval_j: float, *, new_misses: int, settlement: dict | None = None) -> dict[str, Any]:
         k, K = self.k, self.K
