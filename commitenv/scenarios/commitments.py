@@ -96,12 +96,20 @@ _ENGINE_PACKAGES = ("sim", "workload", "profiles", "scenarios")  # what a refere
 
 
 def source_sha256(root: Path, packages: tuple[str, ...] = _ENGINE_PACKAGES) -> str:
-    """Hash of the ``*.py`` files of ``packages`` under ``root`` (names and bytes, in a fixed order)."""
+    """Hash of the ``*.py`` files of ``packages`` under ``root``, each package's subpackages (``sim/kernel``) after
+    it (names and bytes, in a fixed order; a folder listed twice counts once)."""
     h = hashlib.sha256()
+    seen: set[Path] = set()
     for pkg in packages:
-        for path in sorted((root / pkg).glob("*.py")):
-            h.update(f"{pkg}/{path.name}\0".encode())
-            h.update(path.read_bytes())
+        top = root / pkg
+        subs = sorted({p.parent for p in top.rglob("*.py")} - {top})
+        for folder, name in [(top, pkg), *((d, str(d.relative_to(root))) for d in subs)]:
+            if folder.resolve() in seen:
+                continue
+            seen.add(folder.resolve())
+            for path in sorted(folder.glob("*.py")):
+                h.update(f"{name}/{path.name}\0".encode())
+                h.update(path.read_bytes())
     return h.hexdigest()
 
 

@@ -3,6 +3,11 @@
 One engine serves three uses (docs/architecture.md): ground truth inside the environment, the what-if
 predictor (`commitenv.sim.whatif`, which runs this class on a snapshot copy), and scheduler replay.
 The pool only ever holds requests that have arrived: the attached workload is read through a cursor.
+
+`Pool` is assembled from sibling modules, one concern each: `commitenv.sim.handover` (running on the compiled loop
+and handing back from it), `commitenv.sim.placement` (SM shares, moves, migration, loading), `commitenv.sim.hooks`
+(dispatch and local policies), `commitenv.sim.copies` (clones, replay) and `commitenv.sim.terms` (per-request
+terms fixed at attach time).
 """
 
 from __future__ import annotations
@@ -10,23 +15,21 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-import time
-from collections import deque
 from itertools import compress
-from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim import memory
-from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy, make_dispatch
+from commitenv.sim.copies import REPLAY_SLOT_BASE, Copies, copy_devices  # noqa: F401
+from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.gpu import GPU
-from commitenv.sim.local import LocalPolicy, LocalView, TaskView
-from commitenv.sim.lref import reference_latency
-from commitenv.sim.migration import MIGRATE_MODES
+from commitenv.sim.handover import KernelHandover, _KernelExcluded, _PythonLoopState, _StepSink
+from commitenv.sim.hooks import PolicyHooks
 from commitenv.sim.noise import NoiseSource
+from commitenv.sim.placement import Placement
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.records import (EngineOptions, InFlightPart, Instance, PoolLayout, SegmentLog, StepLogBatch,  # noqa: F401
                                    StepLogEntry)
@@ -34,159 +37,20 @@ from commitenv.sim.replica import Replica
 from commitenv.sim.request import Req, live_state
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE,
                                   SEG_RUN, STANDBY, WAKING)
-from commitenv.sim.truth import NominalModel, TruthSource
+from commitenv.sim.terms import RequestTerms, request_terms  # noqa: F401
+from commitenv.sim.truth import TruthSource
 from commitenv.workload.table import RequestTable
 
 if TYPE_CHECKING:
     from commitenv.sim.kernel import KernelState
 
-REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
 INF = math.inf
 _UNFINISHED = attrgetter("unf")  # the router's load measure: running + waiting requests
 _SLOT = attrgetter("slot")
 _STARTED = attrgetter("started")
 
 
-@dataclass(frozen=True)
-class RequestTerms:
-    """What the engine fixes for every request of a workload at attach time: rejected on arrival (prompt over the
-    serving model's context limit), the output length it runs to (capped at the context limit), the standalone
-    reference latency L_ref, the true deadline a + alpha L_ref, the predicted output length a controller sees and
-    the deadline it sees (computed from the predicted length when deadlines are predicted)."""
-
-    rejected: np.ndarray
-    out_tokens: np.ndarray
-    lref: np.ndarray
-    deadline: np.ndarray
-    pred_out: np.ndarray
-    visible_deadline: np.ndarray
-
-
-def _capped_lref(profiles: list[Profile], table: RequestTable, model_of: np.ndarray,
-                 out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Output lengths capped at each model's context limit, and the requests' reference latencies L_ref."""
-    out = np.asarray(out).astype(np.int64)  # a copy
-    lref = np.zeros(len(out))
-    for m, prof in enumerate(profiles):
-        sel = model_of == m
-        out[sel] = np.minimum(out[sel], np.maximum(prof.scheduler.context_limit - table.prompt_tokens[sel], 1))
-        lref[sel] = reference_latency(prof, table.prompt_tokens[sel], out[sel])
-    return out, lref
-
-
-def request_terms(profiles: list[Profile], opt: "EngineOptions", table: RequestTable,
-                  model_of: np.ndarray) -> RequestTerms:
-    """The `RequestTerms` of ``table`` served by ``profiles`` (request i by model ``model_of[i]``) under ``opt``
-    (SLO scale, length prediction error and bias with its seed, visible deadlines); shared by the simulated pool
-    and the hardware backend, so both judge a request alike."""
-    n = len(table)
-    rejected = np.zeros(n, dtype=bool)
-    for m, prof in enumerate(profiles):
-        rejected |= (model_of == m) & (table.prompt_tokens >= prof.scheduler.context_limit)
-    out, lref = _capped_lref(profiles, table, model_of, table.output_tokens)
-    deadline = table.arrival_s + opt.alpha * lref
-    s = opt.length_error_sigma
-    if opt.oracle_lengths or (s == 0 and opt.length_bias == 0):
-        pred_out = out.copy()
-    else:
-        rng = np.random.default_rng(np.random.SeedSequence([opt.seed, 7919]))
-        f = np.exp(s * rng.standard_normal(n) - 0.5 * s * s) * (1.0 + opt.length_bias)
-        pred_out = np.maximum(1, np.rint(out * f)).astype(np.int64)
-    visible = deadline
-    if opt.visible_deadlines == "predicted" and not opt.oracle_lengths:
-        # what an operator can state at arrival: the SLO of the predicted length (scoring keeps the true one)
-        visible = table.arrival_s + opt.alpha * _capped_lref(profiles, table, model_of, pred_out)[1]
-    return RequestTerms(rejected, out, lref, deadline, pred_out, visible)
-
-
-def _token_loads(rep: Replica) -> tuple[int, int]:
-    """(tokens still to compute before the first output token, summed over the replica's requests; summed
-    context of its requests past their prefill): what a router may know of a replica's load."""
-    pre = dec = 0
-    for r in (*rep.running, *rep.waiting):
-        left = r.prompt + r.generated - r.computed
-        if r.generated >= 1 and left <= 1:
-            dec += r.computed + 1
-        else:
-            pre += left
-    return pre, dec
-
-
-def copy_devices(gpus: list[GPU], replicas: list[Replica], c: "Pool", cr) -> dict[int, Replica]:
-    """Copies of ``gpus`` and ``replicas``, linked to each other, installed in ``c``; each replica's queues and
-    segment members copied with ``cr`` (None: new empty ones). Returns the map from old replica ids to copies."""
-    gmap: dict[int, GPU] = {}
-    for g in gpus:
-        ng = GPU.__new__(GPU)
-        ng.__dict__.update(g.__dict__)
-        gmap[id(g)] = ng
-    rmap: dict[int, Replica] = {}
-    for rep in replicas:
-        nr = Replica.__new__(Replica)
-        nr.__dict__.update(rep.__dict__)
-        nr.gpu = gmap[id(rep.gpu)]
-        if cr is None:
-            nr.running, nr.waiting, nr.batch, nr.run_reqs = [], deque(), [], []
-        else:
-            nr.running = [cr(r) for r in rep.running]
-            nr.waiting = deque(cr(r) for r in rep.waiting)
-            nr.batch = [(cr(r), k) for r, k in rep.batch]
-            nr.run_reqs = [cr(r) for r in rep.run_reqs]
-        nr.dest = None if rep.dest is None else gmap[id(rep.dest)]
-        rmap[id(rep)] = nr
-    for g in gpus:
-        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
-    c.gpus = [gmap[id(g)] for g in gpus]
-    c.replicas = [rmap[id(r)] for r in replicas]
-    return rmap
-
-
-class _PythonLoopState:
-    """State only the Python loop keeps: reading it makes a pool the kernel runs hand over to the Python loop."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.key = "_" + name
-
-    def __get__(self, pool: "Pool | None", owner: type | None = None):
-        if pool is None:
-            return self
-        if pool._ks is not None:
-            pool._leave_kernel()
-        return pool.__dict__[self.key]
-
-    def __set__(self, pool: "Pool", value) -> None:
-        pool.__dict__[self.key] = value
-
-
-class _StepSink(_PythonLoopState):
-    """The step log or hook: a new sink makes a pool the kernel runs hand over to the Python loop (segments started
-    from then on are recorded); removing the last one stops the kernel's recording."""
-
-    def __get__(self, pool: "Pool | None", owner: type | None = None):
-        return self if pool is None else pool.__dict__[self.key]
-
-    def __set__(self, pool: "Pool", value) -> None:
-        ks = pool._ks
-        if ks is not None and value is not None:
-            pool._leave_kernel()
-        pool.__dict__[self.key] = value
-        if ks is not None and pool._ks is not None and ks.logging and pool.log is None and pool.on_step is None:
-            ks.stop_logging()
-
-
-class _KernelExcluded(_PythonLoopState):
-    """A policy or hook the kernel cannot run: setting one makes a pool the kernel runs hand over to the Python loop."""
-
-    def __get__(self, pool: "Pool | None", owner: type | None = None):
-        return self if pool is None else pool.__dict__[self.key]
-
-    def __set__(self, pool: "Pool", value) -> None:
-        if value is not None and pool._ks is not None:
-            pool._leave_kernel()
-        pool.__dict__[self.key] = value
-
-
-class Pool:
+class Pool(KernelHandover, Placement, PolicyHooks, Copies):
     """A pool of GPUs serving one or more models with vLLM scheduling semantics.
 
     Once a workload is attached, a pool that `commitenv.sim.kernel` covers (one full-share instance per GPU, one
@@ -208,81 +72,12 @@ class Pool:
     on_step = _StepSink()
     log: list[StepLogEntry] | None = _StepSink()  # every booked segment, with `EngineOptions.log_steps`
 
-    def _enter_kernel(self) -> None:
-        """Run this pool's event loop in the kernel from here on if the kernel covers it (see the class docstring)."""
-        from commitenv.sim.kernel import KernelState
-
-        self._ks = KernelState.covering(self)
-
-    def _leave_kernel(self) -> None:
-        """Write the kernel's state back into the replicas, GPUs and heap; the Python loop continues from there."""
-        ks, self._ks = self._ks, None
-        if self.__dict__.pop("_devices_shared", False):  # (a fork shares its original's idle objects until now)
-            rmap = copy_devices(self._gpus, self._replicas, self, None)
-            self.routable = [[rmap[id(r)] for r in lst] for lst in self.routable]
-        ks.export_to(self)
-
     def stop_arrivals(self) -> None:
         """No request arrives after the ones already in: the rest of the workload is dropped from this pool's future
         (a hindsight estimate's premise)."""
         self._n = self._cursor
         if self._ks is not None:
             self._ks.stop_arrivals()
-
-    def use_kernel(self) -> bool:
-        """Run the event loop in the kernel from the current state on, if the kernel covers this pool (a what-if copy
-        calls it once set up); whether it does."""
-        if self._ks is None:
-            self._enter_kernel()
-        return self._ks is not None
-
-    def _sync_kernel(self) -> None:
-        self.sync_from_kernel(self._ks)
-
-    def sync_from_kernel(self, ks) -> None:
-        """Counters, completions, captured finishes and per-request results of the kernel's last call, as the Python
-        loop keeps them."""
-        c0 = self._cursor
-        self._cursor, self.now, self.live, self.completed, self.events = ks.counters()
-        if self.late_done is not None:
-            self.count_late(c0 + np.flatnonzero(self.rejected[c0:self._cursor]))
-        elif self._n_results and self._slot_base == 0:
-            rej = np.flatnonzero(self.rejected[c0:self._cursor])
-            if len(rej):
-                self.finish_t[c0 + rej] = INF
-        done = ks.take_finished()
-        if len(done):
-            slots = ks.slots(done)
-            if self.late_done is not None:
-                self.count_late(slots[~(ks.finish_t[done] <= ks.deadlines(done))] - self._slot_base)
-            elif self._n_results:
-                keep = slots < self._n_results
-                rows = slots[keep]
-                ks.results_into(done[keep], rows, self.finish_t, self.first_t, self.replica_of, self.preemptions)
-                if self.done_slots is not None:
-                    self.done_slots.extend(rows.tolist())
-            cap = ks.qc[done] != 0
-            if cap.any():  # (a captured request's finish carries no overhead: `KernelState.covers`)
-                self.captured_finish.update(zip(slots[cap].tolist(), ks.finish_t[done[cap]].tolist()))
-        self.captured_left = int(ks.captured_left)
-        self._take_log(ks)
-
-    def _take_log(self, ks) -> None:
-        """The step log entries the kernel booked in its last call, into ``log`` and to ``on_step`` (in booking order,
-        once the call returns; as one `StepLogBatch` to a hook with a ``take_batch`` method)."""
-        batch = ks.take_log() if ks.logging else None
-        if batch is None:
-            return
-        hook = self.on_step
-        take_batch = getattr(hook, "take_batch", None)
-        entries = batch.entries() if self.log is not None or (hook is not None and take_batch is None) else []
-        if self.log is not None:
-            self.log.extend(entries)
-        if take_batch is not None:
-            take_batch(batch)
-        elif hook is not None:
-            for e in entries:
-                hook(e)
 
     def __init__(
         self,
@@ -786,192 +581,6 @@ class Pool:
         gpu.pending_clock = None
         gpu.update_floor(t)
 
-    def set_share(self, t: float, replica: int, share: float) -> None:
-        """Give ``replica`` a new SM share from its next step on (shares on a GPU must sum to <= 1)."""
-        if t < self.now - 1e-9:
-            raise ValueError(f"set_share at t={t} precedes the engine clock {self.now}")
-        if not 0 <= replica < len(self.replicas):
-            raise ValueError(f"replica index {replica} outside 0..{len(self.replicas) - 1}")
-        rep = self.replicas[replica]
-        mn = rep.profile.sm_share.min_share
-        if not mn <= share <= 1.0:
-            raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
-        gpu = rep.dest if rep.state == MOVING else rep.gpu
-        total = share + sum(r.share for r in self.replicas if r is not rep and (
-            (r.gpu is gpu and r.state != MOVING) or (r.state == MOVING and r.dest is gpu)))
-        if total > 1.0 + 1e-9:
-            raise ValueError(f"sm shares on GPU {gpu.index} would sum to {total:.3f} > 1")
-        rep.share = share
-        rep.invalidate_coeffs()
-        if rep.seg == SEG_RUN and rep.cut(t):
-            rep.version += 1
-            self._push(rep.t1, EV_SEG, rep.index, rep.version)
-
-    # ================================================================================ placement and migration
-    def move(self, t: float, moves: dict[int, int], migrate: str = "none") -> None:
-        """Move instances (``{replica: GPU}``) from ``t``: each takes no new requests (its queued ones are routed
-        anew), its running requests finish where they are or travel with their KV cache to another active instance
-        of the model (``migrate``, `commitenv.sim.migration`), then it unloads and cold-starts on its GPU (the
-        profile's ``latencies.load_s`` at ``load_w``) and serves again (or stands by, as ``set_active`` says). The
-        SM shares of every GPU's staying and arriving instances must sum to <= 1 once all ``moves`` are made."""
-        if t < self.now - 1e-9:
-            raise ValueError(f"move at t={t} precedes the engine clock {self.now}")
-        if migrate not in MIGRATE_MODES:
-            raise ValueError(f"move: migrate must be one of {MIGRATE_MODES}, got {migrate!r}")
-        target = {r.index: (r.dest if r.state == MOVING else r.gpu).index for r in self.replicas}
-        for replica, gpu in moves.items():
-            if not 0 <= replica < len(self.replicas):
-                raise ValueError(f"move: replica index {replica} outside 0..{len(self.replicas) - 1}")
-            if not 0 <= gpu < len(self.gpus):
-                raise ValueError(f"move: GPU index {gpu} outside 0..{len(self.gpus) - 1}")
-            prof = self.replicas[replica].profile
-            if gpu != target[replica] and prof.latencies.load_s is None:
-                raise ValueError(f"move: profile {prof.name} has no cold-start figures (latencies.load_s, load_w)")
-            target[replica] = gpu
-        for g in set(moves.values()):
-            held = sum(r.share for r in self.replicas if target[r.index] == g)
-            if held > 1.0 + 1e-9:
-                raise ValueError(f"move: the instances on GPU {g} would hold {held:.3f} > 1 of its SMs")
-        self.check_memory(target, moves.values())
-        for replica, gpu in moves.items():
-            self._move(self.replicas[replica], self.gpus[gpu], migrate, t)
-
-    def check_memory(self, target: dict[int, int], gpus: Iterable[int]) -> None:
-        """Raise when the memory shares of the instances GPU g (each of ``gpus``) would host under ``target``
-        ({replica: GPU}) sum to more than 1: an instance keeps the memory it reserved when first placed
-        (`commitenv.sim.memory`). Changes nothing."""
-        for g in set(gpus):
-            held = sum(r.mem_share for r in self.replicas if target[r.index] == g)
-            if held > 1.0 + 1e-9:
-                raise memory.PlacementMemoryError(
-                    f"move: the instances on GPU {g} would reserve {held:.3f} > 1 of its memory (an instance keeps the "
-                    "memory share it was placed with; SM share changes do not move memory)")
-
-    def _move(self, rep: Replica, dest: GPU, migrate: str, t: float) -> None:
-        if dest is (rep.dest if rep.state == MOVING else rep.gpu):
-            return
-        self.moves += 1
-        if rep.state == MOVING:
-            if dest is rep.gpu:  # called back before it left: it stays and serves as before
-                rep.state, rep.dest = (ACTIVE if rep.after_load == ACTIVE else DRAINING), None
-                self._floor_changed(rep.gpu, t)
-                self._refresh_routable(rep.model)
-                self._redistribute(rep.model, t)
-                self._flush(t)
-            else:
-                rep.dest, rep.migrate = dest, migrate
-            return
-        if rep.state == LOADING:  # the load so far is lost
-            rep.dest = dest
-            self._detach(rep, t)
-            return
-        if rep.state == WAKING:
-            rep.version += 1  # cancels the wake
-        rep.after_load = ACTIVE if rep.state in (ACTIVE, WAKING) else STANDBY
-        rep.state, rep.dest, rep.migrate = MOVING, dest, migrate
-        self._floor_changed(rep.gpu, t)
-        self._refresh_routable(rep.model)
-        if rep.seg == SEG_NONE:
-            if migrate != "none":
-                self._migrate_out(rep, t)
-        elif migrate != "none" and rep.seg == SEG_RUN and rep.cut(t):  # leave at the next step end
-            rep.version += 1
-            self._push(rep.t1, EV_SEG, rep.index, rep.version)
-        self._redistribute(rep.model, t)  # its queued requests go elsewhere; idle, it unloads at once
-        self._flush(t)
-
-    def _migrate_out(self, rep: Replica, t: float) -> None:
-        """Send ``rep``'s requests that its migration mode moves (between steps) to be routed anew after their KV
-        transfer; with ``latency_aware``, only those whose predicted remaining time exceeds the transfer time."""
-        spec = self.opt.migration
-        kvb = rep.profile.model.kv_bytes_per_token
-        step_s = 0.0
-        if rep.migrate == "latency_aware" and rep.running:
-            ctx = sum(r.computed + 1 for r in rep.running)
-            step_s = rep.coeffs.step_time(0, len(rep.running), ctx, 0)
-        keep, moved = [], []
-        for r in rep.running:
-            nbytes = r.computed * kvb
-            if rep.migrate == "latency_aware":
-                pred = self._seen(r)[0]
-                left = max(pred - r.generated, 1) + -(-(r.prompt - min(r.computed, r.prompt)) // rep.budget)
-                if not left * step_s > spec.transfer_s(nbytes):
-                    keep.append(r)
-                    continue
-            moved.append((r, nbytes))
-        rep.running = keep
-        for r in [r for r in rep.waiting if r.started]:  # preempted (no KV left) or landed here, not yet admitted
-            moved.append((r, r.computed * kvb))
-        rep.waiting = type(rep.waiting)(r for r in rep.waiting if not r.started)
-        for r, nbytes in moved:
-            rep._release(r)
-            r.hashes, r.replica = (), -1  # its KV arrives as private blocks
-            if nbytes:
-                e = spec.transfer_j(nbytes)
-                rep.gpu.book(e, 0.0)
-                self.migration_j += e
-                self.migration_bytes += nbytes
-            self.migrated += 1
-            land = t + (spec.transfer_s(nbytes) if nbytes else 0.0)
-            self.transit[r.slot] = (land, r)
-            self._push(land, EV_LAND, r.slot, 0)
-        rep.unf = len(rep.running) + len(rep.waiting)
-
-    def _detach(self, rep: Replica, t: float) -> None:
-        """Take ``rep`` (idle) off its GPU and cold-start it on its destination (``rep.dest``); instances waiting
-        for the memory it held on the GPU it left begin their loads, and loaded ones waiting for SMs may start."""
-        src, dest = rep.gpu, rep.dest
-        rep.dest = None
-        src.replicas.remove(rep)
-        self._begin_load(rep, dest, t)
-        self._floor_changed(src, t)
-        for r in list(src.replicas):
-            if r.state == LOADING and r.load_wait:
-                self._start_load(r, t)
-        for r in list(src.replicas):
-            if r.state == LOADING and r.load_ready:
-                self._loaded(r, t)
-
-    def _begin_load(self, rep: Replica, dest: GPU, t: float) -> None:
-        """Put ``rep`` on ``dest`` with a fresh KV cache; its cold start begins once the memory it reserves is free
-        there (a departing instance keeps its memory until it leaves)."""
-        rep.gpu = dest
-        dest.replicas.append(rep)
-        rep.invalidate_coeffs()
-        rep.free_blocks = rep.cap_blocks  # a fresh KV cache (an empty prefix cache)
-        if rep.pcache is not None:
-            rep.pcache = PrefixCache(rep.pcache.block_tokens, rep.bs, rep.cap_blocks)
-        rep.state, rep.load_ready, rep.load_wait = LOADING, False, True
-        rep.version += 1
-        self._start_load(rep, t)
-
-    def _start_load(self, rep: Replica, t: float) -> None:
-        """Begin ``rep``'s cold start (the profile's ``latencies.load_s`` at ``load_w``) if its memory share fits
-        beside what the instances on its GPU hold (those still waiting for memory hold none)."""
-        held = sum(r.mem_share for r in rep.gpu.replicas if r is not rep and not (r.state == LOADING and r.load_wait))
-        if held + rep.mem_share > 1.0 + 1e-9:
-            return
-        rep.load_wait = False
-        rep.load_t = t + rep.profile.latencies.load_s
-        self.cold_starts += 1
-        self._floor_changed(rep.gpu, t)
-        self._push(rep.load_t, EV_LOAD, rep.index, rep.version)
-
-    def _loaded(self, rep: Replica, t: float) -> None:
-        """``rep``'s cold start is over: it serves (or stands by) once the SMs of its share are free."""
-        busy = sum(r.share for r in rep.gpu.replicas if r is not rep and r.state in (ACTIVE, DRAINING, MOVING, WAKING))
-        if busy + rep.share > 1.0 + 1e-9:
-            if not rep.load_ready:
-                rep.load_ready = True
-                self._floor_changed(rep.gpu, t)
-            return
-        rep.state, rep.load_ready = rep.after_load, False
-        self._floor_changed(rep.gpu, t)
-        if rep.state == ACTIVE:
-            self._refresh_routable(rep.model)
-            self._redistribute(rep.model, t)
-            self._flush(t)
-
     # ================================================================================ metering
     def settle(self, t: float) -> None:
         """Cut every decode run at the first step end >= ``t`` and apply the steps that ended before, so each
@@ -1018,194 +627,6 @@ class Pool:
         if self._ks is not None:
             return self._ks.meter(t)
         return np.array([g.meter(t) for g in self.gpus])
-
-    # ================================================================================ copies
-    def clone(self, *, hide_lengths: bool, own_profiles: bool = False) -> "Pool":
-        """A copy of the serving state at ``now`` holding only arrived, unfinished requests; with
-        ``hide_lengths`` each request runs to its predicted output length (and carries its visible deadline)
-        instead of the true one. The copy has no workload, no noise and no step log; its meters start at zero.
-        It shares no mutable object with this pool; under a truth model (realism levels) it is nominal: the
-        step in flight runs at nominal speed and power, and the GPUs draw the profile's idle power. With
-        ``own_profiles`` (a controller's snapshot) the copy gets deep copies of the profiles, so nothing written
-        into them can reach the truth or the process-wide profile cache."""
-        c = Pool.__new__(Pool)
-        c.profiles = [p.model_copy(deep=True) for p in self.profiles] if own_profiles else list(self.profiles)
-        c.layout, c.n_models = self.layout, self.n_models
-        c.tenant_model = dict(self.tenant_model)
-        c.opt = replace(self.opt, log_steps=False, truth=None, seed=0)  # the run seed would regenerate the trace
-        nominal = self.truth is not None
-        c.now = self.now
-        c.heap, c._seq = [], 0
-        c.noise = None
-        if nominal and self.opt.truth.power_bias != 0.0:
-            c.noise = NominalModel(1.0 / (1.0 + self.opt.truth.power_bias))
-        elif isinstance(self.noise, NominalModel):
-            c.noise = self.noise
-        c.truth = None
-        c.overhead_s = None
-        c.done_slots = None
-        c.log = None
-        c.on_step = None
-        c.gpus, c.replicas = [], []
-        for g in self.gpus:
-            ng = GPU(g.index, g.clock_idx, c.profiles[self.profiles.index(g.profile)])
-            ng.pending_clock, ng.pending_t = g.pending_clock, g.pending_t
-            ng.floor_w, ng.t_floor = g.floor_w, self.now
-            c.gpus.append(ng)
-            for rep in g.replicas:
-                nr = Replica(rep.index, ng, c.profiles[rep.model], rep.model, rep.share)
-                nr.local = rep.local  # a what-if copy plans its steps as the original does
-                ng.replicas.append(nr)
-                c.replicas.append(nr)
-        c.replicas.sort(key=lambda r: r.index)  # moves leave GPU order and index order apart
-        for rep, nr in zip(self.replicas, c.replicas):
-            if rep.dest is not None:
-                nr.dest = c.gpus[rep.dest.index]
-        reqmap: dict[int, Req] = {}
-        for r in self.live_requests():
-            cr = r.copy()
-            if hide_lengths and r.slot < self._n_results:
-                cr.out = max(int(self.pred_out[r.slot]), r.generated + 1)
-                cr.deadline = float(self.visible_deadline[r.slot])
-            reqmap[r.slot] = cr
-        for rep, nr in zip(self.replicas, c.replicas):
-            rep.clone_into(nr, reqmap, nominal=nominal, now=self.now,
-                           energy_factor=c.noise.energy_factor if isinstance(c.noise, NominalModel) else 1.0)
-            if nr.seg:
-                nr.version += 1
-                c._push(nr.t1, EV_SEG, nr.index, nr.version)
-            if nr.state == WAKING:
-                nr.wake_t = rep.wake_t
-                c._push(nr.wake_t, EV_WAKE, nr.index, nr.version)
-            elif nr.state == LOADING and not nr.load_ready and not nr.load_wait:
-                c._push(nr.load_t, EV_LOAD, nr.index, nr.version)
-        c.transit = {}
-        for slot, (land, r) in self.transit.items():
-            c.transit[slot] = (land, reqmap[slot])
-            c._push(land, EV_LAND, slot, 0)
-        c.moves = c.cold_starts = c.migrated = 0
-        c.migration_bytes = c.migration_j = 0.0
-        for g in c.gpus:
-            if g.pending_clock is not None:
-                c._push(g.pending_t, EV_CLOCK, g.index, g.version)
-        if isinstance(c.noise, NominalModel):
-            for g in c.gpus:
-                g.power_factor = c.noise.energy_factor
-        if nominal:
-            for g in c.gpus:
-                g.floor_w = g.floor_power()
-        c.routable = [[r for r in c.replicas if r.model == m and r.state == ACTIVE] for m in range(c.n_models)]
-        c.unrouted = [reqmap[r.slot] for r in self.unrouted]
-        c.live, c.completed, c.events = len(reqmap), 0, 0
-        c._pending = []
-        c._arr, c._cursor, c._n = [], 0, 0
-        c._hashes = None
-        c.table = None
-        c.pred_out = None  # the copy's requests carry the lengths and deadlines it runs to
-        c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
-        c.local_s, c.local_calls = 0.0, 0
-        c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
-        c.captured_left, c.captured_finish = 0, {}
-        return c
-
-    def capture_all(self) -> list[Req]:
-        """Mark every live request as captured (what-if runs report their completion times)."""
-        reqs = self.live_requests()
-        for r in reqs:
-            r.captured = True
-        self.captured_left = len(reqs)
-        self.captured_finish = {}
-        return reqs
-
-    def attach_replay(self, table: RequestTable) -> None:
-        """Add hypothetical arrivals (absolute times >= now, lengths as the controller assumes them)."""
-        if self._ks is not None:
-            self._leave_kernel()
-        if len(table) and table.arrival_s[0] < self.now - 1e-9:
-            raise ValueError(f"replay arrivals start at {table.arrival_s[0]} before the snapshot time {self.now}")
-        n = len(table)
-        self._arr = table.arrival_s.tolist()
-        self._prompt = table.prompt_tokens.tolist()
-        self._n = n
-        model_of = np.zeros(n, dtype=np.int64)
-        for ten, m in self.tenant_model.items():
-            model_of[table.tenant == ten] = m
-        self._model = model_of.tolist()
-        self._cursor = 0
-        self._slot_base = REPLAY_SLOT_BASE
-        self._hashes = None  # replayed arrivals carry no prefix blocks
-        lim = np.array([p.scheduler.context_limit for p in self.profiles])[model_of]
-        self.rejected = np.asarray(table.prompt_tokens >= lim)
-        out, lref = _capped_lref(self.profiles, table, model_of, table.output_tokens)
-        self._out = out.tolist()
-        self._deadline = (table.arrival_s + self.opt.alpha * lref).tolist()
-
-    def _local_order(self, rep: Replica, t: float) -> tuple[int, ...] | None:
-        """Ask ``rep``'s local policy for its next step (timed): the plan's order (None: the vLLM scheduler); a
-        clock in the plan is requested for the replica's GPU."""
-        if not rep.has_work():
-            return None
-        c0 = time.perf_counter()
-        tv = self._task_view
-        tasks = [tv(r, True) for r in rep.running] + [tv(r, False) for r in rep.waiting]
-        gpu, levels = rep.gpu, rep.clock_levels
-        view = LocalView(t, rep.index, gpu.index, rep.model, levels[gpu.clock_idx], levels, rep.share, rep.free_blocks,
-                         rep.bs, rep.budget, rep.max_seqs, tuple(tasks))
-        plan = rep.local.plan(view)
-        self.local_s += time.perf_counter() - c0
-        self.local_calls += 1
-        if plan is None:
-            return None
-        mhz = plan.clock_mhz
-        if mhz is not None:
-            if mhz not in levels:
-                raise ValueError(f"local policy {rep.local.name!r}: clock {mhz} MHz is not one of the "
-                                 f"GPU's levels {list(levels)}")
-            # (the replica's own levels are its GPU's when it set the GPU's profile, the common case)
-            self._request_clock(gpu, levels.index(mhz) if gpu.profile is rep.profile else gpu.profile.clock_index(mhz),
-                                t)
-        return tuple(plan.order)
-
-    def _seen(self, r: Req) -> tuple[int, float]:
-        """What a policy may know of ``r``'s length and deadline: the predicted output and the visible deadline (in
-        a what-if copy or a replay, the request already carries the ones it runs to)."""
-        if self._slot_base == 0 and self.pred_out is not None:
-            return int(self.pred_out[r.slot]), float(self.visible_deadline[r.slot])
-        return r.out, r.deadline
-
-    def _task_view(self, r: Req, running: bool) -> TaskView:
-        left = r.prompt + r.generated - r.computed
-        pred, deadline = self._seen(r)
-        return TaskView(r.slot, running, left == 1 and r.generated >= 1, left, r.computed, r.prompt, r.generated,
-                        pred, r.arrival, deadline, r.blocks)
-
-    def set_local_policy(self, policy: LocalPolicy | None, replicas: list[int] | None = None) -> None:
-        """Plan every step of ``replicas`` (all by default) with ``policy`` (None: the vLLM scheduler)."""
-        for i in range(len(self.replicas)) if replicas is None else replicas:
-            self.replicas[i].local = policy
-
-    def _dispatched(self, r: Req, t: float, cands: list[Replica]) -> Replica:
-        """The replica ``self.dispatch`` chooses for ``r`` among ``cands``, from views of both (timed)."""
-        c0 = time.perf_counter()
-        pol = self.dispatch
-        hashes = r.hashes or ()
-        req = ArrivalView(r.slot, t, r.prompt, *self._seen(r), r.model, len(hashes))
-        want = pol.wants_prefix and bool(hashes)
-        load = pol.wants_load
-        views = tuple(
-            CandidateView(rep.index, rep.gpu.index, rep.unf, len(rep.running), len(rep.waiting), rep.free_blocks,
-                          rep.cap_blocks, rep.profile.clocks[rep.gpu.clock_idx].mhz, rep.share,
-                          len(rep.pcache.lookup(hashes)[0]) if want and rep.pcache is not None else 0, rep.bs,
-                          *(_token_loads(rep) if load else (0, 0)))
-            for rep in cands)
-        pick = pol.choose(req, views)
-        self.dispatch_s += time.perf_counter() - c0
-        self.dispatch_calls += 1
-        for rep in cands:
-            if rep.index == pick:
-                return rep
-        raise ValueError(f"dispatch policy {pol.name!r} chose replica {pick!r}, not one of the active replicas "
-                         f"{[rep.index for rep in cands]} of model {r.model}")
 
     # ================================================================================ state views
     def counts(self) -> dict[str, int]:

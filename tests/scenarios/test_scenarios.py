@@ -559,7 +559,11 @@ def test_reference_key_follows_the_engine_source_code(tmp_path, monkeypatch):
     assert h0 == cm.engine_code_sha256()
     target = tmp_path / "sim" / "replica.py"
     target.write_bytes(target.read_bytes() + b"\n")
-    assert cm.source_sha256(tmp_path) != h0
+    h1 = cm.source_sha256(tmp_path)
+    assert h1 != h0
+    target = tmp_path / "sim" / "kernel" / "loop.py"  # (a subpackage's module counts too)
+    target.write_bytes(target.read_bytes() + b"\n")
+    assert cm.source_sha256(tmp_path) != h1
     sc = load_scenario("epact-h20-hour-fixed-a30")
     k0 = reference_key(sc)
     monkeypatch.setattr(cm, "engine_code_sha256", lambda: "other code")

@@ -1,0 +1,173 @@
+"""Copies of a pool: `Pool.clone` (a what-if snapshot of the serving state), the copies of its devices that a fork
+or a hand-back from the kernel makes (`copy_devices`), captured requests and replayed arrivals."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from typing import Self
+
+import numpy as np
+
+from commitenv.sim.gpu import GPU
+from commitenv.sim.replica import Replica
+from commitenv.sim.request import Req
+from commitenv.sim.states import ACTIVE, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, WAKING
+from commitenv.sim.terms import _capped_lref
+from commitenv.sim.truth import NominalModel
+from commitenv.workload.table import RequestTable
+
+REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
+
+
+def copy_devices(gpus: list[GPU], replicas: list[Replica], c: "Copies", cr) -> dict[int, Replica]:
+    """Copies of ``gpus`` and ``replicas``, linked to each other, installed in ``c``; each replica's queues and
+    segment members copied with ``cr`` (None: new empty ones). Returns the map from old replica ids to copies."""
+    gmap: dict[int, GPU] = {}
+    for g in gpus:
+        ng = GPU.__new__(GPU)
+        ng.__dict__.update(g.__dict__)
+        gmap[id(g)] = ng
+    rmap: dict[int, Replica] = {}
+    for rep in replicas:
+        nr = Replica.__new__(Replica)
+        nr.__dict__.update(rep.__dict__)
+        nr.gpu = gmap[id(rep.gpu)]
+        if cr is None:
+            nr.running, nr.waiting, nr.batch, nr.run_reqs = [], deque(), [], []
+        else:
+            nr.running = [cr(r) for r in rep.running]
+            nr.waiting = deque(cr(r) for r in rep.waiting)
+            nr.batch = [(cr(r), k) for r, k in rep.batch]
+            nr.run_reqs = [cr(r) for r in rep.run_reqs]
+        nr.dest = None if rep.dest is None else gmap[id(rep.dest)]
+        rmap[id(rep)] = nr
+    for g in gpus:
+        gmap[id(g)].replicas = [rmap[id(r)] for r in g.replicas]
+    c.gpus = [gmap[id(g)] for g in gpus]
+    c.replicas = [rmap[id(r)] for r in replicas]
+    return rmap
+
+
+class Copies:
+    """`Pool`'s copies and what-if replay (mixed into `Pool`)."""
+
+    def clone(self, *, hide_lengths: bool, own_profiles: bool = False) -> Self:
+        """A copy of the serving state at ``now`` holding only arrived, unfinished requests; with
+        ``hide_lengths`` each request runs to its predicted output length (and carries its visible deadline)
+        instead of the true one. The copy has no workload, no noise and no step log; its meters start at zero.
+        It shares no mutable object with this pool; under a truth model (realism levels) it is nominal: the
+        step in flight runs at nominal speed and power, and the GPUs draw the profile's idle power. With
+        ``own_profiles`` (a controller's snapshot) the copy gets deep copies of the profiles, so nothing written
+        into them can reach the truth or the process-wide profile cache."""
+        c = type(self).__new__(type(self))
+        c.profiles = [p.model_copy(deep=True) for p in self.profiles] if own_profiles else list(self.profiles)
+        c.layout, c.n_models = self.layout, self.n_models
+        c.tenant_model = dict(self.tenant_model)
+        c.opt = replace(self.opt, log_steps=False, truth=None, seed=0)  # the run seed would regenerate the trace
+        nominal = self.truth is not None
+        c.now = self.now
+        c.heap, c._seq = [], 0
+        c.noise = None
+        if nominal and self.opt.truth.power_bias != 0.0:
+            c.noise = NominalModel(1.0 / (1.0 + self.opt.truth.power_bias))
+        elif isinstance(self.noise, NominalModel):
+            c.noise = self.noise
+        c.truth = None
+        c.overhead_s = None
+        c.done_slots = None
+        c.log = None
+        c.on_step = None
+        c.gpus, c.replicas = [], []
+        for g in self.gpus:
+            ng = GPU(g.index, g.clock_idx, c.profiles[self.profiles.index(g.profile)])
+            ng.pending_clock, ng.pending_t = g.pending_clock, g.pending_t
+            ng.floor_w, ng.t_floor = g.floor_w, self.now
+            c.gpus.append(ng)
+            for rep in g.replicas:
+                nr = Replica(rep.index, ng, c.profiles[rep.model], rep.model, rep.share)
+                nr.local = rep.local  # a what-if copy plans its steps as the original does
+                ng.replicas.append(nr)
+                c.replicas.append(nr)
+        c.replicas.sort(key=lambda r: r.index)  # moves leave GPU order and index order apart
+        for rep, nr in zip(self.replicas, c.replicas):
+            if rep.dest is not None:
+                nr.dest = c.gpus[rep.dest.index]
+        reqmap: dict[int, Req] = {}
+        for r in self.live_requests():
+            cr = r.copy()
+            if hide_lengths and r.slot < self._n_results:
+                cr.out = max(int(self.pred_out[r.slot]), r.generated + 1)
+                cr.deadline = float(self.visible_deadline[r.slot])
+            reqmap[r.slot] = cr
+        for rep, nr in zip(self.replicas, c.replicas):
+            rep.clone_into(nr, reqmap, nominal=nominal, now=self.now,
+                           energy_factor=c.noise.energy_factor if isinstance(c.noise, NominalModel) else 1.0)
+            if nr.seg:
+                nr.version += 1
+                c._push(nr.t1, EV_SEG, nr.index, nr.version)
+            if nr.state == WAKING:
+                nr.wake_t = rep.wake_t
+                c._push(nr.wake_t, EV_WAKE, nr.index, nr.version)
+            elif nr.state == LOADING and not nr.load_ready and not nr.load_wait:
+                c._push(nr.load_t, EV_LOAD, nr.index, nr.version)
+        c.transit = {}
+        for slot, (land, r) in self.transit.items():
+            c.transit[slot] = (land, reqmap[slot])
+            c._push(land, EV_LAND, slot, 0)
+        c.moves = c.cold_starts = c.migrated = 0
+        c.migration_bytes = c.migration_j = 0.0
+        for g in c.gpus:
+            if g.pending_clock is not None:
+                c._push(g.pending_t, EV_CLOCK, g.index, g.version)
+        if isinstance(c.noise, NominalModel):
+            for g in c.gpus:
+                g.power_factor = c.noise.energy_factor
+        if nominal:
+            for g in c.gpus:
+                g.floor_w = g.floor_power()
+        c.routable = [[r for r in c.replicas if r.model == m and r.state == ACTIVE] for m in range(c.n_models)]
+        c.unrouted = [reqmap[r.slot] for r in self.unrouted]
+        c.live, c.completed, c.events = len(reqmap), 0, 0
+        c._pending = []
+        c._arr, c._cursor, c._n = [], 0, 0
+        c._hashes = None
+        c.table = None
+        c.pred_out = None  # the copy's requests carry the lengths and deadlines it runs to
+        c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
+        c.local_s, c.local_calls = 0.0, 0
+        c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
+        c.captured_left, c.captured_finish = 0, {}
+        return c
+
+    def capture_all(self) -> list[Req]:
+        """Mark every live request as captured (what-if runs report their completion times)."""
+        reqs = self.live_requests()
+        for r in reqs:
+            r.captured = True
+        self.captured_left = len(reqs)
+        self.captured_finish = {}
+        return reqs
+
+    def attach_replay(self, table: RequestTable) -> None:
+        """Add hypothetical arrivals (absolute times >= now, lengths as the controller assumes them)."""
+        if self._ks is not None:
+            self._leave_kernel()
+        if len(table) and table.arrival_s[0] < self.now - 1e-9:
+            raise ValueError(f"replay arrivals start at {table.arrival_s[0]} before the snapshot time {self.now}")
+        n = len(table)
+        self._arr = table.arrival_s.tolist()
+        self._prompt = table.prompt_tokens.tolist()
+        self._n = n
+        model_of = np.zeros(n, dtype=np.int64)
+        for ten, m in self.tenant_model.items():
+            model_of[table.tenant == ten] = m
+        self._model = model_of.tolist()
+        self._cursor = 0
+        self._slot_base = REPLAY_SLOT_BASE
+        self._hashes = None  # replayed arrivals carry no prefix blocks
+        lim = np.array([p.scheduler.context_limit for p in self.profiles])[model_of]
+        self.rejected = np.asarray(table.prompt_tokens >= lim)
+        out, lref = _capped_lref(self.profiles, table, model_of, table.output_tokens)
+        self._out = out.tolist()
+        self._deadline = (table.arrival_s + self.opt.alpha * lref).tolist()

@@ -1,0 +1,226 @@
+"""Routing, redistribution and actuation: the router (least unfinished), starting replicas that received work,
+`set_active`, clock changes, the idle-floor meter."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from commitenv.sim.kernel.heap import _push, _wpush_back
+from commitenv.sim.kernel.layout import (GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
+                                         I_PEND, Q_REPLICA, Q_STARTED, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_PENDING,
+                                         R_RUN_N, R_SEG, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN)
+from commitenv.sim.kernel.segment import _cut, _start_segment
+from commitenv.sim.states import ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, STANDBY, WAKING
+
+
+@njit(cache=True)
+def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
+    if ri[rep, R_SEG] == SEG_NONE:
+        if ri[rep, R_PENDING] == 0:
+            ri[rep, R_PENDING] = 1
+            pend[si[I_PEND]] = rep
+            si[I_PEND] += 1
+    elif ri[rep, R_SEG] == SEG_RUN and _cut(rf, ri, rep, t):
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], 0, rep, ri[rep, R_VER])
+
+
+@njit(cache=True)
+def _floor_power(g, ri, gi, floor_tab):
+    """`GPU.floor_power` of a GPU hosting one instance: by its lifecycle state, at the GPU's clock."""
+    st = ri[g, R_STATE]
+    col = 0 if st == ACTIVE or st == WAKING else (1 if st == DRAINING else 2)
+    return floor_tab[g, gi[g, G_CLOCK], col]
+
+
+@njit(cache=True)
+def _floor_changed(t, g, ri, rf, gi, gf, floor_tab):
+    p = _floor_power(g, ri, gi, floor_tab)
+    if p != gf[g, GF_FLOOR_W]:
+        _set_floor(t, g, p, ri, rf, gf)
+
+
+@njit(cache=True)
+def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, ht, hk, hs,
+           hi, hv):
+    if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+        return
+    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
+    elif ri[rep, R_STATE] == DRAINING and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+        ri[rep, R_STATE] = STANDBY
+        _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
+
+
+@njit(cache=True)
+def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
+    """Least unfinished requests among the active replicas, ties to the lowest index (`Pool._route`)."""
+    R = ri.shape[0]
+    best = -1
+    for x in range(R):
+        if ri[x, R_STATE] == ACTIVE and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
+            best = x
+    if best < 0:
+        raise RuntimeError("kernel: no active replica to route to")
+    qi[r, Q_REPLICA] = best
+    _wpush_back(ri, wq, best, r)
+    ri[best, R_UNF] += 1
+    _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+
+
+@njit(cache=True)
+def _route_in_order(t, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
+    """`_route` of every request in ``moved``, in index (arrival) order: the order by marking (linear in the index
+    range), the least-loaded replica from a heap of (unfinished, index) over the active ones (log R per request)."""
+    lo, hi_ = moved.min(), moved.max()
+    mark = np.zeros(hi_ - lo + 1, np.bool_)
+    for r in moved:
+        mark[r - lo] = True
+    R = ri.shape[0]
+    heap = np.empty(R, np.int64)  # active replicas, a binary heap on (unfinished, index)
+    n = 0
+    for x in range(R):
+        if ri[x, R_STATE] == ACTIVE:
+            heap[n] = x
+            n += 1
+    if n == 0:
+        raise RuntimeError("kernel: no active replica to route to")
+    for j in range(n // 2 - 1, -1, -1):
+        _sift_down(heap, n, j, ri)
+    for k in range(hi_ - lo + 1):
+        if not mark[k]:
+            continue
+        r = lo + k
+        best = heap[0]
+        qi[r, Q_REPLICA] = best
+        _wpush_back(ri, wq, best, r)
+        ri[best, R_UNF] += 1
+        _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+        _sift_down(heap, n, 0, ri)
+
+
+@njit(cache=True)
+def _sift_down(heap, n, j, ri):
+    while True:
+        c = 2 * j + 1
+        if c >= n:
+            return
+        if c + 1 < n and (ri[heap[c + 1], R_UNF], heap[c + 1]) < (ri[heap[c], R_UNF], heap[c]):
+            c += 1
+        if (ri[heap[c], R_UNF], heap[c]) < (ri[heap[j], R_UNF], heap[j]):
+            heap[c], heap[j] = heap[j], heap[c]
+            j = c
+        else:
+            return
+
+
+@njit(cache=True)
+def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab):
+    """`Pool._redistribute`: every queued request that has not started is routed again, in arrival order, to the
+    active replicas; draining replicas left without work go to standby."""
+    R = ri.shape[0]
+    total = 0
+    for x in range(R):
+        total += ri[x, R_WLEN]
+    moved = np.empty(total, np.int64)
+    nm = 0
+    for x in range(R):
+        n = ri[x, R_WLEN]
+        r = ri[x, R_WHEAD]
+        ri[x, R_WLEN] = 0
+        for _ in range(n):
+            nxt = wq[r]
+            if qi[r, Q_STARTED]:
+                _wpush_back(ri, wq, x, r)  # started ones keep their order
+            else:
+                moved[nm] = r
+                nm += 1
+            r = nxt
+        ri[x, R_UNF] = ri[x, R_RUN_N] + ri[x, R_WLEN]
+    if nm:
+        _route_in_order(t, moved[:nm], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+    for x in range(R):
+        if ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0 and ri[x, R_STATE] == DRAINING:
+            ri[x, R_STATE] = STANDBY
+            _floor_changed(t, x, ri, rf, gi, gf, floor_tab)
+
+
+@njit(cache=True)
+def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
+           hi, hv):
+    """Start the replicas that received work at ``t`` (`Pool._flush`)."""
+    npend = si[I_PEND]
+    si[I_PEND] = 0
+    for x in range(npend):
+        rep = pend[x]
+        ri[rep, R_PENDING] = 0
+        if ri[rep, R_SEG] == SEG_NONE:
+            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
+                   ht, hk, hs, hi, hv)
+
+
+@njit(cache=True)
+def set_active(t, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched,
+               si, pend, ht, hk, hs, hi, hv):
+    """`Pool.set_active` for one model: the first ``count`` replicas active (a standby one wakes after
+    ``latency_s``, a draining one resumes at once), the rest draining; re-routes the queues when the set changed."""
+    R = ri.shape[0]
+    changed = False
+    for i in range(R):
+        st = ri[i, R_STATE]
+        if i < count:
+            if st == DRAINING:
+                ri[i, R_STATE] = ACTIVE
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+            elif st == STANDBY:
+                ri[i, R_STATE] = WAKING
+                ri[i, R_VER] += 1
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+                _push(si, ht, hk, hs, hi, hv, t + latency_s, EV_WAKE, i, ri[i, R_VER])
+        else:
+            if st == ACTIVE:
+                ri[i, R_STATE] = DRAINING
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+            elif st == WAKING:
+                ri[i, R_VER] += 1
+                ri[i, R_STATE] = STANDBY
+                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+        changed |= ri[i, R_STATE] != st
+    if not changed:
+        return
+    _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
+    _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
+           hi, hv)
+
+
+@njit(cache=True)
+def _set_clock(t, idx, latency_s, gi, gf, si, ht, hk, hs, hi, hv):
+    """`Pool.set_clock` on every GPU: clock level ``idx`` from ``t + latency_s`` (a pending change superseded, one
+    back to the current clock cancelled)."""
+    for g in range(gi.shape[0]):
+        target = gi[g, G_PENDING] if gi[g, G_PENDING] >= 0 else gi[g, G_CLOCK]
+        if idx == target:
+            continue
+        gi[g, G_VER] += 1
+        if idx == gi[g, G_CLOCK]:
+            gi[g, G_PENDING] = -1
+            continue
+        gi[g, G_PENDING] = idx
+        gf[g, GF_PENDING_T] = t + latency_s
+        _push(si, ht, hk, hs, hi, hv, gf[g, GF_PENDING_T], EV_CLOCK, g, gi[g, G_VER])
+
+
+@njit(cache=True)
+def _set_floor(t, g, power_w, ri, rf, gf):
+    """`GPU.set_floor` (one instance per GPU): close the floor meter at ``t``; a segment in flight is charged the
+    new floor from ``t`` on."""
+    gf[g, GF_E_FLOOR] += gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR])
+    gf[g, GF_T_FLOOR] = t
+    if power_w != gf[g, GF_FLOOR_W]:
+        if ri[g, R_SEG] != SEG_NONE and rf[g, R_T0] <= t < rf[g, R_T1]:
+            rf[g, R_FLOOR_ACC] += rf[g, R_FLOOR_W] * (t - rf[g, R_FLOOR_T])
+            rf[g, R_FLOOR_T] = t
+            rf[g, R_FLOOR_W] = power_w
+    gf[g, GF_FLOOR_W] = power_w

@@ -1,0 +1,247 @@
+"""The event loop (`advance`), `settle`, the energy meters, the segments in flight and the compaction of finished
+requests."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from commitenv.sim.kernel.actuate import _floor_changed, _floor_power, _flush, _redistribute, _route, _set_floor, _start
+from commitenv.sim.kernel.heap import _live, _pop, _push, _wpush_back
+from commitenv.sim.kernel.layout import (F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
+                                         INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
+                                         I_LOGM, I_N, I_PEND, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BT0, R_D, R_E0,
+                                         R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FT, R_K, R_LOGGED,
+                                         R_NEND, R_NPOS, R_PENDING, R_RUN_N, R_SEG, R_STATE, R_T0, R_T1, R_VER, R_WHEAD,
+                                         R_WLEN, S_BLOCK, S_LOG, S_MAX_SEQS, S_NOISE)
+from commitenv.sim.kernel.segment import (_cut, _decode, _finish_segment, _log_segment, _run_energy, _run_steps_done_by,
+                                          _run_time)
+from commitenv.sim.states import ACTIVE, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, WAKING
+
+
+@njit(cache=True)
+def _noise_low(ri):
+    for x in range(ri.shape[0]):
+        if ri[x, R_NPOS] >= ri[x, R_NEND]:
+            return True
+    return False
+
+
+@njit(cache=True)
+def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
+            coc, gi, gf, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm):
+    """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
+    ``stop_captured``, stop at the segment end that finishes the last captured request."""
+    n = si[I_N]
+    room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
+    last = sf[F_NOW]
+    while True:
+        if si[I_HEAP] + room > ht.shape[0]:
+            sf[F_NOW] = max(sf[F_NOW], last)
+            return 1  # the caller grows the heap and calls again (nothing of the next event is done yet)
+        if sched[S_NOISE] and _noise_low(ri):
+            sf[F_NOW] = max(sf[F_NOW], last)
+            return 2  # the caller refills the noise draws and calls again (one event starts one segment per replica)
+        if sched[S_LOG] and (si[I_LOG] >= lgi.shape[0] or si[I_LOGM] + sched[S_MAX_SEQS] + 1 > lgm.shape[0]):
+            sf[F_NOW] = max(sf[F_NOW], last)
+            return 3  # the caller drains the step log and calls again (one event books at most one segment)
+        cur = si[I_CURSOR]
+        ta = qf[cur, Q_ARRIVAL] if cur < n else INF
+        th = ht[0] if si[I_HEAP] > 0 else INF
+        if si[I_PEND] > 0 and (th if th < ta else ta) > last:
+            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht,
+                   hk, hs, hi, hv)
+            continue
+        if th == INF and ta == INF:
+            break
+        if th <= ta:
+            if th > t_end:
+                break
+            j = _pop(si, ht, hk, hs, hi, hv)
+            t, kind, rep, ver = ht[j], hk[j], hi[j], hv[j]
+            last = t
+            sf[F_LAST] = t
+            si[I_EVENTS] += 1
+            if kind == EV_CLOCK:  # `Pool._apply_clock`: a step in flight keeps its law, a run is cut
+                g = rep
+                if gi[g, G_VER] != ver:
+                    continue
+                if ri[g, R_SEG] == SEG_RUN and _cut(rf, ri, g, t):
+                    ri[g, R_VER] += 1
+                    _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
+                gi[g, G_CLOCK] = gi[g, G_PENDING]
+                gi[g, G_PENDING] = -1
+                _set_floor(t, g, _floor_power(g, ri, gi, floor_tab), ri, rf, gf)
+                continue
+            if kind == EV_WAKE:
+                if ri[rep, R_VER] != ver or ri[rep, R_STATE] != WAKING:
+                    continue
+                ri[rep, R_STATE] = ACTIVE
+                _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
+                _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
+                continue
+            if ri[rep, R_VER] != ver:
+                continue
+            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm)
+            if stop_captured and si[I_CAPLEFT] == 0:
+                sf[F_NOW] = t
+                return 0
+            cur = si[I_CURSOR]
+            if (cur < n and qf[cur, Q_ARRIVAL] == t) or (si[I_HEAP] > 0 and ht[0] == t) or si[I_PEND] > 0:
+                if ri[rep, R_PENDING] == 0:
+                    ri[rep, R_PENDING] = 1
+                    pend[si[I_PEND]] = rep
+                    si[I_PEND] += 1
+            else:
+                _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
+                       ht, hk, hs, hi, hv)
+        else:
+            if ta > t_end:
+                break
+            i = cur
+            si[I_CURSOR] = cur + 1
+            si[I_EVENTS] += 1
+            last = ta
+            sf[F_LAST] = ta
+            if rejected[i]:
+                qf[i, Q_FINISH] = INF
+                continue
+            if si[I_CAPARR]:
+                qc[i] = 1
+                si[I_CAPLEFT] += 1
+            si[I_LIVE] += 1
+            _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+    sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
+    return 0
+
+
+@njit(cache=True)
+def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf, lgm):
+    """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter, and log) the steps
+    that ended before, leaving one step in flight."""
+    bs = sched[S_BLOCK]
+    for g in range(ri.shape[0]):
+        if ri[g, R_SEG] != SEG_RUN:
+            continue
+        if _cut(rf, ri, g, t):
+            ri[g, R_VER] += 1
+            _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
+        m = _run_steps_done_by(rf, ri, t, g)
+        if m >= ri[g, R_K]:
+            m = ri[g, R_K] - 1
+        if m <= 0:
+            continue
+        dt = _run_time(rf, g, m)
+        de = _run_energy(rf, g, m)
+        t_mid = rf[g, R_T0] + dt
+        floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
+        if sched[S_LOG] and ri[g, R_LOGGED]:
+            _log_segment(g, rf[g, R_T0], t_mid, m, de, floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
+        _decode(ri, qi, bq, g, m, bs)
+        rf[g, R_BT0] += rf[g, R_D] * m
+        rf[g, R_E0] += rf[g, R_F] * m
+        ri[g, R_K] -= m
+        rf[g, R_T0] = t_mid
+        rf[g, R_FLOOR_ACC] = 0.0
+        rf[g, R_FLOOR_T] = t_mid
+        rf[g, R_ENERGY] -= de
+        e_dyn[g] += de - floor_j
+
+
+@njit(cache=True)
+def _energy_until(t, ri, rf, g):
+    """`Replica.energy_until`: energy of replica ``g``'s segment in flight from its start to ``t`` (``t`` > t0)."""
+    t0, t1 = rf[g, R_T0], rf[g, R_T1]
+    if t >= t1:
+        return rf[g, R_ENERGY]
+    if ri[g, R_SEG] == SEG_STEP:
+        return rf[g, R_ENERGY] * (t - t0) / (t1 - t0)
+    m = _run_steps_done_by(rf, ri, t, g)
+    ts = t0 + _run_time(rf, g, m)
+    step_t = rf[g, R_FT] * (rf[g, R_BT0] + rf[g, R_D] * m)
+    step_e = rf[g, R_FE] * (rf[g, R_E0] + rf[g, R_F] * m)
+    return _run_energy(rf, g, m) + step_e * (t - ts) / step_t
+
+
+@njit(cache=True)
+def _floor_until(rf, g, end):
+    """`Replica.floor_part`: the GPU floor energy replica ``g``'s segment is charged over [t0, ``end``]."""
+    return rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (end - rf[g, R_FLOOR_T])
+
+
+@njit(cache=True)
+def meter(t, ri, rf, gf, e_dyn):
+    """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`, one instance per GPU)."""
+    R = ri.shape[0]
+    out = np.empty(R)
+    for g in range(R):
+        e = gf[g, GF_E_FLOOR] + gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR]) + e_dyn[g]
+        if ri[g, R_SEG] != SEG_NONE:
+            end = rf[g, R_T1] if rf[g, R_T1] < t else t
+            if end > rf[g, R_T0]:
+                e += _energy_until(t, ri, rf, g) - _floor_until(rf, g, end)
+        out[g] = e
+    return out
+
+
+@njit(cache=True)
+def in_flight(t, ri, rf):
+    """Per replica whose logged segment in flight started before ``t``: (replica, energy until ``t``, floor until
+    min(``t``, t1)) as rows of a float array."""
+    R = ri.shape[0]
+    out = np.empty((R, 3))
+    n = 0
+    for g in range(R):
+        if ri[g, R_SEG] != SEG_NONE and ri[g, R_LOGGED] and rf[g, R_T0] < t:
+            out[n, 0] = g
+            out[n, 1] = _energy_until(t, ri, rf, g)
+            out[n, 2] = _floor_until(rf, g, min(t, rf[g, R_T1]))
+            n += 1
+    return out[:n]
+
+
+@njit(cache=True)
+def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, head_deadline, head_slots, row_deadline, row0, L,
+                  slot_base):
+    """`KernelState._compact`'s work: new request arrays holding the live requests (in index order) then the rows
+    loaded but not arrived; queues, batches and running lists re-indexed in place. Returns the new arrays and the
+    new head's deadlines and slots."""
+    cur, N = si[I_CURSOR], si[I_N]
+    live = np.sort(_live(ri, wq, run))
+    nl = live.shape[0]
+    n_keep = nl + N - cur
+    cap = max(64, n_keep + n_keep // 2)
+    qi2 = np.zeros((cap, qi.shape[1]), np.int64)
+    qf2 = np.zeros((cap, qf.shape[1]))
+    qc2 = np.zeros(cap, np.uint8)
+    rej2 = np.zeros(cap, np.bool_)
+    wq2 = np.full(cap, -1, np.int64)
+    dl2 = np.empty(nl)
+    sl2 = np.empty(nl, np.int64)
+    for j in range(n_keep):
+        k = live[j] if j < nl else cur + j - nl
+        qi2[j] = qi[k]
+        qf2[j] = qf[k]
+        qc2[j] = qc[k]
+        rej2[j] = rejected[k]
+        if j < nl:
+            if k < L:
+                dl2[j], sl2[j] = head_deadline[k], head_slots[k]
+            else:
+                dl2[j], sl2[j] = row_deadline[row0 + k - L], slot_base + row0 + k - L
+    for x in range(ri.shape[0]):
+        for i in range(ri[x, R_RUN_N]):
+            run[x, i] = np.searchsorted(live, run[x, i])  # (live ones are arrived: below the cursor)
+        for i in range(ri[x, R_BATCH_N]):
+            bq[x, i] = np.searchsorted(live, bq[x, i])
+        n = ri[x, R_WLEN]
+        r = ri[x, R_WHEAD]
+        ri[x, R_WLEN] = 0
+        for _ in range(n):
+            nxt = wq[r]
+            _wpush_back(ri, wq2, x, np.searchsorted(live, r))
+            r = nxt
+    si[I_CURSOR] = nl
+    si[I_N] = n_keep
+    si[I_DONE] = 0
+    return qi2, qf2, qc2, rej2, wq2, dl2, sl2

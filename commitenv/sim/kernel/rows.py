@@ -1,0 +1,54 @@
+"""Read-only inputs of a `KernelState`: the step laws' coefficients per clock level and a pool's workload rows as
+arrays."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from commitenv.sim.coeffs import coeffs_for
+
+
+_COEFFS: dict[int, np.ndarray] = {}  # id(profile) -> coefficients, dropped with the profile (as `coeffs_for`'s)
+
+
+def _clock_coefficients(prof) -> np.ndarray:
+    """The step laws' coefficients at each clock level of ``prof`` (``coc``; read only, cached per profile object as
+    `coeffs_for` caches them: a profile is not changed once an engine used it)."""
+    coc = _COEFFS.get(id(prof))
+    if coc is None:
+        coc = np.zeros((len(prof.clocks), 10))
+        for ci in range(len(prof.clocks)):
+            c = coeffs_for(prof, ci, 1.0)
+            coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
+        _COEFFS[id(prof)] = coc
+        weakref.finalize(prof, _COEFFS.pop, id(prof), None)
+    return coc
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A pool's workload rows as arrays (read only; shared by every copy of a kernel state)."""
+
+    arrival: np.ndarray
+    prompt: np.ndarray
+    out: np.ndarray  # the output length the engine runs to
+    rejected: np.ndarray
+    deadline: np.ndarray  # what `Req.deadline` carries
+    overhead: np.ndarray | None  # serving overhead added to the finish time (None: none)
+
+    @classmethod
+    def of(cls, pool) -> "_Rows":
+        n = pool._n
+        if n and pool.table is not None and pool._slot_base == 0 and len(pool.table) == n:
+            return cls(pool.table.arrival_s, pool.table.prompt_tokens, np.asarray(pool.out_tokens),
+                       np.asarray(pool.rejected, np.bool_), np.asarray(pool.deadline, np.float64), pool.overhead_s)
+        if not n:
+            e = np.zeros(0)
+            return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(np.bool_), e, None)
+        oh = pool.overhead_s if pool._slot_base == 0 else None
+        return cls(np.asarray(pool._arr[:n], np.float64), np.asarray(pool._prompt[:n], np.int64),
+                   np.asarray(pool._out[:n], np.int64), np.asarray(pool.rejected[:n], np.bool_),
+                   np.asarray(pool._deadline[:n], np.float64), oh)

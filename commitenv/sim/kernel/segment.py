@@ -1,0 +1,329 @@
+"""Segment mechanics: vLLM V1 scheduling and KV admission, starting a segment (a step or a closed-form decode run),
+cutting a run, booking and logging a finished segment."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_front
+from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4,
+                                         GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, LF_ENERGY,
+                                         LF_FLOOR, LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
+                                         LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS, Q_COMPUTED, Q_FINISH, Q_FIRST,
+                                         Q_GENERATED, Q_OUT, Q_OVERHEAD, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED,
+                                         R_BATCH_N, R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T,
+                                         R_FLOOR_W, R_FREE, R_FT, R_K, R_LOGGED, R_NEND, R_NPOS, R_RUN_N, R_SCLK, R_SEG,
+                                         R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, S_BLOCK, S_BUDGET, S_CELL0,
+                                         S_CLOSED, S_LOG, S_MAX_SEQS, S_NOISE, S_RESERVE)
+from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
+
+
+@njit(cache=True)
+def _run_steps_done_by(rf, ri, x_t, rep):
+    x = (x_t - rf[rep, R_T0]) / rf[rep, R_FT]
+    if x <= 0:
+        return 0
+    T0, D, k = rf[rep, R_BT0], rf[rep, R_D], ri[rep, R_K]
+    if D <= 0:
+        m = int(math.floor(x / T0 + 1e-12))
+    else:
+        b = T0 - D / 2
+        m = int(math.floor((-b + math.sqrt(b * b + 2 * D * x)) / D + 1e-9))
+    m = max(0, min(m, k))
+    while m < k and (m + 1) * T0 + D * (m + 1) * m / 2 <= x:
+        m += 1
+    while m > 0 and m * T0 + D * m * (m - 1) / 2 > x:
+        m -= 1
+    return m
+
+
+@njit(cache=True)
+def _run_time(rf, rep, m):
+    return rf[rep, R_FT] * (m * rf[rep, R_BT0] + rf[rep, R_D] * m * (m - 1) / 2)
+
+
+@njit(cache=True)
+def _run_energy(rf, rep, m):
+    return rf[rep, R_FE] * (m * rf[rep, R_E0] + rf[rep, R_F] * m * (m - 1) / 2)
+
+
+@njit(cache=True)
+def _cut(rf, ri, rep, t):
+    if ri[rep, R_SEG] != SEG_RUN or t >= rf[rep, R_T1]:
+        return False
+    m = _run_steps_done_by(rf, ri, t, rep)
+    if rf[rep, R_T0] + _run_time(rf, rep, m) < t or m == 0:
+        m += 1
+    if m >= ri[rep, R_K]:
+        return False
+    ri[rep, R_K] = m
+    rf[rep, R_T1] = rf[rep, R_T0] + _run_time(rf, rep, m)
+    rf[rep, R_ENERGY] = _run_energy(rf, rep, m)
+    return True
+
+
+@njit(cache=True)
+def _batch_add(ri, qi, bq, bk, rep, nb, r, k, need):
+    """Give ``r`` its ``need`` new KV blocks and a place in the batch with ``k`` tokens; the new batch length."""
+    ri[rep, R_FREE] -= need
+    qi[r, Q_BLOCKS] += need
+    bq[rep, nb] = r
+    bk[rep, nb] = k
+    return nb + 1
+
+
+@njit(cache=True)
+def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
+    """vLLM V1: running first (preempting the newest on a KV shortage), then waiting in order when nothing was
+    preempted. Fills bq/bk; returns (batch length, preempted)."""
+    nb = 0
+    preempted = False
+    i = 0
+    while i < ri[rep, R_RUN_N]:
+        if budget <= 0:
+            break
+        r = run[rep, i]
+        k = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        if k > budget:
+            k = budget
+        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+        scheduled = True
+        while need > ri[rep, R_FREE]:
+            ri[rep, R_RUN_N] -= 1
+            victim = run[rep, ri[rep, R_RUN_N]]
+            ri[rep, R_FREE] += qi[victim, Q_BLOCKS]
+            qi[victim, Q_BLOCKS] = 0
+            qi[victim, Q_COMPUTED] = 0
+            qi[victim, Q_PREEMPT] += 1
+            _wpush_front(ri, wq, rep, victim)
+            preempted = True
+            if victim == r:
+                scheduled = False
+                break
+        if not scheduled:
+            break
+        nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+        budget -= k
+        i += 1
+    if preempted:
+        return nb, True
+    draining = ri[rep, R_STATE] != ACTIVE
+    while ri[rep, R_WLEN] > 0 and budget > 0 and ri[rep, R_RUN_N] < max_seqs:
+        r = ri[rep, R_WHEAD]
+        if draining and qi[r, Q_STARTED] == 0:
+            break  # a draining replica admits no new work (queued ones were moved away)
+        left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        k = left if left < budget else budget
+        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+        if need > ri[rep, R_FREE]:
+            break
+        if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
+            break
+        _wpop_front(ri, wq, rep)
+        run[rep, ri[rep, R_RUN_N]] = r
+        ri[rep, R_RUN_N] += 1
+        qi[r, Q_STARTED] = 1
+        nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+        budget -= k
+    return nb, False
+
+
+@njit(cache=True)
+def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
+    cap = ri[rep, R_FREE]
+    for j in range(nb):
+        cap += qi[bq[rep, j], Q_BLOCKS]
+
+    def fits(j):
+        s = 0
+        for x in range(nb):
+            s += _cdiv(qi[bq[rep, x], Q_COMPUTED] + j, bs)
+        return s <= cap
+
+    if fits(kmax):
+        return kmax
+    if not fits(2):
+        return 1
+    lo, hi = 2, kmax
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def _is_decode(qi, r, k):
+    """`batch_terms`' rule: ``k`` new tokens of request ``r`` are a decode token (its prompt and earlier tokens all
+    computed) rather than a prefill chunk."""
+    return k == 1 and qi[r, Q_GENERATED] >= 1 and qi[r, Q_COMPUTED] + 1 == qi[r, Q_PROMPT] + qi[r, Q_GENERATED]
+
+
+@njit(cache=True)
+def _decode_flags(qi, members, new):
+    """`_is_decode` of every (request, new tokens) pair."""
+    out = np.empty(len(members), np.bool_)
+    for j in range(len(members)):
+        out[j] = _is_decode(qi, members[j], new[j])
+    return out
+
+
+@njit(cache=True)
+def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
+    """`Replica.start` without a local policy: schedule, then a closed-form decode run (unless the pool runs step by
+    step) or a single step."""
+    budget, max_seqs, bs, reserve_full = sched[S_BUDGET], sched[S_MAX_SEQS], sched[S_BLOCK], sched[S_RESERVE]
+    nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
+    ri[rep, R_BATCH_N] = nb
+    if nb == 0:
+        ri[rep, R_SEG] = SEG_NONE
+        return False
+    P = A = n = L = 0
+    for j in range(nb):
+        r = bq[rep, j]
+        k = bk[rep, j]
+        if _is_decode(qi, r, k):
+            n += 1
+            L += qi[r, Q_COMPUTED] + 1
+        else:
+            P += k
+            A += k * qi[r, Q_COMPUTED] + k * (k + 1) // 2
+    if sched[S_NOISE]:  # `NoiseSource.draw_for`: the replica's next draw, for the whole segment
+        j = ri[rep, R_NPOS]
+        if j >= ri[rep, R_NEND]:
+            raise RuntimeError("kernel: legacy noise draws exhausted (the caller refills before each event)")
+        ri[rep, R_NPOS] = j + 1
+        t_next = INF
+    else:
+        c = int(t // cell)
+        j = c - sched[S_CELL0]  # (the tables start at cell S_CELL0)
+        if j < 0 or j >= ftab.shape[1]:
+            raise RuntimeError("kernel: truth factor table does not cover the segment's start")
+        t_next = (c + 1) * cell
+    ft = ftab[rep, j]
+    fe = fetab[rep, j]
+    rf[rep, R_FT] = ft
+    rf[rep, R_FE] = fe
+    rf[rep, R_T0] = t
+    rf[rep, R_FLOOR_W] = gf[rep, GF_FLOOR_W]
+    cl = gi[rep, G_CLOCK]
+    ri[rep, R_SCLK] = cl
+    ri[rep, R_LOGGED] = sched[S_LOG]
+    rf[rep, R_FLOOR_T] = t
+    rf[rep, R_FLOOR_ACC] = 0.0
+    if sched[S_CLOSED] and P == 0 and not preempted:
+        kmax = 1 << 62
+        for j in range(nb):
+            r = bq[rep, j]
+            x = qi[r, Q_OUT] - qi[r, Q_GENERATED]
+            if x < kmax:
+                kmax = x
+        if kmax >= 2:
+            kmax = _kv_steps(ri, qi, bq, rep, nb, kmax, bs)
+        if kmax >= 2:
+            ri[rep, R_SEG] = SEG_RUN
+            ri[rep, R_K] = kmax
+            T0 = coc[cl, C_TAU0] + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
+            D = coc[cl, C_TAU3] * n
+            E0 = coc[cl, C_A] + coc[cl, C_B] * n + coc[cl, C_KAPPA] * L
+            F = coc[cl, C_KAPPA] * n
+            rf[rep, R_BT0], rf[rep, R_D], rf[rep, R_E0], rf[rep, R_F] = T0, D, E0, F
+            rf[rep, R_T1] = t + ft * (kmax * T0 + D * kmax * (kmax - 1) / 2)
+            rf[rep, R_ENERGY] = fe * (kmax * E0 + F * kmax * (kmax - 1) / 2)
+            if rf[rep, R_T1] > t_next:
+                _cut(rf, ri, rep, t_next)
+            return True
+    dt = ft * (coc[cl, C_TAU0] + coc[cl, C_TAU1] * P + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
+               + coc[cl, C_TAU4] * A)
+    ri[rep, R_SEG] = SEG_STEP
+    rf[rep, R_T1] = t + dt
+    rf[rep, R_ENERGY] = fe * (coc[cl, C_A] + coc[cl, C_C1] * P + coc[cl, C_C2] * A + coc[cl, C_B] * n
+                              + coc[cl, C_KAPPA] * L)
+    return True
+
+
+@njit(cache=True)
+def _decode(ri, qi, bq, rep, m, bs):
+    """Every member of ``rep``'s decode run adds ``m`` tokens and KV blocks to hold them; returns how many are done."""
+    ndone = 0
+    for j in range(ri[rep, R_BATCH_N]):
+        r = bq[rep, j]
+        qi[r, Q_COMPUTED] += m
+        qi[r, Q_GENERATED] += m
+        nbk = _cdiv(qi[r, Q_COMPUTED], bs)
+        ri[rep, R_FREE] -= nbk - qi[r, Q_BLOCKS]
+        qi[r, Q_BLOCKS] = nbk
+        if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+            ndone += 1
+    return ndone
+
+
+@njit(cache=True)
+def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm):
+    """`Pool._book`'s step log entry of ``rep``'s segment (or its finished part), written before its progress is
+    applied: members with their new tokens, computed tokens before and decode flags (`batch_terms`)."""
+    e, mo, nb = si[I_LOG], si[I_LOGM], ri[rep, R_BATCH_N]
+    if e >= lgi.shape[0] or mo + nb > lgm.shape[0]:
+        raise RuntimeError("kernel: step log full (the caller drains it before each event)")
+    lgi[e, LG_REP], lgi[e, LG_STEPS], lgi[e, LG_CLOCK], lgi[e, LG_N] = rep, n_steps, ri[rep, R_SCLK], nb
+    lgf[e, LF_T0], lgf[e, LF_T1], lgf[e, LF_ENERGY], lgf[e, LF_FLOOR] = t0, t1, energy, floor_j
+    run = ri[rep, R_SEG] == SEG_RUN
+    for j in range(nb):
+        r = bq[rep, j]
+        k = 1 if run else bk[rep, j]
+        lgm[mo + j, LM_REQ], lgm[mo + j, LM_NEW], lgm[mo + j, LM_COMPUTED] = r, k, qi[r, Q_COMPUTED]
+        lgm[mo + j, LM_DECODE] = _is_decode(qi, r, k)
+    si[I_LOG], si[I_LOGM] = e + 1, mo + nb
+
+
+@njit(cache=True)
+def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm):
+    """Book the segment's energy above its floor (and its step log entry), apply its progress, complete finished
+    requests."""
+    bs = sched[S_BLOCK]
+    floor_j = rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T])
+    e_dyn[rep] += rf[rep, R_ENERGY] - floor_j
+    seg = ri[rep, R_SEG]
+    if sched[S_LOG] and ri[rep, R_LOGGED]:
+        _log_segment(rep, rf[rep, R_T0], rf[rep, R_T1], ri[rep, R_K] if seg == SEG_RUN else 1, rf[rep, R_ENERGY],
+                     floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
+    ndone = 0
+    if seg == SEG_STEP:
+        for j in range(ri[rep, R_BATCH_N]):
+            r = bq[rep, j]
+            qi[r, Q_COMPUTED] += bk[rep, j]
+            if qi[r, Q_COMPUTED] >= qi[r, Q_PROMPT] + qi[r, Q_GENERATED]:
+                qi[r, Q_GENERATED] += 1
+                if qf[r, Q_FIRST] < 0:
+                    qf[r, Q_FIRST] = rf[rep, R_T1]
+                if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                    ndone += 1
+    elif seg == SEG_RUN:
+        ndone = _decode(ri, qi, bq, rep, ri[rep, R_K], bs)
+    ri[rep, R_BATCH_N] = 0
+    if ndone:
+        w = 0
+        for i in range(ri[rep, R_RUN_N]):
+            r = run[rep, i]
+            if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                ri[rep, R_FREE] += qi[r, Q_BLOCKS]
+                qi[r, Q_BLOCKS] = 0
+                si[I_LIVE] -= 1
+                si[I_DONE] += 1
+                qf[r, Q_FINISH] = t + qf[r, Q_OVERHEAD]
+                qf[r, Q_FIRST] = qf[r, Q_FIRST] + qf[r, Q_OVERHEAD]
+                qi[r, Q_REPLICA] = rep
+                done_out[si[I_DONE] - 1] = r
+                if qc[r]:
+                    si[I_CAPLEFT] -= 1
+            else:
+                run[rep, w] = r
+                w += 1
+        ri[rep, R_RUN_N] = w
+        ri[rep, R_UNF] -= ndone
+    ri[rep, R_SEG] = SEG_NONE

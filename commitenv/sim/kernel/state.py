@@ -1,0 +1,561 @@
+"""`KernelState`: the arrays `advance` works on, imported from a `Pool`'s state, and the host-side calls that drive
+the compiled loop (loading workload rows, growing tables, draining the step log, copies, compaction)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+
+from commitenv.sim.kernel.actuate import _set_clock, set_active
+from commitenv.sim.kernel.export import KernelExport
+from commitenv.sim.kernel.heap import _left, _live, _waiting
+from commitenv.sim.kernel.layout import (ENGINE_ARRAYS, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR,
+                                         G_CLOCK, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE,
+                                         I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_LOGM, I_N, I_SEQ, LF_ENERGY, LF_FLOOR,
+                                         LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW,
+                                         LM_REQ, Q_ARRIVAL, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_OUT, Q_OVERHEAD, Q_PROMPT,
+                                         Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE,
+                                         R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_K, R_LOGGED, R_NEND, R_NPOS,
+                                         R_RUN_N, R_SCLK, R_SEG, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN,
+                                         R_WTAIL, S_CELL0, S_CLOSED, S_LOG, S_NOISE)
+from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, in_flight, meter, settle
+from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
+from commitenv.sim.kernel.segment import _decode_flags
+from commitenv.sim.noise import NoiseSource
+from commitenv.sim.records import InFlightPart, SegmentLog, StepLogBatch
+from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, STANDBY,
+                                  WAKING)
+
+# pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
+# (`commitenv.sim.kernel.ENABLED` reads and sets this flag)
+ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
+
+
+class KernelState(KernelExport):
+    """The arrays `advance` works on, imported from a `Pool`'s state: its live requests, segments in flight and pending
+    events when it has served already (a what-if copy, say), and its workload's rows as the clock nears them.
+
+    Requests are indexed the head first (the requests live at the import or the last compaction, by slot, so index
+    order is arrival order), then the workload's rows loaded: index ``n_live + row - row0``; `slots` maps indices
+    back to the pool's request slots. Rows are loaded ``LOOKAHEAD_S`` ahead; with ``compact`` the finished requests
+    are dropped when room is needed and on `copy`, so a state holds about the live requests and an hour of rows."""
+
+    LOOKAHEAD_S = 3600.0  # workload rows are loaded this far ahead of the engine clock
+    COPY_LOOKAHEAD_S = 300.0  # ... and in a copy (a fork runs short stretches; it keeps only these rows, and loads on)
+
+    @staticmethod
+    def covers(pool) -> bool:
+        """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU
+        without a prefix cache or local policy, the truth model, the legacy per-segment noise, a what-if copy's
+        nominal model or no noise, the default router, no request unrouted or migrating, no
+        replica loading or moving."""
+        from commitenv.sim.truth import NominalModel
+
+        reps, gpus = pool._replicas, pool._gpus
+        noise_ok = pool.noise is pool.truth or (pool.truth is None
+                                                and isinstance(pool.noise, (NominalModel, NoiseSource)))
+        return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.n_models == 1
+                and len(reps) == len(gpus)
+                and not pool.unrouted and not pool.transit and not pool._pending
+                and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
+                and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
+                and all(g.replicas == [r] and g.index == r.index == x for x, (g, r) in enumerate(zip(gpus, reps)))
+                and all(r.local is None and r.pcache is None and r.share == 1.0 and not r.pending_start
+                        and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps))
+
+    @classmethod
+    def covering(cls, pool) -> "KernelState | None":
+        """The kernel state of ``pool`` if the kernel is on and covers it (with compaction: the pool takes results)."""
+        return cls(pool, compact=True) if ENABLED and cls.covers(pool) else None
+
+    def __init__(self, pool, heap_size: int = 0, *, compact: bool = False) -> None:
+        """``compact``: finished requests may be dropped once `take_finished` handed them out (a pool records their
+        results); without it every request stays, at its index, for the caller to read."""
+        if not self.covers(pool):
+            raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
+                             "one model, one full-share instance per GPU, default router, no prefix cache, no local "
+                             "policy, nothing unrouted, migrating, loading or moving)")
+        from commitenv.sim.truth import NominalModel
+
+        reps, gpus = pool._replicas, pool._gpus
+        live = sorted((r for rep in reps for q in (rep.running, rep.waiting) for r in q), key=lambda r: r.slot)
+        L = len(live)
+        sch = pool.profiles[0].scheduler
+        self.R = R = len(reps)
+        self.src = _Rows.of(pool)
+        self.slot_base = pool._slot_base
+        self.n_live = L  # the head: requests live at the import (or the last compaction), by slot
+        self.live_slots = np.array([r.slot for r in live], np.int64)
+        self.head_deadline = np.array([r.deadline for r in live], np.float64)
+        # workload rows [row0, row_end) follow the head, at index n_live + row - row0
+        self.row0 = self.row_end = pool._cursor
+        self._stopped = False  # `stop_arrivals`: no row loaded or arriving any more
+        self.lookahead_s = self.LOOKAHEAD_S
+        self.compact = compact
+        self.taken = 0  # completions handed out by `take_finished`
+        self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
+        cap = L + 64
+        self.qi = np.zeros((cap, 8), np.int64)
+        self.qf = np.zeros((cap, 4))
+        self.qc = np.zeros(cap, np.uint8)  # captured (a what-if run reports its finish)
+        self.rejected = np.zeros(cap, np.bool_)
+        self.wq = np.full(cap, -1, np.int64)  # next request in its waiting queue
+        self.done_out = np.zeros(cap, np.int64)
+        oh = pool.overhead_s
+        index = {}
+        for k, r in enumerate(live):
+            index[id(r)] = k
+            self.qi[k] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions, r.replica)
+            self.qf[k] = (r.arrival, r.first_t, np.nan,
+                          oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
+            self.qc[k] = r.captured
+        prof = pool.profiles[0]
+        self.profile = prof
+        self.coc = _clock_coefficients(prof)
+        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0, 0,
+                               int(pool.log is not None or pool.on_step is not None), int(pool.opt.closed_form)],
+                              np.int64)
+        self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
+        self.ri = np.zeros((R, 16), np.int64)
+        self.rf = np.zeros((R, 12))
+        ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
+        ri[:, R_UNF] = [rep.unf for rep in reps]
+        ri[:, R_FREE] = [rep.free_blocks for rep in reps]
+        ri[:, R_STATE] = [rep.state for rep in reps]
+        ri[:, R_VER] = [rep.version for rep in reps]
+        ri[:, R_SEG] = [rep.seg for rep in reps]
+        ri[:, R_K] = [rep.run_k for rep in reps]
+        ri[:, R_SCLK] = [rep.gpu.clock_idx if rep.seg_log is None else prof.clock_index(rep.seg_log.clock_mhz) for rep in reps]
+        ri[:, R_LOGGED] = [rep.seg != SEG_NONE and rep.seg_log is not None for rep in reps]
+        for col, name in ((R_T0, "t0"), (R_T1, "t1"), (R_BT0, "T0"), (R_D, "D"), (R_E0, "E0"), (R_F, "F"),
+                          (R_FT, "ft"), (R_FE, "fe"), (R_ENERGY, "seg_energy"), (R_FLOOR_W, "seg_floor_w"),
+                          (R_FLOOR_T, "seg_floor_t"), (R_FLOOR_ACC, "seg_floor_acc")):
+            rf[:, col] = [getattr(rep, name) for rep in reps]
+        for x, rep in enumerate(reps):
+            if rep.running:
+                if len(rep.running) > sch.max_seqs:
+                    raise ValueError(f"kernel: replica {x} runs {len(rep.running)} requests, above max_seqs "
+                                     f"{sch.max_seqs}")
+                ri[x, R_RUN_N] = len(rep.running)
+                self.run[x, : len(rep.running)] = [index[id(r)] for r in rep.running]
+            if rep.waiting:  # (the linked list of `_wpush_back`, written at once)
+                w = [index[id(r)] for r in rep.waiting]
+                self.wq[w[:-1]] = w[1:]
+                ri[x, R_WHEAD], ri[x, R_WTAIL], ri[x, R_WLEN] = w[0], w[-1], len(w)
+            if rep.seg == SEG_STEP:
+                ri[x, R_BATCH_N] = len(rep.batch)
+                self.bq[x, : len(rep.batch)] = [index[id(r)] for r, _ in rep.batch]
+                self.bk[x, : len(rep.batch)] = [k for _, k in rep.batch]
+            elif rep.seg == SEG_RUN:
+                ri[x, R_BATCH_N] = len(rep.run_reqs)
+                self.bq[x, : len(rep.run_reqs)] = [index[id(r)] for r in rep.run_reqs]
+        self.gi = np.zeros((R, 3), np.int64)
+        self.gf = np.zeros((R, 4))
+        # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
+        levels = np.array([[lvl.active_idle_w, lvl.draining_idle_w, prof.standby_w] for lvl in prof.clocks])
+        self.floor_tab = np.array([g.power_factor for g in gpus])[:, None, None] * levels[None]
+        self.gi[:, G_CLOCK] = [gpu.clock_idx for gpu in gpus]
+        self.gi[:, G_PENDING] = [-1 if gpu.pending_clock is None else gpu.pending_clock for gpu in gpus]
+        self.gi[:, G_VER] = [gpu.version for gpu in gpus]
+        self.gf[:, GF_PENDING_T] = [gpu.pending_t for gpu in gpus]
+        self.gf[:, GF_FLOOR_W] = [gpu.floor_w for gpu in gpus]
+        self.gf[:, GF_T_FLOOR] = [gpu.t_floor for gpu in gpus]
+        self.gf[:, GF_E_FLOOR] = [gpu.e_floor for gpu in gpus]
+        self.e_dyn = np.array([gpu.e_dyn for gpu in gpus], dtype=np.float64)
+        self._truth = pool.truth
+        self.noise = pool.noise if isinstance(pool.noise, NoiseSource) else None
+        if self.noise is not None:  # the legacy noise: each replica's stream of draws, taken over from the source
+            self.cell = INF
+            self.sched[S_NOISE] = 1
+            self._set_draws([self.noise.take(x) for x in range(R)])
+        elif pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
+            self.cell = INF
+            fe = pool.noise.energy_factor if isinstance(pool.noise, NominalModel) else 1.0
+            self.ftab, self.fetab = np.ones((R, 1)), np.full((R, 1), fe)
+        else:
+            self.cell = float(pool.truth._cell)
+            self.ftab = self.fetab = np.zeros((R, 0))
+        self.si = np.zeros(12, np.int64)
+        self.si[I_N] = self.si[I_CURSOR] = L
+        self.si[I_SEQ] = pool._seq
+        self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
+        self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
+        self.sf = np.array([pool.now, pool.now])
+        self._ensure(pool.now)
+        self.pend = np.zeros(R, np.int64)
+        heap = pool._heap
+        size = max(heap_size, 2 * R + 8, 2 * len(heap)) if heap_size else 8 * R + 64 + 2 * len(heap)
+        self.ht = np.zeros(size)
+        self.hk, self.hs, self.hi, self.hv = (np.zeros(size, np.int64) for _ in range(4))
+        self.si[I_HEAP] = len(heap)
+        if heap:  # (heapq's list is a binary heap under the same order: copied as it stands)
+            cols = list(zip(*heap))
+            self.ht[: len(heap)] = cols[0]
+            for a, col in zip((self.hk, self.hs, self.hi, self.hv), cols[1:]):
+                a[: len(heap)] = col
+        self._load(pool.now)
+        # the step log (`Pool.log`, `Pool.on_step`): written by the compiled loop, drained into `StepLogEntry`s after
+        # every call (`take_log`)
+        self._mhz = np.array([lvl.mhz for lvl in prof.clocks], np.int64)
+        self._log_out: list = []
+        n_ent, n_mem = (max(self.LOG_ENTRIES, R + 1), max(self.LOG_MEMBERS, (R + 1) * (sch.max_seqs + 1))) \
+            if self.sched[S_LOG] else (0, 0)
+        self.lgi, self.lgf = np.zeros((n_ent, 4), np.int64), np.zeros((n_ent, 4))
+        self.lgm = np.zeros((n_mem, 4), np.int64)
+
+    # ------------------------------------------------------------------------------------------ step log
+    LOG_ENTRIES = 4096  # step log entries, and their members, the compiled loop writes between two drains
+    LOG_MEMBERS = 1 << 16
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether the segments that start from now on advance decode runs in closed form (`EngineOptions.closed_form`;
+        segments in flight keep the form they started with, as on the Python loop)."""
+        return bool(self.sched[S_CLOSED])
+
+    @closed_form.setter
+    def closed_form(self, on: bool) -> None:
+        self.sched[S_CLOSED] = int(on)
+
+    @property
+    def logging(self) -> bool:
+        """Whether the compiled loop writes the step log."""
+        return bool(self.sched[S_LOG])
+
+    def _drain_log(self) -> None:
+        """The entries written since the last drain, as a `StepLogBatch` (request slots, clock in MHz), onto the list
+        `take_log` hands out; the arrays are empty again."""
+        n, nm = int(self.si[I_LOG]), int(self.si[I_LOGM])
+        if n == 0:
+            return
+        lgi, lgf, lgm = self.lgi[:n], self.lgf[:n], self.lgm[:nm]
+        rep = lgi[:, LG_REP].copy()
+        self._log_out.append(StepLogBatch(
+            rep, rep, lgf[:, LF_T0].copy(), lgf[:, LF_T1].copy(), lgi[:, LG_STEPS].copy(), lgf[:, LF_ENERGY].copy(),
+            self._mhz[lgi[:, LG_CLOCK]], np.ones(n), lgf[:, LF_FLOOR].copy(), lgi[:, LG_N].copy(),
+            self.slots(lgm[:, LM_REQ]), lgm[:, LM_NEW].copy(), lgm[:, LM_COMPUTED].copy(), lgm[:, LM_DECODE] != 0))
+        self.si[I_LOG] = self.si[I_LOGM] = 0
+
+    def take_log(self):
+        """The step log entries booked since the last call, in booking order, as one `StepLogBatch` (None: none)."""
+        out, self._log_out = self._log_out, []
+        return StepLogBatch.join(out) if out else None
+
+    def stop_logging(self) -> None:
+        """Write no step log from here on (a fork keeps none); entries not taken are dropped."""
+        self.sched = self.sched.copy()  # (copies share it)
+        self.sched[S_LOG] = 0
+        self.si[I_LOG] = self.si[I_LOGM] = 0
+        self._log_out = []
+
+    def _seg_log(self, x: int) -> SegmentLog:
+        """`Replica.seg_log` of replica ``x``'s segment in flight, as the Python loop records it at its start (a run's
+        computed tokens advanced by the steps already booked, as `Pool.settle` advances them)."""
+        nb, ri = int(self.ri[x, R_BATCH_N]), self.ri
+        members = self.bq[x, :nb]
+        new = np.ones(nb, np.int64) if ri[x, R_SEG] == SEG_RUN else self.bk[x, :nb]
+        return SegmentLog(tuple(self.slots(members).tolist()), tuple(new.tolist()),
+                          tuple(self.qi[members, Q_COMPUTED].tolist()), tuple(_decode_flags(self.qi, members, new).tolist()),
+                          int(self._mhz[ri[x, R_SCLK]]), 1.0)
+
+    # ------------------------------------------------------------------------------------------ requests
+    def slots(self, idx: np.ndarray) -> np.ndarray:
+        """The pool's request slots of kernel indices ``idx``."""
+        idx = np.asarray(idx, np.int64)
+        L = self.n_live
+        out = idx - L + (self.slot_base + self.row0)
+        low = idx < L
+        if low.any():
+            out[low] = self.live_slots[idx[low]]
+        return out
+
+    def deadlines(self, idx: np.ndarray) -> np.ndarray:
+        """The deadlines the requests at kernel indices ``idx`` carry (`Req.deadline`)."""
+        idx = np.asarray(idx, np.int64)
+        L = self.n_live
+        out = np.empty(len(idx))
+        low = idx < L
+        out[low] = self.head_deadline[idx[low]]
+        out[~low] = self.src.deadline[idx[~low] - L + self.row0]
+        return out
+
+    def _load(self, t: float) -> None:
+        """Load the workload rows arriving at or before ``t`` (and those of ``lookahead_s`` after, so that loads are
+        rare)."""
+        src = self.src
+        n = len(src.arrival)
+        if self._stopped or self.row_end >= n:
+            return
+        hi = n if t == INF else int(np.searchsorted(src.arrival, t, side="right"))
+        if hi <= self.row_end:
+            return
+        if t < INF:
+            hi = max(hi, int(np.searchsorted(src.arrival, t + self.lookahead_s, side="right")))
+        if self.n_live + hi - self.row0 > self.qi.shape[0]:
+            self._make_room(hi)
+        lo, L = self.row_end, self.n_live
+        a, b = L + lo - self.row0, L + hi - self.row0
+        self.qi[a:b] = 0
+        self.qi[a:b, Q_PROMPT] = src.prompt[lo:hi]
+        self.qi[a:b, Q_OUT] = src.out[lo:hi]
+        self.qi[a:b, Q_REPLICA] = -1
+        self.qf[a:b, Q_ARRIVAL] = src.arrival[lo:hi]
+        self.qf[a:b, Q_FIRST] = -1.0
+        self.qf[a:b, Q_FINISH] = np.nan
+        self.qf[a:b, Q_OVERHEAD] = 0.0 if src.overhead is None else src.overhead[lo:hi]
+        self.qc[a:b] = 0
+        self.rejected[a:b] = src.rejected[lo:hi]
+        self.wq[a:b] = -1
+        self.row_end = hi
+        self.si[I_N] = b
+
+    def _make_room(self, hi: int) -> None:
+        """Room for the rows up to ``hi``: drop the finished requests when they are many (`_compact`), else grow
+        (doubling)."""
+        droppable = int(self.si[I_CURSOR]) - int(self.si[I_LIVE])  # arrived and gone (finished or rejected)
+        if self.compact and self.taken == self.si[I_DONE] and droppable >= (self.n_live + hi - self.row0) // 2:
+            self._compact()
+        need = self.n_live + hi - self.row0
+        cap = self.qi.shape[0]
+        if need <= cap:
+            return
+        new = max(2 * cap, need)
+        self.qi = np.concatenate([self.qi, np.zeros((new - cap, 8), np.int64)])
+        self.qf = np.concatenate([self.qf, np.zeros((new - cap, 4))])
+        self.qc = np.concatenate([self.qc, np.zeros(new - cap, np.uint8)])
+        self.rejected = np.concatenate([self.rejected, np.zeros(new - cap, np.bool_)])
+        self.wq = np.concatenate([self.wq, np.full(new - cap, -1, np.int64)])
+        self.done_out = np.concatenate([self.done_out, np.zeros(new - cap, np.int64)])
+
+    def _compact(self, copy_all: bool = False, ahead_s: float | None = None) -> None:
+        """Keep only the live requests (the new head) and the rows loaded but not arrived (with ``ahead_s``, those
+        arriving within that many seconds; the rest are loaded again when needed): the finished and rejected ones
+        leave (their results were taken). With ``copy_all`` every state array is new afterwards (a copy shares
+        nothing it writes with the original)."""
+        if self.taken != self.si[I_DONE] or self.si[I_LOG]:
+            raise RuntimeError("kernel: compaction before the finished requests' results (or step log) were taken")
+        if copy_all:  # (first: the compaction writes into these)
+            for name in ENGINE_ARRAYS:
+                setattr(self, name, getattr(self, name).copy())
+        cur, L = int(self.si[I_CURSOR]), self.n_live
+        if ahead_s is not None and not self._stopped:
+            row_cur = self.row0 + cur - L
+            hi = row_cur + int(np.searchsorted(self.src.arrival[row_cur:self.row_end], self.sf[F_NOW] + ahead_s,
+                                               side="right"))
+            if hi < self.row_end:
+                self.row_end = hi
+                self.si[I_N] = cur + hi - row_cur
+        self.done0 += int(self.si[I_DONE])
+        (self.qi, self.qf, self.qc, self.rejected, self.wq, self.head_deadline,
+         self.live_slots) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc, self.rejected, self.si,
+                               self.head_deadline, self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
+        self.done_out = np.zeros(self.qi.shape[0], np.int64)
+        self.row0 += cur - L
+        self.n_live = len(self.live_slots)
+        self.taken = 0
+
+    def take_finished(self) -> np.ndarray:
+        """Kernel indices of the requests finished since the last call (the caller records their results now: a
+        compaction may drop them later)."""
+        end = int(self.si[I_DONE])
+        out = self.done_out[self.taken : end].copy()
+        self.taken = end
+        return out
+
+    def _ensure(self, t: float) -> None:
+        """Truth factor tables covering every segment that starts from the engine clock to ``t`` (generated as the
+        pool would, in `TruthSource`'s blocks; grown by at least an hour at a time, the cells before the clock left
+        out)."""
+        if self._truth is None:
+            return
+        cell = self.cell
+        need = int(t // cell) + 2
+        c0, have = int(self.sched[S_CELL0]), self.ftab.shape[1]
+        if need <= c0 + have:
+            return
+        need = max(need, c0 + have + int(3600 // cell))
+        c0 = max(0, int((self.sf[F_NOW] - 1.0) // cell))  # (1 s back: a change may be applied just before the clock)
+        ft, fe = self._truth.factor_tables(need)
+        # (contiguous copies: a view of the truth's growing tables is C-contiguous or not depending on its capacity,
+        # and numba compiles `advance` again for each memory layout it meets)
+        self.ftab, self.fetab = np.ascontiguousarray(ft[:, c0:need]), np.ascontiguousarray(fe[:, c0:need])
+        self.sched = self.sched.copy()  # (copies share it until one of them moves its tables)
+        self.sched[S_CELL0] = c0
+
+    def _set_draws(self, draws: list[np.ndarray]) -> None:
+        """Tables of each replica's unconsumed legacy noise draws (``draws[x]``: rows of (time, energy) factors in
+        order), padded to one width; new arrays, so that copies sharing the old tables keep them."""
+        w = max([1] + [len(d) for d in draws])
+        self.ftab, self.fetab = np.full((self.R, w), np.nan), np.full((self.R, w), np.nan)
+        for x, d in enumerate(draws):
+            self.ftab[x, : len(d)], self.fetab[x, : len(d)] = d[:, 0], d[:, 1]
+        self.ri[:, R_NPOS] = 0
+        self.ri[:, R_NEND] = [len(d) for d in draws]
+
+    def _draws(self, x: int) -> np.ndarray:
+        """Replica ``x``'s unconsumed legacy noise draws, in order (rows of (time, energy) factors)."""
+        a, b = self.ri[x, R_NPOS], self.ri[x, R_NEND]
+        return np.column_stack((self.ftab[x, a:b], self.fetab[x, a:b]))
+
+    def _refill(self) -> None:
+        """Under the legacy noise, a draw left for every replica: an exhausted stream gets its source's next block
+        (the sequence the Python loop would draw)."""
+        if self.noise is not None and _noise_low(self.ri):
+            draws = [self._draws(x) for x in range(self.R)]
+            self._set_draws([d if len(d) else self.noise.block(x) for x, d in enumerate(draws)])
+
+    def _room(self, k: int) -> None:
+        """Grow the event heap (doubling) until ``k`` more entries fit."""
+        size = self.ht.shape[0]
+        if self.si[I_HEAP] + k <= size:
+            return
+        new = max(2 * size, int(self.si[I_HEAP]) + k)
+        self.ht = np.concatenate([self.ht, np.zeros(new - size)])
+        self.hk, self.hs, self.hi, self.hv = (np.concatenate([a, np.zeros(new - size, np.int64)])
+                                              for a in (self.hk, self.hs, self.hi, self.hv))
+
+    def _advance(self, t_end: float, stop_captured: bool = False) -> None:
+        while code := self._advance_once(t_end, stop_captured):
+            if code == 1:
+                self._room(self.ht.shape[0])
+            elif code == 2:
+                self._refill()
+            else:
+                self._drain_log()
+        self._drain_log()
+
+    def _advance_once(self, t_end: float, stop_captured: bool) -> int:
+        return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
+                       self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
+                       self.hi, self.hv, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
+                       self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm)
+
+    def advance(self, t_end: float, stop_captured: bool = False) -> None:
+        """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
+        infinite (then, as the pool, the clock stops at the last event)."""
+        if t_end < INF or self._truth is None:
+            self._ensure(t_end)
+            self._load(t_end)
+            self._advance(t_end, stop_captured)
+            return
+        if stop_captured:
+            raise ValueError("kernel: stop_captured needs a finite end under a truth model")
+        now0 = self.sf[F_NOW]
+        self.sf[F_LAST] = now0
+        while self.si[I_HEAP] or self.si[I_CURSOR] < self.si[I_N] or not (self._stopped
+                                                                         or self.row_end >= len(self.src.arrival)):
+            self._ensure(self.sf[F_NOW] + 3600.0)
+            t = (self.sched[S_CELL0] + self.ftab.shape[1] - 2) * self.cell
+            self._load(t)
+            self._advance(t)
+        self.sf[F_NOW] = max(now0, self.sf[F_LAST])
+
+    def set_active(self, t: float, count: int) -> None:
+        """`Pool.set_active` for the pool's one model."""
+        if not 1 <= count <= self.R:
+            raise ValueError(f"active replicas: expected 1..{self.R}, got {count}")
+        if t < self.sf[F_NOW] - 1e-9:
+            raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        self._room(3 * self.R + 8)
+        self._refill()
+        set_active(t, count, self.profile.latencies.activation_s, self.ri, self.rf, self.qi, self.wq, self.run,
+                   self.bq, self.bk, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
+                   self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
+
+    def set_clock(self, t: float, mhz: int) -> None:
+        """`Pool.set_clock` on every GPU: clock ``mhz`` applies after the profile's clock-change latency."""
+        if t < self.sf[F_NOW] - 1e-9:
+            raise ValueError(f"set_clock at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        idx = self.profile.clock_index(mhz)
+        self._room(self.R)
+        _set_clock(t, idx, self.profile.latencies.clock_change_s, self.gi, self.gf, self.si, self.ht, self.hk, self.hs,
+                   self.hi, self.hv)
+
+    def copy(self, *, log: bool = True) -> "KernelState":
+        """An independent copy (the state arrays copied; without the finished requests when their results were taken,
+        and then with only ``COPY_LOOKAHEAD_S`` of rows ahead; tables, workload rows, profile and truth source shared,
+        as they only grow or are read). Without ``log`` the copy writes no step log (a fork keeps none)."""
+        c = copy.copy(self)
+        if self.noise is not None:
+            c.noise = self.noise.copy()
+        if self.compact and self.taken == self.si[I_DONE]:
+            c.lookahead_s = min(self.lookahead_s, self.COPY_LOOKAHEAD_S)
+            c._compact(copy_all=True, ahead_s=c.lookahead_s)
+        else:
+            for name in REQUEST_ARRAYS + ENGINE_ARRAYS:
+                setattr(c, name, getattr(self, name).copy())
+        if log:
+            c.lgi, c.lgf, c.lgm, c._log_out = self.lgi.copy(), self.lgf.copy(), self.lgm.copy(), list(self._log_out)
+        else:  # (empty arrays, the recording off)
+            c.lgi, c.lgf, c.lgm = np.zeros((0, 4), np.int64), np.zeros((0, 4)), np.zeros((0, 4), np.int64)
+            c.stop_logging()
+        return c
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state arrays (what `copy` duplicates at most)."""
+        return sum(getattr(self, name).nbytes for name in REQUEST_ARRAYS + ENGINE_ARRAYS)
+
+    def stop_arrivals(self) -> None:
+        """No request arrives after the ones already in (`Pool.stop_arrivals`)."""
+        self.si[I_N] = self.si[I_CURSOR]
+        self._stopped = True
+
+    def waiting_ids(self, x: int) -> list[int]:
+        """The requests in replica ``x``'s waiting queue, front first."""
+        return _waiting(self.ri, self.wq, x).tolist()
+
+    def queue_counts(self) -> tuple[int, int]:
+        """(waiting, running) requests over the pool."""
+        return int(self.ri[:, R_WLEN].sum()), int(self.ri[:, R_RUN_N].sum())
+
+    def live_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
+        idx = _live(self.ri, self.wq, self.run)
+        return self.slots(idx), _left(idx, self.qi)
+
+    def live_deadlines(self) -> tuple[np.ndarray, np.ndarray]:
+        """The live requests' pool slots and deadlines (`Pool.live_deadlines`)."""
+        idx = _live(self.ri, self.wq, self.run)
+        return self.slots(idx), self.deadlines(idx)
+
+    def counters(self) -> tuple[int, float, int, int, int]:
+        """(arrived, now, live, completed, events), as `Pool` keeps them (arrived counts the workload's rows)."""
+        si = self.si
+        return (self.row0 + int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]),
+                self.done0 + int(si[I_DONE]), int(si[I_EVENTS]))
+
+    def settle(self, t: float) -> None:
+        self._room(self.R)
+        settle(t, self.ri, self.rf, self.qi, self.bk, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk,
+               self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm)  # (room for R entries: drained after each call)
+        self._drain_log()
+
+    def meter(self, t: float) -> np.ndarray:
+        return meter(t, self.ri, self.rf, self.gf, self.e_dyn)
+
+    def in_flight(self, t: float) -> list:
+        """`Pool.in_flight`: the logged segments in flight that started before ``t``."""
+        if not self.logging:
+            return []
+        ri, rf = self.ri, self.rf
+        return [InFlightPart(x, x, float(rf[x, R_T0]), int(ri[x, R_K]) if ri[x, R_SEG] == SEG_RUN else 1, e, f,
+                             self._seg_log(x))
+                for x, e, f in ((int(row[0]), float(row[1]), float(row[2])) for row in in_flight(t, ri, rf))]
+
+    @property
+    def events(self) -> int:
+        return int(self.si[I_EVENTS])
+
+    @property
+    def captured_left(self) -> int:
+        return int(self.si[I_CAPLEFT])
+
+    @property
+    def finish_t(self) -> np.ndarray:
+        """Finish time (client side) by kernel index of the requests loaded (nan: not finished, inf: rejected)."""
+        return self.qf[: self.si[I_N], Q_FINISH]

@@ -1,0 +1,204 @@
+"""Placement: SM shares, moving replicas between GPUs (with or without migrating their requests) and loading
+them, with the memory check."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from commitenv.sim import memory
+from commitenv.sim.gpu import GPU
+from commitenv.sim.migration import MIGRATE_MODES
+from commitenv.sim.prefix_cache import PrefixCache
+from commitenv.sim.replica import Replica
+from commitenv.sim.states import (ACTIVE, DRAINING, EV_LAND, EV_LOAD, EV_SEG, LOADING, MOVING, SEG_NONE, SEG_RUN,
+                                  STANDBY, WAKING)
+
+
+class Placement:
+    """`Pool`'s SM shares, moves, migration and loading (mixed into `Pool`)."""
+
+    def set_share(self, t: float, replica: int, share: float) -> None:
+        """Give ``replica`` a new SM share from its next step on (shares on a GPU must sum to <= 1)."""
+        if t < self.now - 1e-9:
+            raise ValueError(f"set_share at t={t} precedes the engine clock {self.now}")
+        if not 0 <= replica < len(self.replicas):
+            raise ValueError(f"replica index {replica} outside 0..{len(self.replicas) - 1}")
+        rep = self.replicas[replica]
+        mn = rep.profile.sm_share.min_share
+        if not mn <= share <= 1.0:
+            raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
+        gpu = rep.dest if rep.state == MOVING else rep.gpu
+        total = share + sum(r.share for r in self.replicas if r is not rep and (
+            (r.gpu is gpu and r.state != MOVING) or (r.state == MOVING and r.dest is gpu)))
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"sm shares on GPU {gpu.index} would sum to {total:.3f} > 1")
+        rep.share = share
+        rep.invalidate_coeffs()
+        if rep.seg == SEG_RUN and rep.cut(t):
+            rep.version += 1
+            self._push(rep.t1, EV_SEG, rep.index, rep.version)
+
+    # ================================================================================ placement and migration
+    def move(self, t: float, moves: dict[int, int], migrate: str = "none") -> None:
+        """Move instances (``{replica: GPU}``) from ``t``: each takes no new requests (its queued ones are routed
+        anew), its running requests finish where they are or travel with their KV cache to another active instance
+        of the model (``migrate``, `commitenv.sim.migration`), then it unloads and cold-starts on its GPU (the
+        profile's ``latencies.load_s`` at ``load_w``) and serves again (or stands by, as ``set_active`` says). The
+        SM shares of every GPU's staying and arriving instances must sum to <= 1 once all ``moves`` are made."""
+        if t < self.now - 1e-9:
+            raise ValueError(f"move at t={t} precedes the engine clock {self.now}")
+        if migrate not in MIGRATE_MODES:
+            raise ValueError(f"move: migrate must be one of {MIGRATE_MODES}, got {migrate!r}")
+        target = {r.index: (r.dest if r.state == MOVING else r.gpu).index for r in self.replicas}
+        for replica, gpu in moves.items():
+            if not 0 <= replica < len(self.replicas):
+                raise ValueError(f"move: replica index {replica} outside 0..{len(self.replicas) - 1}")
+            if not 0 <= gpu < len(self.gpus):
+                raise ValueError(f"move: GPU index {gpu} outside 0..{len(self.gpus) - 1}")
+            prof = self.replicas[replica].profile
+            if gpu != target[replica] and prof.latencies.load_s is None:
+                raise ValueError(f"move: profile {prof.name} has no cold-start figures (latencies.load_s, load_w)")
+            target[replica] = gpu
+        for g in set(moves.values()):
+            held = sum(r.share for r in self.replicas if target[r.index] == g)
+            if held > 1.0 + 1e-9:
+                raise ValueError(f"move: the instances on GPU {g} would hold {held:.3f} > 1 of its SMs")
+        self.check_memory(target, moves.values())
+        for replica, gpu in moves.items():
+            self._move(self.replicas[replica], self.gpus[gpu], migrate, t)
+
+    def check_memory(self, target: dict[int, int], gpus: Iterable[int]) -> None:
+        """Raise when the memory shares of the instances GPU g (each of ``gpus``) would host under ``target``
+        ({replica: GPU}) sum to more than 1: an instance keeps the memory it reserved when first placed
+        (`commitenv.sim.memory`). Changes nothing."""
+        for g in set(gpus):
+            held = sum(r.mem_share for r in self.replicas if target[r.index] == g)
+            if held > 1.0 + 1e-9:
+                raise memory.PlacementMemoryError(
+                    f"move: the instances on GPU {g} would reserve {held:.3f} > 1 of its memory (an instance keeps the "
+                    "memory share it was placed with; SM share changes do not move memory)")
+
+    def _move(self, rep: Replica, dest: GPU, migrate: str, t: float) -> None:
+        if dest is (rep.dest if rep.state == MOVING else rep.gpu):
+            return
+        self.moves += 1
+        if rep.state == MOVING:
+            if dest is rep.gpu:  # called back before it left: it stays and serves as before
+                rep.state, rep.dest = (ACTIVE if rep.after_load == ACTIVE else DRAINING), None
+                self._floor_changed(rep.gpu, t)
+                self._refresh_routable(rep.model)
+                self._redistribute(rep.model, t)
+                self._flush(t)
+            else:
+                rep.dest, rep.migrate = dest, migrate
+            return
+        if rep.state == LOADING:  # the load so far is lost
+            rep.dest = dest
+            self._detach(rep, t)
+            return
+        if rep.state == WAKING:
+            rep.version += 1  # cancels the wake
+        rep.after_load = ACTIVE if rep.state in (ACTIVE, WAKING) else STANDBY
+        rep.state, rep.dest, rep.migrate = MOVING, dest, migrate
+        self._floor_changed(rep.gpu, t)
+        self._refresh_routable(rep.model)
+        if rep.seg == SEG_NONE:
+            if migrate != "none":
+                self._migrate_out(rep, t)
+        elif migrate != "none" and rep.seg == SEG_RUN and rep.cut(t):  # leave at the next step end
+            rep.version += 1
+            self._push(rep.t1, EV_SEG, rep.index, rep.version)
+        self._redistribute(rep.model, t)  # its queued requests go elsewhere; idle, it unloads at once
+        self._flush(t)
+
+    def _migrate_out(self, rep: Replica, t: float) -> None:
+        """Send ``rep``'s requests that its migration mode moves (between steps) to be routed anew after their KV
+        transfer; with ``latency_aware``, only those whose predicted remaining time exceeds the transfer time."""
+        spec = self.opt.migration
+        kvb = rep.profile.model.kv_bytes_per_token
+        step_s = 0.0
+        if rep.migrate == "latency_aware" and rep.running:
+            ctx = sum(r.computed + 1 for r in rep.running)
+            step_s = rep.coeffs.step_time(0, len(rep.running), ctx, 0)
+        keep, moved = [], []
+        for r in rep.running:
+            nbytes = r.computed * kvb
+            if rep.migrate == "latency_aware":
+                pred = self._seen(r)[0]
+                left = max(pred - r.generated, 1) + -(-(r.prompt - min(r.computed, r.prompt)) // rep.budget)
+                if not left * step_s > spec.transfer_s(nbytes):
+                    keep.append(r)
+                    continue
+            moved.append((r, nbytes))
+        rep.running = keep
+        for r in [r for r in rep.waiting if r.started]:  # preempted (no KV left) or landed here, not yet admitted
+            moved.append((r, r.computed * kvb))
+        rep.waiting = type(rep.waiting)(r for r in rep.waiting if not r.started)
+        for r, nbytes in moved:
+            rep._release(r)
+            r.hashes, r.replica = (), -1  # its KV arrives as private blocks
+            if nbytes:
+                e = spec.transfer_j(nbytes)
+                rep.gpu.book(e, 0.0)
+                self.migration_j += e
+                self.migration_bytes += nbytes
+            self.migrated += 1
+            land = t + (spec.transfer_s(nbytes) if nbytes else 0.0)
+            self.transit[r.slot] = (land, r)
+            self._push(land, EV_LAND, r.slot, 0)
+        rep.unf = len(rep.running) + len(rep.waiting)
+
+    def _detach(self, rep: Replica, t: float) -> None:
+        """Take ``rep`` (idle) off its GPU and cold-start it on its destination (``rep.dest``); instances waiting
+        for the memory it held on the GPU it left begin their loads, and loaded ones waiting for SMs may start."""
+        src, dest = rep.gpu, rep.dest
+        rep.dest = None
+        src.replicas.remove(rep)
+        self._begin_load(rep, dest, t)
+        self._floor_changed(src, t)
+        for r in list(src.replicas):
+            if r.state == LOADING and r.load_wait:
+                self._start_load(r, t)
+        for r in list(src.replicas):
+            if r.state == LOADING and r.load_ready:
+                self._loaded(r, t)
+
+    def _begin_load(self, rep: Replica, dest: GPU, t: float) -> None:
+        """Put ``rep`` on ``dest`` with a fresh KV cache; its cold start begins once the memory it reserves is free
+        there (a departing instance keeps its memory until it leaves)."""
+        rep.gpu = dest
+        dest.replicas.append(rep)
+        rep.invalidate_coeffs()
+        rep.free_blocks = rep.cap_blocks  # a fresh KV cache (an empty prefix cache)
+        if rep.pcache is not None:
+            rep.pcache = PrefixCache(rep.pcache.block_tokens, rep.bs, rep.cap_blocks)
+        rep.state, rep.load_ready, rep.load_wait = LOADING, False, True
+        rep.version += 1
+        self._start_load(rep, t)
+
+    def _start_load(self, rep: Replica, t: float) -> None:
+        """Begin ``rep``'s cold start (the profile's ``latencies.load_s`` at ``load_w``) if its memory share fits
+        beside what the instances on its GPU hold (those still waiting for memory hold none)."""
+        held = sum(r.mem_share for r in rep.gpu.replicas if r is not rep and not (r.state == LOADING and r.load_wait))
+        if held + rep.mem_share > 1.0 + 1e-9:
+            return
+        rep.load_wait = False
+        rep.load_t = t + rep.profile.latencies.load_s
+        self.cold_starts += 1
+        self._floor_changed(rep.gpu, t)
+        self._push(rep.load_t, EV_LOAD, rep.index, rep.version)
+
+    def _loaded(self, rep: Replica, t: float) -> None:
+        """``rep``'s cold start is over: it serves (or stands by) once the SMs of its share are free."""
+        busy = sum(r.share for r in rep.gpu.replicas if r is not rep and r.state in (ACTIVE, DRAINING, MOVING, WAKING))
+        if busy + rep.share > 1.0 + 1e-9:
+            if not rep.load_ready:
+                rep.load_ready = True
+                self._floor_changed(rep.gpu, t)
+            return
+        rep.state, rep.load_ready = rep.after_load, False
+        self._floor_changed(rep.gpu, t)
+        if rep.state == ACTIVE:
+            self._refresh_routable(rep.model)
+            self._redistribute(rep.model, t)
+            self._flush(t)
