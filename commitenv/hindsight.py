@@ -34,7 +34,7 @@ import numpy as np
 from commitenv.metrics import arrival_hours, deviation_cost_kwh
 from commitenv.settlement import tail_cost_kwh
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.interval import run_interval
+from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
 from commitenv.sim.pool import Pool, copy_devices
 from commitenv.sim.request import Req
 from commitenv.sim.truth import TruthSource
@@ -210,10 +210,14 @@ class TruthRun:
     exactly the engine calls of `CommitServeEnv.step`; it books the settlement meter hour by hour."""
 
     def __init__(self, pool: Pool, *, k: int, cfg: tuple[int, int], meter_j: float, hour_start_j: float,
-                 closed_kwh: float, terms: "HindsightAccess", memo: dict[int, Any]) -> None:
+                 closed_kwh: float, terms: "HindsightAccess", memo: dict[int, Any],
+                 shared_cfg: SharedConfig | None = None) -> None:
+        if terms.shared and shared_cfg is None:
+            raise ValueError("TruthRun: a shared pool (several models) needs its full configuration (shared_cfg)")
         self.pool = pool
         self.k = k  # intervals done
-        self.cfg = cfg  # (active, clock index) in force, as the environment tracks it
+        self.cfg = cfg  # (active, clock index) in force, as the environment tracks it (a shared pool: its summary)
+        self.shared_cfg = shared_cfg  # a shared pool's configuration in force (per model, per GPU), else None
         self.meter_j = meter_j  # settlement meter at the last boundary (J, cumulative)
         self.hour_start_j = hour_start_j
         self.closed_kwh = closed_kwh  # settlement cost of the closed hours (and of the completion tail, once done)
@@ -235,18 +239,25 @@ class TruthRun:
         """An independent copy of this run."""
         return TruthRun(fork_pool(self.pool, self._memo, results=False), k=self.k, cfg=self.cfg,
                         meter_j=self.meter_j, hour_start_j=self.hour_start_j, closed_kwh=self.closed_kwh,
-                        terms=self.terms, memo=self._memo)
+                        terms=self.terms, memo=self._memo, shared_cfg=self.shared_cfg)
 
     # ------------------------------------------------------------------------------------------ stepping
-    def step(self, active: int, clock_mhz: int, planning_delay_s: float = 0.0) -> float:
+    def step(self, active: int | tuple[int, ...], clock_mhz: int, planning_delay_s: float = 0.0) -> float:
         """Run the next interval with (``active``, ``clock_mhz``) applied as the environment applies an action
-        (``planning_delay_s``: what the controller would report; a fixed scenario delay overrides it). Returns
-        the interval's settlement-meter energy (J); closes the hour (booking its cost) at an hour's end, and after
-        the last interval runs the completion tail, as the environment does."""
+        (``planning_delay_s``: what the controller would report; a fixed scenario delay overrides it). On a shared
+        pool (several models) ``active`` holds one count per model (as the action's ``active``) and the clock goes to
+        every GPU, SM shares and placement staying as they are (the action without ``clocks``, ``shares``,
+        ``placement``). Returns the interval's settlement-meter energy (J); closes the hour (booking its cost) at an
+        hour's end, and after the last interval runs the completion tail, as the environment does."""
         tm = self.terms
         if self.done:
             raise RuntimeError("TruthRun.step: every interval of the horizon has already run")
-        if not 1 <= active <= tm.n_replicas:
+        if tm.shared:
+            per_model = _per_model_counts(active, tm.replicas_per_model)
+        elif isinstance(active, (bool, np.bool_)) or not isinstance(active, (int, np.integer)):
+            raise ValueError(f"active: expected a whole number of replicas in 1..{tm.n_replicas} (one model), "
+                             f"got {active!r}")
+        elif not 1 <= active <= tm.n_replicas:
             raise ValueError(f"active: expected 1..{tm.n_replicas} replicas, got {active}")
         if clock_mhz not in tm.clocks_mhz:
             raise ValueError(f"clock {clock_mhz} MHz not one of {tm.clocks_mhz}")
@@ -256,7 +267,13 @@ class TruthRun:
         t1 = t0 + tm.interval_s
         delay = tm.fixed_planning_delay_s if tm.fixed_planning_delay_s is not None else planning_delay_s
         t_apply = t0 + tm.actuation_delay_s + delay
-        self.cfg, _ = run_interval(pool, self.cfg, (active, c), t_apply, t1, tm.clocks_mhz)
+        if tm.shared:  # the engine calls of CommitServeEnv._step_shared
+            cf = self.shared_cfg
+            new = SharedConfig(per_model, (c,) * len(cf.clocks), cf.shares, cf.gpus)
+            self.shared_cfg, _ = run_shared_interval(pool, cf, new, t_apply, t1, tm.clocks_mhz)
+            self.cfg = (sum(self.shared_cfg.active), max(self.shared_cfg.clocks))
+        else:
+            self.cfg, _ = run_interval(pool, self.cfg, (int(active), c), t_apply, t1, tm.clocks_mhz)
         e_now = pool.energy_j(t1) * tm.settle_factor
         interval_j = e_now - self.meter_j
         self.meter_j = e_now
@@ -297,10 +314,29 @@ class TruthRun:
         q = fork_pool(self.pool, self._memo, results=False)
         q.stop_arrivals()
         now = q.now
-        q.set_active(now, self.terms.n_replicas)
+        if self.terms.shared:  # every instance of every model (the pool's count is not one model's)
+            for m, n in enumerate(self.terms.replicas_per_model):
+                q.set_active(now, n, model=m)
+        else:
+            q.set_active(now, self.terms.n_replicas)
         q.set_clock(now, max(self.terms.clocks_mhz))
         q.run_until(math.inf)
         return _misses_by_hour(q, True, self.terms.horizon_hours)
+
+
+def _per_model_counts(active: Any, replicas_per_model: tuple[int, ...]) -> tuple[int, ...]:
+    """A shared pool's per-model active counts, checked as the environment checks its action's ``active``."""
+    try:
+        counts = tuple(active)
+    except TypeError:
+        counts = None
+    if counts is None or len(counts) != len(replicas_per_model):
+        raise ValueError(f"active: a shared pool takes one active count per model ({len(replicas_per_model)}), "
+                         f"got {active!r}")
+    for m, (a, n) in enumerate(zip(counts, replicas_per_model)):
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or not 1 <= a <= n:
+            raise ValueError(f"active[{m}]: expected a whole number in 1..{n} instances of model {m}, got {a!r}")
+    return tuple(int(a) for a in counts)
 
 
 def _by_hour(arrival_s: np.ndarray, H: int) -> np.ndarray:
@@ -341,6 +377,8 @@ class HindsightAccess:
         sc = e.scenario
         self.scenario = sc.name
         self.n_replicas: int = e.n_replicas
+        self.shared: bool = bool(getattr(e, "shared", False))  # several models: a step takes per-model counts
+        self.replicas_per_model: tuple[int, ...] = tuple(e.replicas_per_model) if self.shared else (e.n_replicas,)
         self.clocks_mhz: tuple[int, ...] = tuple(e.clocks_mhz)
         self.reference_clock_mhz: int = e.profile.reference_clock_mhz
         self.interval_s: float = e.dt
@@ -372,7 +410,8 @@ class HindsightAccess:
         h = e.k // e.K
         return TruthRun(fork_pool(e.pool, self._memo, results=False), k=e.k, cfg=tuple(e.cfg),
                         meter_j=float(st.e_prev), hour_start_j=float(st.e_hour_start),
-                        closed_kwh=float(np.sum(st.cost_kwh[:h])), terms=self, memo=self._memo)
+                        closed_kwh=float(np.sum(st.cost_kwh[:h])), terms=self, memo=self._memo,
+                        shared_cfg=e.shared_cfg if self.shared else None)
 
     # ------------------------------------------------------------------------------------------ transfer
     def dumps(self, run: TruthRun) -> bytes:

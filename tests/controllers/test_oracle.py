@@ -23,7 +23,7 @@ from commitenv.metrics import slo_outcome
 from commitenv_controllers.oracle import (OracleController, PlanTerms, hour_miss_pace, miss_budget, miss_pace,
                                           plan_table, replay)
 from commitenv_controllers.vllm import VLLMController
-from helpers.scenarios import write_scenario, write_trace
+from helpers.scenarios import shared_scenario, write_scenario, write_trace
 
 TINY_CONFIGS = [(1, 500), (1, 1000), (2, 500), (2, 1000)]  # = ePACT's catalog of the 2-GPU toy pool
 
@@ -523,3 +523,61 @@ def test_a_finished_truth_run_pays_the_completion_tail_as_the_environment_does(t
     hours = float(env.settlement.cost_kwh.sum())
     assert run.closed_kwh == pytest.approx(hours + env.settlement.lambda_plus * env.tail_energy_j / 3.6e6, abs=1e-12)
     assert run.closed_kwh == hours + env.tail_cost_kwh
+
+
+# ------------------------------------------------------------------------------------------ shared pools
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    """Two toy models sharing three GPUs (3 instances of 'small', 2 of 'big'), one hour of six 600 s intervals at
+    realism ``paper``."""
+    return shared_scenario(tmp_path_factory.mktemp("oracle-shared"), "toy-oracle-shared", realism="paper")
+
+
+def test_forks_of_a_shared_pool_step_per_model_counts_as_the_environment_does(shared):
+    """On a pool of several models a fork takes one active count per model (the action's ``active``) and meters
+    what the environment meters on the same actions, bit for bit; its estimate turns on every instance of every
+    model (the pool's total is not model 0's count: it used to raise "expected 1..3 for model 0, got 5")."""
+    env, access = _access(shared, seed=3)
+    ctx = ControllerContext.from_env(env, hindsight=True)
+    assert access.shared and access.replicas_per_model == (3, 2) and access.n_replicas == 5
+    run = access.fork()
+    with pytest.raises(ValueError, match="one active count per model"):
+        run.fork().step(5, 1000)
+    with pytest.raises(ValueError, match=r"active\[1\]: expected a whole number in 1..2"):
+        run.fork().step((3, 3), 1000)
+    for a, c in [((1, 2), 1000), ((3, 1), 500), ((2, 2), 500), ((3, 2), 1000), ((1, 1), 500), ((2, 1), 1000)]:
+        run = run.fork()
+        run.step(a, c)
+        env.step(ctx.action(a, c))
+        assert run.meter_j == env.settlement.e_prev
+        assert run.cfg == tuple(env.cfg) and run.shared_cfg == env.shared_cfg
+        if not run.done:
+            est = run.optimistic_misses_by_hour()
+            assert np.all(est >= 0) and est.sum() <= len(access.workload)
+    assert run.done
+    assert run.closed_kwh == float(env.settlement.cost_kwh.sum()) + env.tail_cost_kwh
+    assert run.misses() == env.misses
+
+
+def test_oracle_plans_a_shared_pool_per_model(shared):
+    """The oracle plans a shared pool with per-model counts (ePACT's pool-wide catalog spread over the models) and
+    its plan is exact there too: what it plans is what the environment settles, within the gate's budget, at no
+    more cost than vLLM's (the lower reference) on the same seed."""
+    oracle = evaluate("oracle", str(shared), seed=0, controller_kwargs={"workers": 0}).summary
+    vllm = evaluate("vllm", str(shared), seed=0).summary
+    assert oracle["hindsight"] is True
+    assert oracle["catalog_size"] == 4 * 2  # totals 2..5 (one instance per model at least) x the 2 clocks
+    assert oracle["planned_cost_kwh_eq"] == oracle["cost_kwh_eq"]
+    assert oracle["planned_misses"] == oracle["misses"] <= oracle["max_misses"]
+    assert oracle["vllm_cost_kwh_eq_hindsight"] == vllm["cost_kwh_eq"]
+    assert oracle["cost_kwh_eq"] <= vllm["cost_kwh_eq"] + 1e-12
+
+
+def test_shared_pool_configs_are_per_model(shared):
+    env = CommitServeEnv(str(shared))
+    env.reset(seed=0)
+    ctx = ControllerContext.from_env(env, hindsight=True)
+    with pytest.raises(ValueError, match="one active count per model"):
+        OracleController(configs=[(5, 1000)], workers=0).reset(ctx, 0)
+    with pytest.raises(ValueError, match=r"active\[0\]"):
+        OracleController(configs=[((4, 2), 1000)], workers=0).reset(ctx, 0)

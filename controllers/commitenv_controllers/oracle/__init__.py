@@ -54,7 +54,9 @@ What is exact and what is not:
   value of one cell, 2 x 2 % of E*_h/K with the defaults), the ranking estimate is not a bound, and screening may
   skip a configuration that would have helped. The result is an *achievable* schedule: its cost is an upper bound
   on the true hindsight optimum over the catalog, and the catalog limits that optimum too (configurations off the
-  catalog, mid-interval changes, SM shares, dispatch and scheduling are outside). Call it the hindsight bound with
+  catalog, mid-interval changes, SM shares, dispatch and scheduling are outside; on a shared pool the catalog's
+  pool-wide counts are spread over the models as ePACT spreads them, `ControllerContext.spread_active`, with one clock
+  for every GPU and the placement's shares and GPUs kept). Call it the hindsight bound with
   that caveat: no causal controller should beat it by much, and one that does shows where the search is short
   (raise ``beam``).
 

@@ -19,6 +19,13 @@ from commitenv_controllers.oracle.forks import plan_engine, replay
 from commitenv_controllers.registry import register
 
 
+def _active_of(a: Any) -> int | tuple[int, ...]:
+    """A configuration's active count as given: a whole number, or one per model (a shared pool)."""
+    if isinstance(a, (list, tuple, np.ndarray)):
+        return tuple(int(x) for x in a)
+    return int(a)
+
+
 @register("oracle")
 class OracleController(Controller):
     """Hindsight bound: plans the whole episode at reset on the ground truth (true arrivals, lengths and
@@ -33,7 +40,9 @@ class OracleController(Controller):
     constraint and as tie-break; None: the scenario's ``miss_penalty_kwh``), ``slo_rule`` and ``slo_slack`` (the
     miss budget of every arrival hour, see `miss_budget`; ``slo_slack`` replaces the scenario's epsilon there),
     ``max_misses`` (one pooled budget instead of the hourly ones), ``configs`` (the catalog as (active, clock MHz)
-    pairs; None: ePACT's catalog of ``replica_levels`` x ``clock_levels``), ``include_vllm`` (keep vLLM's schedule
+    pairs, the active count one per model on a shared pool; None: ePACT's catalog of ``replica_levels`` x
+    ``clock_levels``, on a shared pool pool-wide totals spread over the models as ePACT spreads them,
+    `ControllerContext.spread_active`), ``include_vllm`` (keep vLLM's schedule
     as an incumbent), ``pace_misses`` (pace each hour's budget within the hour, `hour_miss_pace`, or a pooled one
     over the episode, `miss_pace`: a state is kept as feasible while its estimated misses are within the budget's
     share of the requests arrived so far, or vLLM's misses by then; None: on for episodes of more than one hour),
@@ -78,7 +87,7 @@ class OracleController(Controller):
         self.slo_rule = slo_rule
         self.slo_slack = slo_slack
         self.max_misses = max_misses
-        self.configs_arg = [(int(c[0]), int(c[1])) for c in configs] if configs is not None else None
+        self.configs_arg = [(_active_of(c[0]), int(c[1])) for c in configs] if configs is not None else None
         self.replica_levels = replica_levels
         self.clock_levels = clock_levels
         self.include_vllm = include_vllm
@@ -88,11 +97,15 @@ class OracleController(Controller):
         self.plan: Plan | None = None
         self._stats: dict[str, float] = {}
 
-    def _catalog(self, ctx: ControllerContext) -> list[tuple[int, int]]:
+    def _catalog(self, ctx: ControllerContext) -> list[tuple[int | tuple[int, ...], int]]:
         if self.configs_arg is not None:
             for a, c in self.configs_arg:
-                ctx.action(a, c)  # raises ValueError naming the bad pair
+                ctx.action(a, c)  # raises ValueError naming the bad pair (a shared pool: per-model counts)
             return list(dict.fromkeys(self.configs_arg))
+        if ctx.shared:  # as ePACT: pool-wide totals (one instance per model at least), spread over the models
+            cat = Catalog.build(ctx.n_replicas, ctx.clocks_mhz, self.replica_levels, self.clock_levels,
+                                min_replicas=len(ctx.models))
+            return list(dict.fromkeys((ctx.spread_active(a), c) for a, c in map(cat.config, cat.all_ranks())))
         cat = Catalog.build(ctx.n_replicas, ctx.clocks_mhz, self.replica_levels, self.clock_levels)
         return [cat.config(r) for r in cat.all_ranks()]
 
@@ -105,7 +118,7 @@ class OracleController(Controller):
                              "hindsight=True) after env.reset()")
         t0 = time.perf_counter()
         self.configs = self._catalog(ctx)
-        vllm_cfg = (ctx.n_replicas, ctx.reference_clock_mhz)
+        vllm_cfg = (ctx.all_active, ctx.reference_clock_mhz)  # (a shared pool: every instance of every model)
         root = access.fork()
         steps = ctx.horizon_hours * ctx.intervals_per_hour - root.k
         vllm = replay(root, [vllm_cfg], [0] * steps, PlanTerms(ctx.intervals_per_hour, ctx.commitments_j,
