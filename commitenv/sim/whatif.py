@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from commitenv.sim.pool import REPLAY_SLOT_BASE, Pool
 from commitenv.workload.table import RequestTable
 
-if TYPE_CHECKING:  # pragma: no cover
-    from commitenv.sim.view import Snapshot
+
+class SnapshotLike(Protocol):
+    """What a what-if reads of a `commitenv.sim.view.Snapshot` (declared here so that the view imports the what-if
+    and not the other way round): its time, its requests' slots and visible deadlines, and its engine copy."""
+
+    t: float
+    requests: Any  # a `RequestView`: ``slot`` and ``deadline_s`` arrays
+    _engine: Pool
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ def observed_arrivals(pool: Pool, window_s: float, shift_s: float | None = None)
 
 
 def simulate(
-    snap: Snapshot,
+    snap: SnapshotLike,
     active: int | tuple[int, ...],
     clock_mhz: int,
     horizon_s: float,
