@@ -11,8 +11,12 @@ everything from that cache. `signatures()` lists what each dispatcher holds (tes
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
 import sys
 import time
+from pathlib import Path
 
 
 def dispatchers() -> dict[str, object]:
@@ -51,6 +55,38 @@ def cache_dir() -> str:
     from commitenv.sim.kernel.loop import advance
 
     return str(advance.stats.cache_path)
+
+
+@functools.lru_cache(maxsize=1)
+def ensure_compiled() -> tuple[int, int]:
+    """`warm` once per process (loads from the cache when it is warm; compiles and fills it when not): (compiled,
+    loaded) as `cache_counts` after it."""
+    warm()
+    return cache_counts()
+
+
+def export_cache(dest: str | Path) -> int:
+    """Copy the engine's compiled functions (after `ensure_compiled`) into ``dest`` laid out as numba reads a
+    ``NUMBA_CACHE_DIR`` of that name for the same source files (one folder per source folder, named from its path):
+    a process started with ``NUMBA_CACHE_DIR=dest`` that sees the sources at the same paths loads instead of compiling.
+    Copies, never links: what that process writes there stays its own. Returns the number of files copied."""
+    from numba.core.caching import UserProvidedCacheLocator
+
+    ensure_compiled()
+    dest = Path(dest)
+    n = 0
+    for folder, py_file in {(str(d.stats.cache_path), d.py_func.__code__.co_filename)
+                            for d in dispatchers().values()}:
+        files = [f for f in os.listdir(folder) if f.endswith((".nbi", ".nbc"))] if os.path.isdir(folder) else []
+        if not files:
+            continue
+        out = dest / UserProvidedCacheLocator.get_suitable_cache_subpath(py_file)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            if not (out / f).exists():
+                shutil.copyfile(os.path.join(folder, f), out / f)
+                n += 1
+    return n
 
 
 def _tiny_pool():
