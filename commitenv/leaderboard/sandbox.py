@@ -246,7 +246,12 @@ class SandboxedController(Controller):
                "PYTHONDONTWRITEBYTECODE": "1"}
         # the what-if engine compiled ahead: a copy of the host's numba cache in the box (the child's own; numba
         # refuses a read-only cache folder, and nothing the child writes there reaches the host's cache)
-        if export_cache(box / ENGINE_CACHE):
+        try:
+            copied = export_cache(box / ENGINE_CACHE)
+        except Exception as e:  # noqa: BLE001  (the child then compiles for itself, as without a cache)
+            log.warning("the compiled engine could not be copied into the sandbox (%s: %s)", type(e).__name__, e)
+            copied = 0
+        if copied:
             env["NUMBA_CACHE_DIR"] = f"{root}/{ENGINE_CACHE}"
         argv = [sys.executable, "-I", "-m", "commitenv.leaderboard._child", json.dumps(spec)]
         r_info = w_info = -1
