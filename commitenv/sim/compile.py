@@ -1,9 +1,9 @@
 """Compile the engine's numba loop ahead of any run: ``python -m commitenv.sim.compile``.
 
 Every ``@njit(cache=True)`` function of `commitenv.sim.kernel` (and the truth model's `_ar1`) is compiled for the
-exact signatures an episode meets, by driving a tiny built-in pool through the kernel the way the env does: import
-from a pool, set_active, set_clock, advance past a truth-table regrowth and over a compaction, settle, meter, the
-step log, a what-if copy (with and without its log) and a copy's own advance. numba writes each compiled function to
+exact signatures an episode meets, by driving the bench hour's pool through the kernel for a few simulated minutes,
+as the env does: import from a pool, set_active, set_clock, advance, meter, the step log, the queue and live-state
+reads, `in_flight`, a what-if fork (compacted, no log) and a logged copy, a compaction, settle. numba writes each compiled function to
 its cache (next to the sources in ``__pycache__``, or under ``NUMBA_CACHE_DIR``; a user-wide folder when the package
 is read-only), so later processes (pytest-xdist workers, env runs) load instead of compiling. A second call loads
 everything from that cache. `signatures()` lists what each dispatcher holds (tests compare it before and after a run).
