@@ -3,10 +3,11 @@
 Every ``@njit(cache=True)`` function of `commitenv.sim.kernel` (and the truth model's `_ar1`) is compiled for the
 exact signatures an episode meets, by driving the bench hour's pool through the kernel for a few simulated minutes,
 as the env does: import from a pool, set_active, set_clock, advance, meter, the step log, the queue and live-state
-reads, `in_flight`, a what-if fork (compacted, no log) and a logged copy, a compaction, settle. numba writes each compiled function to
-its cache (next to the sources in ``__pycache__``, or under ``NUMBA_CACHE_DIR``; a user-wide folder when the package
-is read-only), so later processes (pytest-xdist workers, env runs) load instead of compiling. A second call loads
-everything from that cache. `signatures()` lists what each dispatcher holds (tests compare it before and after a run).
+reads, `in_flight`, a what-if fork (compacted, no log) and a logged copy, a compaction, settle. numba writes each
+compiled function to its cache (next to the sources in ``__pycache__``, or under ``NUMBA_CACHE_DIR``; a user-wide
+folder when the package is read-only), so later processes (pytest-xdist workers, env runs) load instead of
+compiling. A second call loads everything from that cache. `signatures()` lists what each dispatcher holds (tests
+compare it before and after a run).
 """
 
 from __future__ import annotations
