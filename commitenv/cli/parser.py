@@ -11,6 +11,7 @@ from commitenv.cli.reproduce import cmd_reproduce
 from commitenv.cli.run import DEFAULT_COMPARE_SCENARIO, cmd_compare, cmd_run
 from commitenv.cli.simulate import cmd_simulate
 from commitenv.runner import RAY_LOCAL
+from commitenv.sim.compile import main as compile_main
 
 DESCRIPTION = """The ``commitenv`` command line: run and compare controllers on scenarios, simulate a fixed configuration,
 bill the requests of a finished run, list scenarios, profiles and workloads."""
@@ -89,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    ).set_defaults(func=cmd_controllers)
     sub.add_parser("profiles", help="list shipped GPU x model profiles").set_defaults(func=cmd_profiles)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=cmd_workloads)
+    sub.add_parser("compile", help="compile the engine's event loop ahead of any run, into numba's cache (once; "
+                   "python -m commitenv.sim.compile)").set_defaults(func=lambda _args: compile_main())
     from commitenv.train.cli import add_train_parser  # `commitenv train` (no learning stack loaded until it runs)
 
     add_train_parser(sub)

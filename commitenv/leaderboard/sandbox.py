@@ -44,10 +44,12 @@ from commitenv.leaderboard import isolation as iso
 from commitenv.leaderboard.submission import Submission, sandbox_spec
 from commitenv.leaderboard.suite import Episode, Limits
 from commitenv.leaderboard.wire import WireError, recv_json, send_pickle
+from commitenv.sim.compile import export_cache
 
 log = logging.getLogger(__name__)
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+ENGINE_CACHE = ".numba-cache"  # the box's copy of the compiled what-if engine (`commitenv.sim.compile.export_cache`)
 LOG_TAIL = 2048  # bytes of the child's log the host reads (its end only)
 FILE_MB = 64  # the child's RLIMIT_FSIZE: its log and any file it writes
 OPEN_FILES = 256  # the child's RLIMIT_NOFILE
@@ -242,6 +244,15 @@ class SandboxedController(Controller):
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "NUMBA_NUM_THREADS": "1", "MPLCONFIGDIR": root, "PYTHONHASHSEED": "0",
                "PYTHONDONTWRITEBYTECODE": "1"}
+        # the what-if engine compiled ahead: a copy of the host's numba cache in the box (the child's own; numba
+        # refuses a read-only cache folder, and nothing the child writes there reaches the host's cache)
+        try:
+            copied = export_cache(box / ENGINE_CACHE)
+        except Exception as e:  # noqa: BLE001  (the child then compiles for itself, as without a cache)
+            log.warning("the compiled engine could not be copied into the sandbox (%s: %s)", type(e).__name__, e)
+            copied = 0
+        if copied:
+            env["NUMBA_CACHE_DIR"] = f"{root}/{ENGINE_CACHE}"
         argv = [sys.executable, "-I", "-m", "commitenv.leaderboard._child", json.dumps(spec)]
         r_info = w_info = -1
         if kernel:

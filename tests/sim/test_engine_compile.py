@@ -51,3 +51,66 @@ def test_advancing_past_table_regrowth_compiles_no_other_layout(python_pool):
     assert ks.sched[kernel.S_CELL0] > 0  # (the tables moved past the first cells)
     for f in (kernel.advance, kernel.set_active, kernel._flush, kernel.settle):
         assert _layouts(f) <= {"C"}, f"{f.__name__}: {_layouts(f)}"
+
+
+_EPISODES = """
+import json, sys
+from commitenv.evaluation import run_episode
+from commitenv.envs import CommitServeEnv
+from commitenv.sim.compile import cache_counts, dispatchers, signatures
+
+for ctrl in ("vllm", "epact"):
+    run_episode(ctrl, "bench-h200-hour-fixed-a30", seed=0)
+env = CommitServeEnv("bench-h200-day")  # (its first compaction comes within the first hours)
+env.reset(seed=0)
+env.action_space.seed(0)
+for _ in range(300):
+    env.step(env.action_space.sample())
+hits = {name for name, d in dispatchers().items() if sum(d.stats.cache_hits.values())}
+print(json.dumps({"counts": cache_counts(), "signatures": signatures(), "hits": sorted(hits)}))
+"""
+
+
+@pytest.mark.slow
+def test_after_the_warm_up_an_episode_compiles_nothing(tmp_path):
+    """`python -m commitenv.sim.compile` into an empty numba cache, then, in a fresh interpreter, the bench hour with
+    vllm and with epact and the day's first hours (past its first compaction): every signature they meet was
+    compiled by the warm-up (each loaded from the cache, none compiled), so nothing recompiles mid-run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    warm = subprocess.run([sys.executable, "-c", "import json; from commitenv.sim.compile import main, signatures; "
+                           "main(); print(json.dumps(signatures()))"],
+                          env=env, capture_output=True, text=True, check=True)
+    warm_sigs = json.loads(warm.stdout.splitlines()[-1])
+    assert all(warm_sigs.values()), [k for k, v in warm_sigs.items() if not v]  # (every function reached)
+    run = subprocess.run([sys.executable, "-c", _EPISODES], env=env, capture_output=True, text=True, check=True)
+    out = json.loads(run.stdout.splitlines()[-1])
+    compiled, loaded = out["counts"]
+    assert compiled == 0 and loaded > 0, out["counts"]
+    assert "loop._compact_core" in out["hits"]  # (the day reached its first compaction)
+    new = {k: sorted(set(v) - set(warm_sigs[k])) for k, v in out["signatures"].items() if set(v) - set(warm_sigs[k])}
+    assert not new, new
+
+
+def test_an_exported_cache_is_loaded_by_a_process_that_points_numba_at_it(tmp_path):
+    """`export_cache` (what the leaderboard sandbox copies into a child's box) lays the compiled engine out as numba
+    reads a ``NUMBA_CACHE_DIR``: a fresh interpreter pointed at it loads every entry point and compiles nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from commitenv.sim.compile import export_cache
+
+    assert export_cache(tmp_path / "cache") > 0
+    assert export_cache(tmp_path / "cache") == 0  # (copies only what is missing)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", "import json; from commitenv.sim.compile import cache_counts, warm; "
+                          "warm(); print(json.dumps(cache_counts()))"],
+                         env=env, capture_output=True, text=True, check=True)
+    compiled, loaded = json.loads(run.stdout.splitlines()[-1])
+    assert compiled == 0 and loaded > 0

@@ -1,0 +1,162 @@
+"""Compile the engine's numba loop ahead of any run: ``python -m commitenv.sim.compile``.
+
+Every ``@njit(cache=True)`` function of `commitenv.sim.kernel` (and the truth model's `_ar1`) is compiled for the
+exact signatures an episode meets, by driving the bench hour's pool through the kernel for a few simulated minutes,
+as the env does: import from a pool, set_active, set_clock, advance, meter, the step log, the queue and live-state
+reads, `in_flight`, a what-if fork (compacted, no log) and a logged copy, a compaction, settle. numba writes each
+compiled function to its cache (next to the sources in ``__pycache__``, or under ``NUMBA_CACHE_DIR``; a user-wide
+folder when the package is read-only), so later processes (pytest-xdist workers, env runs) load instead of
+compiling. A second call loads everything from that cache. `signatures()` lists what each dispatcher holds (tests
+compare it before and after a run).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def dispatchers() -> dict[str, object]:
+    """Every numba dispatcher of the engine, by ``module.name``."""
+    from numba.core.registry import CPUDispatcher
+
+    from commitenv.sim import truth
+    from commitenv.sim.kernel import actuate, heap, loop, segment
+
+    out: dict[str, object] = {}
+    for mod in (heap, segment, actuate, loop, truth):
+        for name, obj in vars(mod).items():
+            if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == mod.__name__:
+                out[f"{mod.__name__.rsplit('.', 1)[-1]}.{name}"] = obj
+    return out
+
+
+def signatures() -> dict[str, list[str]]:
+    """The signatures each dispatcher has compiled or loaded in this process (as text, sorted)."""
+    return {name: sorted(str(s) for s in d.signatures) for name, d in dispatchers().items()}
+
+
+def cache_counts() -> tuple[int, int]:
+    """(compiled, loaded): signatures compiled in this process (numba's cache misses) and loaded from its cache (hits),
+    over every dispatcher. A function loaded from the cache carries its callees inside, so they count nothing."""
+    compiled = loaded = 0
+    for d in dispatchers().values():
+        st = d.stats
+        compiled += sum(st.cache_misses.values())
+        loaded += sum(st.cache_hits.values())
+    return compiled, loaded
+
+
+def cache_dir() -> str:
+    """Where numba keeps the engine's compiled functions (the cache folder of `advance`)."""
+    from commitenv.sim.kernel.loop import advance
+
+    return str(advance.stats.cache_path)
+
+
+@functools.lru_cache(maxsize=1)
+def ensure_compiled() -> tuple[int, int]:
+    """`warm` once per process (loads from the cache when it is warm; compiles and fills it when not): (compiled,
+    loaded) as `cache_counts` after it."""
+    warm()
+    return cache_counts()
+
+
+def export_cache(dest: str | Path) -> int:
+    """Copy the engine's compiled functions (after `ensure_compiled`) into ``dest`` laid out as numba reads a
+    ``NUMBA_CACHE_DIR`` of that name for the same source files (one folder per source folder, named from its path):
+    a process started with ``NUMBA_CACHE_DIR=dest`` that sees the sources at the same paths loads instead of compiling.
+    Copies, never links: what that process writes there stays its own. Returns the number of files copied."""
+    from numba.core.caching import UserProvidedCacheLocator
+
+    ensure_compiled()
+    dest = Path(dest)
+    n = 0
+    for folder, py_file in {(str(d.stats.cache_path), d.py_func.__code__.co_filename)
+                            for d in dispatchers().values()}:
+        files = [f for f in os.listdir(folder) if f.endswith((".nbi", ".nbc"))] if os.path.isdir(folder) else []
+        if not files:
+            continue
+        out = dest / UserProvidedCacheLocator.get_suitable_cache_subpath(py_file)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            if not (out / f).exists():
+                shutil.copyfile(os.path.join(folder, f), out / f)
+                n += 1
+    return n
+
+
+def _tiny_pool():
+    """A small pool of the bench hour's kind on the Python loop's state, ready for a `KernelState` import: the bench
+    H200 hour's scenario (its workload, truth model and profile), reset but not stepped."""
+    from commitenv.envs import CommitServeEnv
+    from commitenv.sim import kernel
+
+    was = kernel.ENABLED
+    kernel.ENABLED = False  # (a pool left on the Python loop: the kernel state below imports it)
+    try:
+        env = CommitServeEnv("bench-h200-hour-fixed-a30")
+        env.reset(seed=0)
+    finally:
+        kernel.ENABLED = was
+    return env.pool
+
+
+def warm() -> None:
+    """Drive every compiled entry point with the argument types an episode gives it (the host-side calls of
+    `KernelState`, and the two functions only its step log and `Pool.in_flight` reach, called directly)."""
+    import numpy as np
+
+    from commitenv.sim.kernel import R_BATCH_N, KernelState
+    from commitenv.sim.kernel.loop import in_flight
+    from commitenv.sim.kernel.segment import _decode_flags
+
+    pool = _tiny_pool()
+    ks = KernelState(pool, compact=True)
+    clocks = list(ks.profile.clock_mhz)
+    ks.set_active(0.0, ks.R)
+    ks.set_clock(1.0, int(clocks[0]))
+    for k in range(1, 4):
+        ks.set_active(60.0 * k - 1.0, max(1, ks.R - k))
+        ks.advance(60.0 * k)
+        ks.meter(60.0 * k)
+        ks.take_finished()
+        ks.take_log()
+    ks.set_clock(ks.sf[0], int(clocks[-1]))
+    ks.waiting_ids(0)
+    ks.queue_counts()
+    ks.live_state()
+    ks.live_deadlines()
+    t = float(ks.sf[0])
+    in_flight(t, ks.ri, ks.rf)
+    nb = int(ks.ri[0, R_BATCH_N])
+    _decode_flags(ks.qi, ks.bq[0, :nb], np.ones(nb, np.int64))
+    _decode_flags(ks.qi, ks.bq[0, :nb], ks.bk[0, :nb])
+    fork = ks.copy(log=False)  # (a what-if fork: compacted copy, no step log)
+    fork.set_active(t, ks.R)
+    fork.advance(t + 30.0)
+    fork.settle(fork.sf[0])
+    ks.copy().advance(t + 10.0)
+    ks._compact()
+    ks.advance(t + 60.0)
+    ks.settle(ks.sf[0])
+    ks.take_finished()
+    ks.take_log()
+
+
+def main(argv: list[str] | None = None) -> int:
+    t0 = time.process_time()
+    warm()
+    cpu = time.process_time() - t0
+    compiled, loaded = cache_counts()
+    print(f"commitenv.sim.compile: {len(dispatchers())} functions; {compiled} signatures compiled, {loaded} loaded "
+          f"from the cache, in {cpu:.1f} s CPU (cache: {cache_dir()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
