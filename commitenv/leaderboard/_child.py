@@ -171,6 +171,8 @@ def main() -> int:
     from commitenv.registry import controller_name, resolve
 
     sys.path.insert(0, str(Path(root) / "submission"))
+    if os.path.isdir(Path(root) / "submission"):  # its own folder is its working directory: relative paths in its
+        os.chdir(Path(root) / "submission")       # kwargs (a policy folder, a table) name its files
     seccomp = False
     if spec.get("seccomp"):
         from commitenv.leaderboard.seccomp_policy import install

@@ -67,6 +67,28 @@ def test_a_sandboxed_controller_runs_as_it_does_in_process(tmp_path, toy):
     assert out["summary"]["sandbox_decisions"] == 6
 
 
+def test_relative_paths_in_kwargs_name_the_submissions_own_files(tmp_path, toy):
+    """The copied folder is the child's working directory: a controller told ``path: data/active.txt`` reads its own
+    file there and acts on it (1 of 2 replicas), as Fixed-Config with one replica does in-process."""
+    body = """
+    class FromFile(Controller):
+        def __init__(self, path):
+            with open(path) as fh:
+                self.active = int(fh.read())
+        def act(self, observation, info):
+            return self.ctx.action(self.active, self.ctx.reference_clock_mhz)
+    """
+    sub_dir = tmp_path / "sub-FromFile"
+    (sub_dir / "data").mkdir(parents=True)
+    (sub_dir / "data" / "active.txt").write_text("1\n")
+    sub = submission(tmp_path, body, "FromFile", path="data/active.txt")
+    out = sandboxed(sub, toy)
+    assert out["status"] == "ok", out["reason"]
+    _, ref = run_episode("fixed_config", toy, 0, controller_kwargs={"active": 1})
+    assert ref.summary["energy_mj"] < run_episode("vllm", toy, 0)[1].summary["energy_mj"]  # (one replica, not two)
+    assert _same_run(out["summary"], ref.summary)
+
+
 def test_planning_cpu_is_measured_by_the_host_and_charged_as_delay(tmp_path, toy):
     """The child burns about 1 s of CPU in decision 2 and reports a delay of 0: the host charges what it measured."""
     body = """

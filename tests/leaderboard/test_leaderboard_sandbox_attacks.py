@@ -468,7 +468,7 @@ def _submit_process(tmp: Path, toy: Path, body: str) -> tuple[subprocess.Popen, 
                              "--quiet", "--no-render"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(6000):  # until its sandbox folder exists and the child is up (5 min at most: a loaded machine)
         mine = [d for d in boxes.parent().iterdir() if d.name.startswith(f"{proc.pid}.")]
-        if mine and (mine[0] / "box" / "loading").exists():
+        if mine and (mine[0] / "box" / "submission" / "loading").exists():  # (its working directory)
             return proc, mine[0]
         if proc.poll() is not None:
             break
@@ -532,7 +532,7 @@ def test_a_scorer_with_workers_sigtermed_stops_every_sandbox_and_removes_its_fol
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     acting: list[Path] = []
     for _ in range(6000):  # the references run first; then both episodes reach their first decision (5 min at most)
-        acting = [d for d in set(boxes.parent().iterdir()) - before if (d / "box" / "acting").exists()]
+        acting = [d for d in set(boxes.parent().iterdir()) - before if (d / "box" / "submission" / "acting").exists()]
         if len(acting) == 2 or proc.poll() is not None:
             break
         time.sleep(0.05)
