@@ -2,6 +2,10 @@
 controller's gap to the hindsight bound (``oracle``), paired by seed; used for docs/results/baselines.md.
 
     python benchmarks/baselines_table.py DIR/compare.json [DIR2/compare.json ...]
+    python benchmarks/baselines_table.py --merge DIR1 DIR2 ...   # one table of one scenario's per-seed runs
+
+Without an ``oracle`` row the gap is taken to the oracle reference each episode was scored against (its
+``upper_cost_kwh_eq``), which is the oracle's run of that episode.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ def table(doc: dict, penalty_kwh: float) -> str:
         if bound is not None and name != "oracle":
             gap = _cell(mean_ci95([m["cost_kwh_eq"]["per_seed"][s] - bound["metrics"]["cost_kwh_eq"]["per_seed"][s]
                                    for s in seeds]), ".4f")
+        elif name != "oracle" and "upper_cost_kwh_eq" in m:
+            gap = _cell(mean_ci95([m["cost_kwh_eq"]["per_seed"][s] - m["upper_cost_kwh_eq"]["per_seed"][s]
+                                   for s in seeds]), ".4f")
         else:
             gap = "0" if name == "oracle" else "n/a"
         dev = _cell(m["mean_abs_dev_pct"], ".2f") if "mean_abs_dev_pct" in m else "energy-only"  # (no commitment)
@@ -48,15 +55,37 @@ def table(doc: dict, penalty_kwh: float) -> str:
     return "\n".join(lines)
 
 
+def merged(dirs: list[Path]) -> dict:
+    """One compare.json document of one scenario from several ``compare --out`` folders (per-seed runs of the same
+    controllers), re-aggregated from their episodes' summary.json files."""
+    from commitenv.runner import aggregate
+
+    scenario, controllers, episodes = None, {}, {}
+    for d in dirs:
+        doc = json.loads((d / "compare.json").read_text())
+        if scenario not in (None, doc["scenario"]):
+            raise SystemExit(f"--merge: {d} is {doc['scenario']}, not {scenario}")
+        scenario = doc["scenario"]
+        for c in doc["controllers"]:
+            controllers.setdefault(c["controller"], c)
+            for seed in c["seeds"]:
+                path = d / c["controller"] / f"seed-{seed}" / "summary.json"
+                episodes.setdefault(c["controller"], {})[seed] = json.loads(path.read_text())
+    seeds = sorted({s for runs in episodes.values() for s in runs})
+    return aggregate(scenario, seeds, list(controllers.values()), episodes, [])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("compare_json", nargs="+", type=Path)
+    ap.add_argument("compare_json", nargs="+", type=Path, help="compare.json files (with --merge: compare --out folders)")
+    ap.add_argument("--merge", action="store_true", help="one table of the folders' per-seed runs of one scenario")
     ap.add_argument("--penalty-kwh", type=float, default=0.015, help="miss penalty of the scenarios (kWh-eq)")
     args = ap.parse_args(argv)
     if not (args.penalty_kwh >= 0 and math.isfinite(args.penalty_kwh)):
         ap.error("--penalty-kwh: expected a finite value >= 0")
-    for path in args.compare_json:
-        print(table(json.loads(path.read_text()), args.penalty_kwh))
+    docs = [merged(args.compare_json)] if args.merge else [json.loads(p.read_text()) for p in args.compare_json]
+    for doc in docs:
+        print(table(doc, args.penalty_kwh))
         print()
     return 0
 
