@@ -232,7 +232,9 @@ SHIPPED_POLICIES = {"ppo-h200-hour": SCENARIO, "ppo-h20-hour": "bench-h20-hour-f
 # behaviour cloning (commitenv.train.bc), docs/training.md
 SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-hour-fixed-a30",
                   # one clone per pool over its six dev-family hours (the record's scenario: the first of them)
-                  "bc-mpc-h200-family": "bench-h200-hour-fixed-a25", "bc-mpc-h20-family": "bench-h20-hour-fixed-a25"}
+                  "bc-mpc-h200-family": "bench-h200-hour-fixed-a25", "bc-mpc-h20-family": "bench-h20-hour-fixed-a25",
+                  # one clone per pool over every public hour family of its pool (dev's and the held-out ones)
+                  "bc-mpc-h200-public": "bench-h200-hour-fixed-a25", "bc-mpc-h20-public": "bench-h20-hour-fixed-a25"}
 
 
 def test_every_shipped_baseline_is_listed():
