@@ -234,7 +234,9 @@ SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-ho
                   # one clone per pool over its six dev-family hours (the record's scenario: the first of them)
                   "bc-mpc-h200-family": "bench-h200-hour-fixed-a25", "bc-mpc-h20-family": "bench-h20-hour-fixed-a25",
                   # one clone per pool over every public hour family of its pool (dev's and the held-out ones)
-                  "bc-mpc-h200-public": "bench-h200-hour-fixed-a25", "bc-mpc-h20-public": "bench-h20-hour-fixed-a25"}
+                  "bc-mpc-h200-public": "bench-h200-hour-fixed-a25", "bc-mpc-h20-public": "bench-h20-hour-fixed-a25",
+                  # a day's clone of ePACT+ with its miss margin (the expert's arguments in its bc.yaml)
+                  "bc-epactplus-h200-day": "bench-h200-day"}
 
 
 def test_every_shipped_baseline_is_listed():
@@ -259,9 +261,9 @@ def test_the_shipped_clone_is_its_recorded_run(name):
                                                                                    "flat", "finished")
     for k, v in load_options(base / "bc.yaml").items():
         assert rec["bc"][k] == v, k
-    assert rec["bc"]["demo_samples"] == 60 * rec["bc"]["demo_episodes"]
-    ctrl = resolve(f"sb3:{name}").make()
     env = CommitServeEnv(SHIPPED_CLONES[name])
+    assert rec["bc"]["demo_samples"] == env.H * env.K * rec["bc"]["demo_episodes"]  # one sample per decision
+    ctrl = resolve(f"sb3:{name}").make()
     obs, info = env.reset(seed=100000)
     ctrl.reset(ControllerContext.from_env(env), 0)
     for _ in range(3):
