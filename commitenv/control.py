@@ -27,6 +27,7 @@ import numpy as np
 from commitenv.profiles.schema import Profile
 from commitenv.scenarios.schema import GateSpec
 from commitenv.sim.dispatch import ArrivalView, CandidateView, DispatchPolicy
+from commitenv.sim.interval import per_model_counts
 from commitenv.sim.local import LocalPolicy, LocalView, StepPlan, TaskView
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.view import ReplicaView, RequestView, Snapshot
@@ -166,16 +167,14 @@ class ControllerContext:
         return {"active": int(active), "clock": self.clocks_mhz.index(clock_mhz)}
 
     def _shared_action(self, active, clock_mhz: int, clocks_mhz, shares, placement, migrate) -> dict:
-        act = list(active) if not isinstance(active, (int, np.integer)) else None
-        if act is None or len(act) != len(self.models):
-            raise ValueError(f"action: a shared pool takes one active count per model {self.models}, got {active!r}")
-        for m, (a, n) in enumerate(zip(act, self.replicas_per_model)):
-            if isinstance(a, (bool, np.bool_)) or not float(a).is_integer() or not 1 <= a <= n:
-                raise ValueError(f"action: active[{m}] ({self.models[m]}) must be a whole number in 1..{n}, got {a!r}")
+        try:
+            act = per_model_counts(active, self.replicas_per_model, self.models)
+        except ValueError as e:
+            raise ValueError(f"action: {e}") from None
         for c in [clock_mhz, *(clocks_mhz or ())]:
             if c not in self.clocks_mhz:
                 raise ValueError(f"clock {c} MHz not one of {self.clocks_mhz}")
-        out: dict = {"active": [int(a) for a in act], "clock": self.clocks_mhz.index(clock_mhz)}
+        out: dict = {"active": list(act), "clock": self.clocks_mhz.index(clock_mhz)}
         if clocks_mhz is not None:
             if len(clocks_mhz) != len(self.placement):
                 raise ValueError(f"action: clocks_mhz needs one clock per GPU ({len(self.placement)}), got {len(clocks_mhz)}")

@@ -34,7 +34,7 @@ import numpy as np
 from commitenv.metrics import arrival_hours, deviation_cost_kwh
 from commitenv.settlement import tail_cost_kwh
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
+from commitenv.sim.interval import SharedConfig, per_model_counts, run_interval, run_shared_interval
 from commitenv.sim.pool import Pool, copy_devices
 from commitenv.sim.request import Req
 from commitenv.sim.truth import TruthSource
@@ -253,7 +253,7 @@ class TruthRun:
         if self.done:
             raise RuntimeError("TruthRun.step: every interval of the horizon has already run")
         if tm.shared:
-            per_model = _per_model_counts(active, tm.replicas_per_model)
+            per_model = per_model_counts(active, tm.replicas_per_model)
         elif isinstance(active, (bool, np.bool_)) or not isinstance(active, (int, np.integer)):
             raise ValueError(f"active: expected a whole number of replicas in 1..{tm.n_replicas} (one model), "
                              f"got {active!r}")
@@ -322,21 +322,6 @@ class TruthRun:
         q.set_clock(now, max(self.terms.clocks_mhz))
         q.run_until(math.inf)
         return _misses_by_hour(q, True, self.terms.horizon_hours)
-
-
-def _per_model_counts(active: Any, replicas_per_model: tuple[int, ...]) -> tuple[int, ...]:
-    """A shared pool's per-model active counts, checked as the environment checks its action's ``active``."""
-    try:
-        counts = tuple(active)
-    except TypeError:
-        counts = None
-    if counts is None or len(counts) != len(replicas_per_model):
-        raise ValueError(f"active: a shared pool takes one active count per model ({len(replicas_per_model)}), "
-                         f"got {active!r}")
-    for m, (a, n) in enumerate(zip(counts, replicas_per_model)):
-        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or not 1 <= a <= n:
-            raise ValueError(f"active[{m}]: expected a whole number in 1..{n} instances of model {m}, got {a!r}")
-    return tuple(int(a) for a in counts)
 
 
 def _by_hour(arrival_s: np.ndarray, H: int) -> np.ndarray:

@@ -43,6 +43,26 @@ class SharedConfig:
     migrate: str = "none"
 
 
+def per_model_counts(active: Any, replicas_per_model: tuple[int, ...], models: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """A shared pool's active counts, one per model, each a whole number in 1..its instances (a whole float is
+    taken; bools, fractions and a wrong length are refused with a ValueError naming the entry)."""
+    import numpy as np
+
+    try:
+        counts = None if isinstance(active, (int, np.integer)) else tuple(active)
+    except TypeError:
+        counts = None
+    if counts is None or len(counts) != len(replicas_per_model):
+        raise ValueError(f"active: a shared pool takes one active count per model "
+                         f"({', '.join(models) if models else len(replicas_per_model)}), got {active!r}")
+    for m, (a, n) in enumerate(zip(counts, replicas_per_model)):
+        whole = isinstance(a, (int, np.integer, float, np.floating)) and float(a).is_integer()
+        if isinstance(a, (bool, np.bool_)) or not whole or not 1 <= a <= n:
+            name = f" ({models[m]})" if m < len(models) else ""
+            raise ValueError(f"active[{m}]: expected a whole number in 1..{n} instances of model {m}{name}, got {a!r}")
+    return tuple(int(a) for a in counts)
+
+
 def run_shared_interval(pool: Pool, cfg: SharedConfig, new: SharedConfig, t_apply: float, t1: float,
                         clocks_mhz: tuple[int, ...] | list[int]) -> tuple[SharedConfig, list[tuple[str, float, Any]]]:
     """`run_interval` for a pool of several models: switch each model's active count, each GPU's clock, and each
