@@ -38,6 +38,12 @@ def check_action(action: Any, n_replicas: int, clocks_mhz: tuple[int, ...] | lis
     return a, c
 
 
+def _replica_profile(env: Any, replica: int):
+    """The profile of ``replica``'s model (replicas in the layout's order: GPU by GPU)."""
+    models = [inst.model for insts in env.layout.gpus for inst in insts]
+    return env.profiles[models[replica]]
+
+
 def check_shared_action(env: Any, action: Any) -> SharedConfig:
     """A shared pool's action: ``active`` per model and ``clock`` (required); optional ``clocks`` per GPU
     (replaces ``clock`` GPU by GPU), ``shares`` and ``placement`` (GPU) per replica (absent: they stay), and
@@ -79,9 +85,9 @@ def check_shared_action(env: Any, action: Any) -> SharedConfig:
         for r, g in enumerate(gpus):
             if not 0 <= g < env.n_gpus:
                 raise ValueError(f"action['placement'][{r}]: expected a GPU index 0..{env.n_gpus - 1}, got {g}")
-            if g != env.shared_cfg.gpus[r] and env.pool.replicas[r].profile.latencies.load_s is None:
+            if g != env.shared_cfg.gpus[r] and _replica_profile(env, r).latencies.load_s is None:
                 raise ValueError(f"action['placement'][{r}]: moving it needs cold-start figures "
-                                 f"(latencies.load_s, load_w) in profile {env.pool.replicas[r].profile.name}")
+                                 f"(latencies.load_s, load_w) in profile {_replica_profile(env, r).name}")
     migrate = "none"
     if "migrate" in action:
         (mi,) = ints("migrate", 1)
@@ -95,9 +101,8 @@ def check_shared_action(env: Any, action: Any) -> SharedConfig:
         if v is None or v.shape != (env.n_replicas,) or not np.all(np.isfinite(v)):
             raise ValueError(f"action['shares']: expected {env.n_replicas} SM shares (one per replica), "
                              f"got {action['shares']!r}")
-        reps = env.pool.replicas
         for r, x in enumerate(v.tolist()):
-            mn = reps[r].profile.sm_share.min_share
+            mn = _replica_profile(env, r).sm_share.min_share
             if not mn - 1e-12 <= x <= 1.0:
                 raise ValueError(f"action['shares'][{r}]: expected {mn}..1.0, got {x}")
         shares = [float(x) for x in v]

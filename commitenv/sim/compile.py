@@ -117,9 +117,11 @@ def warm() -> None:
 
     pool = _tiny_pool()
     ks = KernelState(pool, compact=True)
-    clocks = list(ks.profile.clock_mhz)
+    clocks = list(ks.clock_mhz)
     ks.set_active(0.0, ks.R)
     ks.set_clock(1.0, int(clocks[0]))
+    ks.set_clock(1.5, int(clocks[1]), [0])
+    ks.set_share(2.0, 0, 1.0, pool.profiles[0])
     for k in range(1, 4):
         ks.set_active(60.0 * k - 1.0, max(1, ks.R - k))
         ks.advance(60.0 * k)

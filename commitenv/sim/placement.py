@@ -21,12 +21,21 @@ class Placement:
         """Give ``replica`` a new SM share from its next step on (shares on a GPU must sum to <= 1)."""
         if t < self.now - 1e-9:
             raise ValueError(f"set_share at t={t} precedes the engine clock {self.now}")
-        if not 0 <= replica < len(self.replicas):
-            raise ValueError(f"replica index {replica} outside 0..{len(self.replicas) - 1}")
-        rep = self.replicas[replica]
-        mn = rep.profile.sm_share.min_share
+        if not 0 <= replica < len(self._replicas):
+            raise ValueError(f"replica index {replica} outside 0..{len(self._replicas) - 1}")
+        prof = self._replicas[replica].profile
+        mn = prof.sm_share.min_share
         if not mn <= share <= 1.0:
             raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
+        if self._ks is not None:  # (on the compiled loop: nothing moves, every replica is on its GPU)
+            shares, gpu_of = self._ks.shares().tolist(), self._ks.gpu_of().tolist()
+            g = gpu_of[replica]
+            total = share + sum(x for k, (x, gg) in enumerate(zip(shares, gpu_of)) if k != replica and gg == g)
+            if total > 1.0 + 1e-9:
+                raise ValueError(f"sm shares on GPU {g} would sum to {total:.3f} > 1")
+            self._ks.set_share(t, replica, share, prof)
+            return
+        rep = self.replicas[replica]
         gpu = rep.dest if rep.state == MOVING else rep.gpu
         total = share + sum(r.share for r in self.replicas if r is not rep and (
             (r.gpu is gpu and r.state != MOVING) or (r.state == MOVING and r.dest is gpu)))

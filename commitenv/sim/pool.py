@@ -53,8 +53,8 @@ _STARTED = attrgetter("started")
 class Pool(KernelHandover, Placement, PolicyHooks, Copies):
     """A pool of GPUs serving one or more models with vLLM scheduling semantics.
 
-    Once a workload is attached, a pool that `commitenv.sim.kernel` covers (one full-share instance per GPU, one
-    model, the default router, no prefix cache or local policy) runs its event loop there; the first use of anything
+    Once a workload is attached, a pool that `commitenv.sim.kernel` covers (any models, instances per GPU and SM
+    shares; the default router, no prefix cache, local policy or instance loading or moving) runs its event loop there; the first use of anything
     the kernel does not hold (replicas, GPUs, the heap, a policy, a new hook, a snapshot) writes the kernel's state
     back into these objects and the Python loop below continues, with identical results."""
 
@@ -497,18 +497,18 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
 
     def active_count(self, model: int = 0) -> int:
         """Replicas of ``model`` that are active or waking, or moving to become active (the configured count)."""
+        if self._ks is not None:
+            return self._ks.active_count(model)
         return sum(1 for r in self.replicas if r.model == model and (
             r.state in (ACTIVE, WAKING) or (r.state in (MOVING, LOADING) and r.after_load == ACTIVE)))
 
     def set_active(self, t: float, count: int, model: int = 0) -> None:
         """Make the first ``count`` replicas of ``model`` active (waking from standby takes the profile's
         activation latency; a draining one resumes at once) and drain the rest."""
-        if self._ks is not None and model == 0:
-            if not 1 <= count <= self._ks.R:
-                raise ValueError(f"active replicas: expected 1..{self._ks.R} for model {model}, got {count}")
+        if self._ks is not None:
             if t < self.now - 1e-9:
                 raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
-            self._kernel_now().set_active(t, count)
+            self._kernel_now().set_active(t, count, model)
             self._sync_kernel()
             return
         reps = self.replicas_of(model)
@@ -549,8 +549,8 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         latency, and a step already running finishes at the old clock."""
         if t < self.now - 1e-9:
             raise ValueError(f"set_clock at t={t} precedes the engine clock {self.now}")
-        if self._ks is not None and gpus is None:
-            self._ks.set_clock(t, mhz)
+        if self._ks is not None:
+            self._ks.set_clock(t, mhz, gpus)
             return
         for g in range(len(self.gpus)) if gpus is None else gpus:
             gpu = self.gpus[g]

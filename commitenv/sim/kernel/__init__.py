@@ -1,11 +1,12 @@
-"""The engine's event loop compiled: a pool serving one model with the vLLM scheduler, on arrays.
+"""The engine's event loop compiled: a pool of GPUs serving one or several models with the vLLM scheduler, on arrays.
 
 Requests, replica queues, the segment in flight, the event heap, the truth factors (or legacy noise draws), the GPU
 meters and the step log live in numpy arrays; `KernelState.advance` runs every arrival and segment end up to a time
-in one numba call, and `set_active`, `set_clock` and `settle` act as the pool's. It follows
+in one numba call, and `set_active`, `set_clock`, `set_share` and `settle` act as the pool's. It follows
 `commitenv.sim.pool.Pool` and `commitenv.sim.replica.Replica` line for line for the pools it covers
 (`KernelState.covers`); `Pool` runs here while it can and `export_to` hands the state back to the Python loop for
-everything else (tests/test_engine_kernel.py holds both to bit-identical results).
+everything else (tests/sim/test_engine_kernel.py and test_engine_kernel_shared.py hold both to bit-identical
+results).
 
 The package, by concern: `layout` (the state arrays' columns), `heap` (the event heap and the waiting queues),
 `segment` (scheduling, KV admission, a segment's start and end), `actuate` (routing, redistribution, `set_active`,
@@ -18,26 +19,14 @@ from __future__ import annotations
 import sys
 import types
 
-from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3,  # noqa: F401
-                                         C_TAU4, ENGINE_ARRAYS, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W,
-                                         GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER, INF, I_CAPARR,
-                                         I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_LOGM,
-                                         I_N, I_PEND, I_SEQ, LF_ENERGY, LF_FLOOR, LF_T0, LF_T1, LG_CLOCK,
-                                         LG_N, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ,
-                                         Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_GENERATED,
-                                         Q_OUT, Q_OVERHEAD, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED,
-                                         REQUEST_ARRAYS, R_BATCH_N, R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE,
-                                         R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_K, R_LOGGED,
-                                         R_NEND, R_NPOS, R_PENDING, R_RUN_N, R_SCLK, R_SEG, R_STATE, R_T0,
-                                         R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_BLOCK, S_BUDGET,
-                                         S_CELL0, S_CLOSED, S_LOG, S_MAX_SEQS, S_NOISE, S_RESERVE)
+from commitenv.sim.kernel.layout import *  # noqa: F401,F403  (the columns, by name)
 from commitenv.sim.kernel.heap import (_cdiv, _left, _less, _live, _pop, _push, _swap, _waiting, _wpop_front,  # noqa: F401
                                        _wpush_back, _wpush_front)
 from commitenv.sim.kernel.segment import (_batch_add, _cut, _decode, _decode_flags, _finish_segment,  # noqa: F401
                                           _is_decode, _kv_steps, _log_segment, _run_energy,
                                           _run_steps_done_by, _run_time, _schedule, _start_segment)
 from commitenv.sim.kernel.actuate import (_floor_changed, _floor_power, _flush, _poke, _redistribute, _route,  # noqa: F401
-                                          _route_in_order, _set_clock, _set_floor, _sift_down, _start,
+                                          _route_in_order, _set_clock, _set_floor, _set_share, _sift_down, _start,
                                           set_active)
 from commitenv.sim.kernel.loop import (_compact_core, _energy_until, _floor_until, _noise_low, advance,  # noqa: F401
                                        in_flight, meter, settle)

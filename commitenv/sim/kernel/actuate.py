@@ -1,5 +1,6 @@
-"""Routing, redistribution and actuation: the router (least unfinished), starting replicas that received work,
-`set_active`, clock changes, the idle-floor meter."""
+"""Routing, redistribution and actuation: the router (least unfinished among the model's active replicas), starting
+replicas that received work, `set_active`, clock changes, SM shares, the idle-floor meter of GPUs hosting one or
+several replicas (``gh[g, :gi[g, G_NHOST]]``, in the GPU's order)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import numpy as np
 from numba import njit
 
 from commitenv.sim.kernel.heap import _push, _wpush_back
-from commitenv.sim.kernel.layout import (GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
-                                         I_PEND, Q_REPLICA, Q_STARTED, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_PENDING,
-                                         R_RUN_N, R_SEG, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN)
+from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
+                                         G_NHOST, G_PENDING, G_VER, I_PEND, Q_MODEL, Q_REPLICA, Q_STARTED,
+                                         R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_GPU, R_MODEL, R_PENDING, R_RUN_N, R_SEG,
+                                         R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN)
 from commitenv.sim.kernel.segment import _cut, _start_segment
 from commitenv.sim.states import ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, STANDBY, WAKING
 
@@ -27,23 +29,29 @@ def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _floor_power(g, ri, gi, floor_tab):
-    """`GPU.floor_power` of a GPU hosting one instance: by its lifecycle state, at the GPU's clock."""
-    st = ri[g, R_STATE]
-    col = 0 if st == ACTIVE or st == WAKING else (1 if st == DRAINING else 2)
+def _floor_power(g, ri, gi, gh, floor_tab):
+    """`GPU.floor_power`: the most awake of its instances' lifecycle states sets it (active or waking, then draining,
+    else standby), at the GPU's clock."""
+    col = 2
+    for j in range(gi[g, G_NHOST]):
+        st = ri[gh[g, j], R_STATE]
+        c = 0 if st == ACTIVE or st == WAKING else (1 if st == DRAINING else 2)
+        if c < col:
+            col = c
     return floor_tab[g, gi[g, G_CLOCK], col]
 
 
 @njit(cache=True)
-def _floor_changed(t, g, ri, rf, gi, gf, floor_tab):
-    p = _floor_power(g, ri, gi, floor_tab)
+def _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab):
+    """`Pool._floor_changed`: re-evaluate GPU ``g``'s floor power at ``t`` after a lifecycle change."""
+    p = _floor_power(g, ri, gi, gh, floor_tab)
     if p != gf[g, GF_FLOOR_W]:
-        _set_floor(t, g, p, ri, rf, gf)
+        _set_floor(t, g, p, ri, rf, gi, gf, gh)
 
 
 @njit(cache=True)
-def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, ht, hk, hs,
-           hi, hv):
+def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
+           hs, hi, hv):
     if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         return
     if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
@@ -51,19 +59,21 @@ def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fe
         _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
     elif ri[rep, R_STATE] == DRAINING and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         ri[rep, R_STATE] = STANDBY
-        _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
+        _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
 
 
 @njit(cache=True)
 def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
-    """Least unfinished requests among the active replicas, ties to the lowest index (`Pool._route`)."""
+    """Least unfinished requests among the active replicas of the request's model, ties to the lowest index
+    (`Pool._route`)."""
     R = ri.shape[0]
+    m = qi[r, Q_MODEL]
     best = -1
     for x in range(R):
-        if ri[x, R_STATE] == ACTIVE and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
+        if ri[x, R_STATE] == ACTIVE and ri[x, R_MODEL] == m and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
             best = x
     if best < 0:
-        raise RuntimeError("kernel: no active replica to route to")
+        raise RuntimeError("kernel: no active replica of the model to route to")
     qi[r, Q_REPLICA] = best
     _wpush_back(ri, wq, best, r)
     ri[best, R_UNF] += 1
@@ -71,22 +81,23 @@ def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _route_in_order(t, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
-    """`_route` of every request in ``moved``, in index (arrival) order: the order by marking (linear in the index
-    range), the least-loaded replica from a heap of (unfinished, index) over the active ones (log R per request)."""
+def _route_in_order(t, model, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
+    """`_route` of every request of ``model`` in ``moved``, in index (arrival) order: the order by marking (linear
+    in the index range), the least-loaded replica from a heap of (unfinished, index) over the model's active ones
+    (log R per request)."""
     lo, hi_ = moved.min(), moved.max()
     mark = np.zeros(hi_ - lo + 1, np.bool_)
     for r in moved:
         mark[r - lo] = True
     R = ri.shape[0]
-    heap = np.empty(R, np.int64)  # active replicas, a binary heap on (unfinished, index)
+    heap = np.empty(R, np.int64)  # the model's active replicas, a binary heap on (unfinished, index)
     n = 0
     for x in range(R):
-        if ri[x, R_STATE] == ACTIVE:
+        if ri[x, R_STATE] == ACTIVE and ri[x, R_MODEL] == model:
             heap[n] = x
             n += 1
     if n == 0:
-        raise RuntimeError("kernel: no active replica to route to")
+        raise RuntimeError("kernel: no active replica of the model to route to")
     for j in range(n // 2 - 1, -1, -1):
         _sift_down(heap, n, j, ri)
     for k in range(hi_ - lo + 1):
@@ -117,16 +128,19 @@ def _sift_down(heap, n, j, ri):
 
 
 @njit(cache=True)
-def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab):
-    """`Pool._redistribute`: every queued request that has not started is routed again, in arrival order, to the
-    active replicas; draining replicas left without work go to standby."""
+def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab):
+    """`Pool._redistribute`: every queued request of ``model`` that has not started is routed again, in arrival
+    order, to the model's active replicas; its draining replicas left without work go to standby."""
     R = ri.shape[0]
     total = 0
     for x in range(R):
-        total += ri[x, R_WLEN]
+        if ri[x, R_MODEL] == model:
+            total += ri[x, R_WLEN]
     moved = np.empty(total, np.int64)
     nm = 0
     for x in range(R):
+        if ri[x, R_MODEL] != model:
+            continue
         n = ri[x, R_WLEN]
         r = ri[x, R_WHEAD]
         ri[x, R_WLEN] = 0
@@ -140,16 +154,17 @@ def _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor
             r = nxt
         ri[x, R_UNF] = ri[x, R_RUN_N] + ri[x, R_WLEN]
     if nm:
-        _route_in_order(t, moved[:nm], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+        _route_in_order(t, model, moved[:nm], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
     for x in range(R):
-        if ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0 and ri[x, R_STATE] == DRAINING:
+        if (ri[x, R_MODEL] == model and ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0
+                and ri[x, R_STATE] == DRAINING):
             ri[x, R_STATE] = STANDBY
-            _floor_changed(t, x, ri, rf, gi, gf, floor_tab)
+            _floor_changed(t, ri[x, R_GPU], ri, rf, gi, gf, gh, floor_tab)
 
 
 @njit(cache=True)
-def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
-           hi, hv):
+def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk,
+           hs, hi, hv):
     """Start the replicas that received work at ``t`` (`Pool._flush`)."""
     npend = si[I_PEND]
     si[I_PEND] = 0
@@ -157,49 +172,55 @@ def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, 
         rep = pend[x]
         ri[rep, R_PENDING] = 0
         if ri[rep, R_SEG] == SEG_NONE:
-            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
+            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
                    ht, hk, hs, hi, hv)
 
 
 @njit(cache=True)
-def set_active(t, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched,
-               si, pend, ht, hk, hs, hi, hv):
-    """`Pool.set_active` for one model: the first ``count`` replicas active (a standby one wakes after
-    ``latency_s``, a draining one resumes at once), the rest draining; re-routes the queues when the set changed."""
+def set_active(t, model, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell,
+               sched, si, pend, ht, hk, hs, hi, hv):
+    """`Pool.set_active` for ``model``: its first ``count`` replicas (in index order) active (a standby one wakes
+    after ``latency_s``, a draining one resumes at once), the rest draining; re-routes its queues when the set
+    changed."""
     R = ri.shape[0]
     changed = False
-    for i in range(R):
-        st = ri[i, R_STATE]
+    i = 0  # the replica's place among the model's
+    for x in range(R):
+        if ri[x, R_MODEL] != model:
+            continue
+        st = ri[x, R_STATE]
+        g = ri[x, R_GPU]
         if i < count:
             if st == DRAINING:
-                ri[i, R_STATE] = ACTIVE
-                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+                ri[x, R_STATE] = ACTIVE
+                _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
             elif st == STANDBY:
-                ri[i, R_STATE] = WAKING
-                ri[i, R_VER] += 1
-                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
-                _push(si, ht, hk, hs, hi, hv, t + latency_s, EV_WAKE, i, ri[i, R_VER])
+                ri[x, R_STATE] = WAKING
+                ri[x, R_VER] += 1
+                _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
+                _push(si, ht, hk, hs, hi, hv, t + latency_s, EV_WAKE, x, ri[x, R_VER])
         else:
             if st == ACTIVE:
-                ri[i, R_STATE] = DRAINING
-                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
+                ri[x, R_STATE] = DRAINING
+                _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
             elif st == WAKING:
-                ri[i, R_VER] += 1
-                ri[i, R_STATE] = STANDBY
-                _floor_changed(t, i, ri, rf, gi, gf, floor_tab)
-        changed |= ri[i, R_STATE] != st
+                ri[x, R_VER] += 1
+                ri[x, R_STATE] = STANDBY
+                _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
+        changed |= ri[x, R_STATE] != st
+        i += 1
     if not changed:
         return
-    _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
-    _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
+    _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab)
+    _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
            hi, hv)
 
 
 @njit(cache=True)
-def _set_clock(t, idx, latency_s, gi, gf, si, ht, hk, hs, hi, hv):
-    """`Pool.set_clock` on every GPU: clock level ``idx`` from ``t + latency_s`` (a pending change superseded, one
-    back to the current clock cancelled)."""
-    for g in range(gi.shape[0]):
+def _set_clock(t, idx, gpus, gi, gf, si, ht, hk, hs, hi, hv):
+    """`Pool.set_clock` on ``gpus`` (in that order): clock level ``idx`` from ``t`` plus each GPU's clock-change
+    latency (a pending change superseded, one back to the current clock cancelled)."""
+    for g in gpus:
         target = gi[g, G_PENDING] if gi[g, G_PENDING] >= 0 else gi[g, G_CLOCK]
         if idx == target:
             continue
@@ -208,19 +229,32 @@ def _set_clock(t, idx, latency_s, gi, gf, si, ht, hk, hs, hi, hv):
             gi[g, G_PENDING] = -1
             continue
         gi[g, G_PENDING] = idx
-        gf[g, GF_PENDING_T] = t + latency_s
+        gf[g, GF_PENDING_T] = t + gf[g, GF_CLOCK_LAT]
         _push(si, ht, hk, hs, hi, hv, gf[g, GF_PENDING_T], EV_CLOCK, g, gi[g, G_VER])
 
 
 @njit(cache=True)
-def _set_floor(t, g, power_w, ri, rf, gf):
-    """`GPU.set_floor` (one instance per GPU): close the floor meter at ``t``; a segment in flight is charged the
-    new floor from ``t`` on."""
+def _set_share(t, rep, share, coef, ri, rf, coc, si, ht, hk, hs, hi, hv):
+    """`Pool.set_share`: replica ``rep`` steps under the coefficients ``coef`` (its profile at ``share``) from its
+    next step on; a decode run in flight is cut at its next step end."""
+    rf[rep, R_SHARE] = share
+    coc[rep] = coef
+    if ri[rep, R_SEG] == SEG_RUN and _cut(rf, ri, rep, t):
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
+
+
+@njit(cache=True)
+def _set_floor(t, g, power_w, ri, rf, gi, gf, gh):
+    """`GPU.set_floor`: close GPU ``g``'s floor meter at ``t``; its instances' segments in flight are charged the new
+    floor from ``t`` on."""
     gf[g, GF_E_FLOOR] += gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR])
     gf[g, GF_T_FLOOR] = t
     if power_w != gf[g, GF_FLOOR_W]:
-        if ri[g, R_SEG] != SEG_NONE and rf[g, R_T0] <= t < rf[g, R_T1]:
-            rf[g, R_FLOOR_ACC] += rf[g, R_FLOOR_W] * (t - rf[g, R_FLOOR_T])
-            rf[g, R_FLOOR_T] = t
-            rf[g, R_FLOOR_W] = power_w
+        for j in range(gi[g, G_NHOST]):
+            x = gh[g, j]
+            if ri[x, R_SEG] != SEG_NONE and rf[x, R_T0] <= t < rf[x, R_T1]:
+                rf[x, R_FLOOR_ACC] += rf[x, R_FLOOR_W] * (t - rf[x, R_FLOOR_T])
+                rf[x, R_FLOOR_T] = t
+                rf[x, R_FLOOR_W] = power_w
     gf[g, GF_FLOOR_W] = power_w

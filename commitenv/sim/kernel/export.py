@@ -8,9 +8,10 @@ import numpy as np
 from commitenv.sim.kernel.heap import _live
 from commitenv.sim.kernel.layout import (GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
                                          I_HEAP, I_PEND, I_SEQ, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_FINISH, Q_FIRST,
-                                         Q_GENERATED, Q_OUT, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BATCH_N,
+                                         Q_GENERATED, Q_MODEL, Q_OUT, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BATCH_N,
                                          R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
-                                         R_FREE, R_FT, R_K, R_LOGGED, R_RUN_N, R_SEG, R_STATE, R_T0, R_T1, R_UNF, R_VER)
+                                         R_FREE, R_FT, R_K, R_LOGGED, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1,
+                                         R_UNF, R_VER)
 from commitenv.sim.states import EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP
 
 
@@ -34,7 +35,7 @@ class KernelExport:
         reqs: dict[int, Req] = {}
         for k, slot, dl, q, f, cap in zip(live.tolist(), self.slots(live).tolist(), self.deadlines(live).tolist(),
                                           qi[live].tolist(), qf[live].tolist(), self.qc[live].tolist()):
-            r = Req(slot, f[Q_ARRIVAL], q[Q_PROMPT], q[Q_OUT], dl)
+            r = Req(slot, f[Q_ARRIVAL], q[Q_PROMPT], q[Q_OUT], dl, q[Q_MODEL])
             r.computed, r.generated, r.blocks = q[Q_COMPUTED], q[Q_GENERATED], q[Q_BLOCKS]
             r.replica, r.started = q[Q_REPLICA], bool(q[Q_STARTED])
             r.first_t, r.preemptions, r.captured = f[Q_FIRST], q[Q_PREEMPT], bool(cap)
@@ -63,6 +64,7 @@ class KernelExport:
             rep.seg_floor_w, rep.seg_floor_t = float(rf[x, R_FLOOR_W]), float(rf[x, R_FLOOR_T])
             rep.seg_floor_acc = float(rf[x, R_FLOOR_ACC])
             rep.seg_log = self._seg_log(x) if seg != SEG_NONE and ri[x, R_LOGGED] else None
+            rep.share = float(rf[x, R_SHARE])
             rep.invalidate_coeffs()
         for g, gpu in enumerate(pool._gpus):
             gpu.clock_idx = int(gi[g, G_CLOCK])
@@ -74,7 +76,8 @@ class KernelExport:
         pool._heap = heap
         pool._seq = int(self.si[I_SEQ])
         pool._pending = []
-        pool._refresh_routable(0)
+        for m in range(pool.n_models):
+            pool._refresh_routable(m)
         if self.noise is not None:  # (the source continues with the draws the kernel took and did not use)
             for x in range(self.R):
                 self.noise.put_back(x, self._draws(x))

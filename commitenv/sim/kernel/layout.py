@@ -16,31 +16,38 @@ I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAP
 # I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`
 # float64 scalars (``sf``)
 F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (heap or arrival)
-# per-replica float64 columns (``rf``)
-R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC = range(12)
+# per-replica float64 columns (``rf``); R_SHARE: its SM share now, R_SSHARE: the share its segment started with (the
+# step log's share)
+R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC, R_SHARE, R_SSHARE = range(14)
 # per-replica int64 columns (``ri``)
 (R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND,
- R_SCLK, R_LOGGED) = range(16)
+ R_SCLK, R_LOGGED, R_GPU, R_MODEL, R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE) = range(22)
 # R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables;
 # R_SCLK: the clock level its segment started at (the step log's clock); R_LOGGED: the segment was started while the
-# step log was written (`Replica.seg_log` set), so its booking is logged
+# step log was written (`Replica.seg_log` set), so its booking is logged; R_GPU, R_MODEL: the GPU hosting it and the
+# model it serves; R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE: its model's scheduler limits (token budget, max sequences,
+# KV block size, whether a full sequence is reserved at admission)
 # per-request int64 columns (``qi``)
-Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA = range(8)
+Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA, Q_MODEL = range(9)
 # per-request float64 columns (``qf``)
 Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
-# per-GPU int64 columns (``gi``) and float64 columns (``gf``)
-G_CLOCK, G_PENDING, G_VER = range(3)
-GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR = range(4)
-# scheduler limits, the truth table's first cell, whether the tables hold legacy noise draws, whether the step log
-# is written and whether decode runs advance in closed form (``sched``: int64)
-S_BUDGET, S_MAX_SEQS, S_BLOCK, S_RESERVE, S_CELL0, S_NOISE, S_LOG, S_CLOSED = range(8)
+# per-GPU int64 columns (``gi``; G_NHOST: how many replicas it hosts, listed in ``gh``) and float64 columns (``gf``;
+# GF_CLOCK_LAT: the clock-change latency of its profile)
+G_CLOCK, G_PENDING, G_VER, G_NHOST = range(4)
+GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR, GF_CLOCK_LAT = range(5)
+# the largest max_seqs of any replica (the step log's room per event), the truth table's first cell, whether the
+# tables hold legacy noise draws, whether the step log is written and whether decode runs advance in closed form
+# (``sched``: int64)
+S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED = range(5)
 # the step log: per entry int64 (``lgi``) and float64 (``lgf``) columns, per member int64 columns (``lgm``)
 LG_REP, LG_STEPS, LG_CLOCK, LG_N = range(4)
-LF_T0, LF_T1, LF_ENERGY, LF_FLOOR = range(4)
+LF_T0, LF_T1, LF_ENERGY, LF_FLOOR, LF_SHARE = range(5)
 LM_REQ, LM_NEW, LM_COMPUTED, LM_DECODE = range(4)
-# coefficients per clock level (``coc``): tau0..tau4, a, c1, c2, b, kappa
+# coefficients per replica and clock level (``coc[replica, clock]``, its profile at its SM share): tau0..tau4, a,
+# c1, c2, b, kappa
 C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10)
 # the state arrays a `KernelState` writes (a copy duplicates them; tables, rows and the step log are handled apart):
 # per request (indexed like ``qi``; a compaction makes them anew) and the rest (scalars, replicas, GPUs, event heap)
 REQUEST_ARRAYS = ("qi", "qf", "qc", "rejected", "wq", "done_out")
-ENGINE_ARRAYS = ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn")
+ENGINE_ARRAYS = ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn",
+                 "coc")

@@ -8,12 +8,13 @@ from numba import njit
 
 from commitenv.sim.kernel.actuate import _floor_changed, _floor_power, _flush, _redistribute, _route, _set_floor, _start
 from commitenv.sim.kernel.heap import _live, _pop, _push, _wpush_back
-from commitenv.sim.kernel.layout import (F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
-                                         INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
-                                         I_LOGM, I_N, I_PEND, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BT0, R_D, R_E0,
-                                         R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FT, R_K, R_LOGGED,
-                                         R_NEND, R_NPOS, R_PENDING, R_RUN_N, R_SEG, R_STATE, R_T0, R_T1, R_VER, R_WHEAD,
-                                         R_WLEN, S_BLOCK, S_LOG, S_MAX_SEQS, S_NOISE)
+from commitenv.sim.kernel.layout import (F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_NHOST,
+                                         G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP,
+                                         I_LIVE, I_LOG, I_LOGM, I_N, I_PEND, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BS,
+                                         R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
+                                         R_FT, R_GPU, R_K, R_LOGGED, R_MODEL, R_NEND, R_NPOS, R_PENDING, R_RUN_N,
+                                         R_SEG, R_STATE, R_T0, R_T1, R_VER, R_WHEAD, R_WLEN, S_LOG, S_MAX_SEQS,
+                                         S_NOISE)
 from commitenv.sim.kernel.segment import (_cut, _decode, _finish_segment, _log_segment, _run_energy, _run_steps_done_by,
                                           _run_time)
 from commitenv.sim.states import ACTIVE, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, WAKING
@@ -29,7 +30,7 @@ def _noise_low(ri):
 
 @njit(cache=True)
 def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
-            coc, gi, gf, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm):
+            coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
     ``stop_captured``, stop at the segment end that finishes the last captured request."""
     n = si[I_N]
@@ -49,8 +50,8 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
-            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si, pend, ht,
-                   hk, hs, hi, hv)
+            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend,
+                   ht, hk, hs, hi, hv)
             continue
         if th == INF and ta == INF:
             break
@@ -66,19 +67,21 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                 g = rep
                 if gi[g, G_VER] != ver:
                     continue
-                if ri[g, R_SEG] == SEG_RUN and _cut(rf, ri, g, t):
-                    ri[g, R_VER] += 1
-                    _push(si, ht, hk, hs, hi, hv, rf[g, R_T1], EV_SEG, g, ri[g, R_VER])
+                for j in range(gi[g, G_NHOST]):
+                    x = gh[g, j]
+                    if ri[x, R_SEG] == SEG_RUN and _cut(rf, ri, x, t):
+                        ri[x, R_VER] += 1
+                        _push(si, ht, hk, hs, hi, hv, rf[x, R_T1], EV_SEG, x, ri[x, R_VER])
                 gi[g, G_CLOCK] = gi[g, G_PENDING]
                 gi[g, G_PENDING] = -1
-                _set_floor(t, g, _floor_power(g, ri, gi, floor_tab), ri, rf, gf)
+                _set_floor(t, g, _floor_power(g, ri, gi, gh, floor_tab), ri, rf, gi, gf, gh)
                 continue
             if kind == EV_WAKE:
                 if ri[rep, R_VER] != ver or ri[rep, R_STATE] != WAKING:
                     continue
                 ri[rep, R_STATE] = ACTIVE
-                _floor_changed(t, rep, ri, rf, gi, gf, floor_tab)
-                _redistribute(t, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, floor_tab)
+                _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+                _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab)
                 continue
             if ri[rep, R_VER] != ver:
                 continue
@@ -93,7 +96,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                     pend[si[I_PEND]] = rep
                     si[I_PEND] += 1
             else:
-                _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, floor_tab, ftab, fetab, cell, sched, si,
+                _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
                        ht, hk, hs, hi, hv)
         else:
             if ta > t_end:
@@ -118,8 +121,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
 @njit(cache=True)
 def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf, lgm):
     """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter, and log) the steps
-    that ended before, leaving one step in flight."""
-    bs = sched[S_BLOCK]
+    that ended before, leaving one step in flight (replica ``g`` here, its GPU's meter ``e_dyn[ri[g, R_GPU]]``)."""
     for g in range(ri.shape[0]):
         if ri[g, R_SEG] != SEG_RUN:
             continue
@@ -136,8 +138,8 @@ def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf
         t_mid = rf[g, R_T0] + dt
         floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
         if sched[S_LOG] and ri[g, R_LOGGED]:
-            _log_segment(g, rf[g, R_T0], t_mid, m, de, floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
-        _decode(ri, qi, bq, g, m, bs)
+            _log_segment(g, rf[g, R_T0], t_mid, m, de, floor_j, ri, rf, qi, bq, bk, si, lgi, lgf, lgm)
+        _decode(ri, qi, bq, g, m, ri[g, R_BS])
         rf[g, R_BT0] += rf[g, R_D] * m
         rf[g, R_E0] += rf[g, R_F] * m
         ri[g, R_K] -= m
@@ -145,7 +147,7 @@ def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf
         rf[g, R_FLOOR_ACC] = 0.0
         rf[g, R_FLOOR_T] = t_mid
         rf[g, R_ENERGY] -= de
-        e_dyn[g] += de - floor_j
+        e_dyn[ri[g, R_GPU]] += de - floor_j
 
 
 @njit(cache=True)
@@ -170,16 +172,19 @@ def _floor_until(rf, g, end):
 
 
 @njit(cache=True)
-def meter(t, ri, rf, gf, e_dyn):
-    """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`, one instance per GPU)."""
-    R = ri.shape[0]
-    out = np.empty(R)
-    for g in range(R):
+def meter(t, ri, rf, gi, gf, gh, e_dyn):
+    """Energy (J) of every GPU from the start to ``t`` (`GPU.meter`: its floor, its booked energy above the floor and
+    its instances' segments in flight, in the GPU's order)."""
+    G = gi.shape[0]
+    out = np.empty(G)
+    for g in range(G):
         e = gf[g, GF_E_FLOOR] + gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR]) + e_dyn[g]
-        if ri[g, R_SEG] != SEG_NONE:
-            end = rf[g, R_T1] if rf[g, R_T1] < t else t
-            if end > rf[g, R_T0]:
-                e += _energy_until(t, ri, rf, g) - _floor_until(rf, g, end)
+        for j in range(gi[g, G_NHOST]):
+            x = gh[g, j]
+            if ri[x, R_SEG] != SEG_NONE:
+                end = rf[x, R_T1] if rf[x, R_T1] < t else t
+                if end > rf[x, R_T0]:
+                    e += _energy_until(t, ri, rf, x) - _floor_until(rf, x, end)
         out[g] = e
     return out
 

@@ -11,21 +11,29 @@ import numpy as np
 from commitenv.sim.coeffs import coeffs_for
 
 
-_COEFFS: dict[int, np.ndarray] = {}  # id(profile) -> coefficients, dropped with the profile (as `coeffs_for`'s)
+_COEFFS: dict[tuple[int, float], np.ndarray] = {}  # (id(profile), share) -> coefficients, dropped with the profile
 
 
-def _clock_coefficients(prof) -> np.ndarray:
-    """The step laws' coefficients at each clock level of ``prof`` (``coc``; read only, cached per profile object as
-    `coeffs_for` caches them: a profile is not changed once an engine used it)."""
-    coc = _COEFFS.get(id(prof))
+def _clock_coefficients(prof, share: float = 1.0) -> np.ndarray:
+    """The step laws' coefficients at each clock level of ``prof`` at SM share ``share`` (one replica's rows of
+    ``coc``; read only, cached per profile object and share as `coeffs_for` caches them: a profile is not changed
+    once an engine used it)."""
+    key = (id(prof), round(float(share), 6))
+    coc = _COEFFS.get(key)
     if coc is None:
         coc = np.zeros((len(prof.clocks), 10))
         for ci in range(len(prof.clocks)):
-            c = coeffs_for(prof, ci, 1.0)
+            c = coeffs_for(prof, ci, share)
             coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
-        _COEFFS[id(prof)] = coc
-        weakref.finalize(prof, _COEFFS.pop, id(prof), None)
+        if not any(k[0] == id(prof) for k in _COEFFS):
+            weakref.finalize(prof, _drop, id(prof))
+        _COEFFS[key] = coc
     return coc
+
+
+def _drop(pid: int) -> None:
+    for k in [k for k in _COEFFS if k[0] == pid]:
+        del _COEFFS[k]
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class _Rows:
     out: np.ndarray  # the output length the engine runs to
     rejected: np.ndarray
     deadline: np.ndarray  # what `Req.deadline` carries
+    model: np.ndarray  # the model serving it (int64)
     overhead: np.ndarray | None  # serving overhead added to the finish time (None: none)
 
     @classmethod
@@ -44,11 +53,12 @@ class _Rows:
         n = pool._n
         if n and pool.table is not None and pool._slot_base == 0 and len(pool.table) == n:
             return cls(pool.table.arrival_s, pool.table.prompt_tokens, np.asarray(pool.out_tokens),
-                       np.asarray(pool.rejected, np.bool_), np.asarray(pool.deadline, np.float64), pool.overhead_s)
+                       np.asarray(pool.rejected, np.bool_), np.asarray(pool.deadline, np.float64),
+                       np.asarray(pool.model_of, np.int64), pool.overhead_s)
         if not n:
             e = np.zeros(0)
-            return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(np.bool_), e, None)
+            return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(np.bool_), e, e.astype(np.int64), None)
         oh = pool.overhead_s if pool._slot_base == 0 else None
         return cls(np.asarray(pool._arr[:n], np.float64), np.asarray(pool._prompt[:n], np.int64),
                    np.asarray(pool._out[:n], np.int64), np.asarray(pool.rejected[:n], np.bool_),
-                   np.asarray(pool._deadline[:n], np.float64), oh)
+                   np.asarray(pool._deadline[:n], np.float64), np.asarray(pool._model[:n], np.int64), oh)

@@ -16,8 +16,9 @@ from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, 
                                          Q_GENERATED, Q_OUT, Q_OVERHEAD, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED,
                                          R_BATCH_N, R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T,
                                          R_FLOOR_W, R_FREE, R_FT, R_K, R_LOGGED, R_NEND, R_NPOS, R_RUN_N, R_SCLK, R_SEG,
-                                         R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, S_BLOCK, S_BUDGET, S_CELL0,
-                                         S_CLOSED, S_LOG, S_MAX_SEQS, S_NOISE, S_RESERVE)
+                                         R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, R_GPU, R_BUDGET, R_MAXSEQ,
+                                         R_BS, R_RESERVE, R_SHARE, R_SSHARE, LF_SHARE, S_CELL0, S_CLOSED, S_LOG,
+                                         S_NOISE)
 from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
 
 
@@ -177,7 +178,8 @@ def _decode_flags(qi, members, new):
 def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
     """`Replica.start` without a local policy: schedule, then a closed-form decode run (unless the pool runs step by
     step) or a single step."""
-    budget, max_seqs, bs, reserve_full = sched[S_BUDGET], sched[S_MAX_SEQS], sched[S_BLOCK], sched[S_RESERVE]
+    budget, max_seqs, bs, reserve_full = ri[rep, R_BUDGET], ri[rep, R_MAXSEQ], ri[rep, R_BS], ri[rep, R_RESERVE]
+    g = ri[rep, R_GPU]
     nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
     ri[rep, R_BATCH_N] = nb
     if nb == 0:
@@ -193,7 +195,9 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
         else:
             P += k
             A += k * qi[r, Q_COMPUTED] + k * (k + 1) // 2
+    row = g  # (the truth's factors are its GPU's; the legacy noise draws per replica)
     if sched[S_NOISE]:  # `NoiseSource.draw_for`: the replica's next draw, for the whole segment
+        row = rep
         j = ri[rep, R_NPOS]
         if j >= ri[rep, R_NEND]:
             raise RuntimeError("kernel: legacy noise draws exhausted (the caller refills before each event)")
@@ -205,13 +209,15 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
         if j < 0 or j >= ftab.shape[1]:
             raise RuntimeError("kernel: truth factor table does not cover the segment's start")
         t_next = (c + 1) * cell
-    ft = ftab[rep, j]
-    fe = fetab[rep, j]
+    ft = ftab[row, j]
+    fe = fetab[row, j]
     rf[rep, R_FT] = ft
     rf[rep, R_FE] = fe
     rf[rep, R_T0] = t
-    rf[rep, R_FLOOR_W] = gf[rep, GF_FLOOR_W]
-    cl = gi[rep, G_CLOCK]
+    rf[rep, R_FLOOR_W] = gf[g, GF_FLOOR_W]
+    rf[rep, R_SSHARE] = rf[rep, R_SHARE]
+    cl = gi[g, G_CLOCK]
+    co = coc[rep]
     ri[rep, R_SCLK] = cl
     ri[rep, R_LOGGED] = sched[S_LOG]
     rf[rep, R_FLOOR_T] = t
@@ -228,22 +234,22 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
         if kmax >= 2:
             ri[rep, R_SEG] = SEG_RUN
             ri[rep, R_K] = kmax
-            T0 = coc[cl, C_TAU0] + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
-            D = coc[cl, C_TAU3] * n
-            E0 = coc[cl, C_A] + coc[cl, C_B] * n + coc[cl, C_KAPPA] * L
-            F = coc[cl, C_KAPPA] * n
+            T0 = co[cl, C_TAU0] + co[cl, C_TAU2] * n + co[cl, C_TAU3] * L
+            D = co[cl, C_TAU3] * n
+            E0 = co[cl, C_A] + co[cl, C_B] * n + co[cl, C_KAPPA] * L
+            F = co[cl, C_KAPPA] * n
             rf[rep, R_BT0], rf[rep, R_D], rf[rep, R_E0], rf[rep, R_F] = T0, D, E0, F
             rf[rep, R_T1] = t + ft * (kmax * T0 + D * kmax * (kmax - 1) / 2)
             rf[rep, R_ENERGY] = fe * (kmax * E0 + F * kmax * (kmax - 1) / 2)
             if rf[rep, R_T1] > t_next:
                 _cut(rf, ri, rep, t_next)
             return True
-    dt = ft * (coc[cl, C_TAU0] + coc[cl, C_TAU1] * P + coc[cl, C_TAU2] * n + coc[cl, C_TAU3] * L
-               + coc[cl, C_TAU4] * A)
+    dt = ft * (co[cl, C_TAU0] + co[cl, C_TAU1] * P + co[cl, C_TAU2] * n + co[cl, C_TAU3] * L
+               + co[cl, C_TAU4] * A)
     ri[rep, R_SEG] = SEG_STEP
     rf[rep, R_T1] = t + dt
-    rf[rep, R_ENERGY] = fe * (coc[cl, C_A] + coc[cl, C_C1] * P + coc[cl, C_C2] * A + coc[cl, C_B] * n
-                              + coc[cl, C_KAPPA] * L)
+    rf[rep, R_ENERGY] = fe * (co[cl, C_A] + co[cl, C_C1] * P + co[cl, C_C2] * A + co[cl, C_B] * n
+                              + co[cl, C_KAPPA] * L)
     return True
 
 
@@ -264,7 +270,7 @@ def _decode(ri, qi, bq, rep, m, bs):
 
 
 @njit(cache=True)
-def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm):
+def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, rf, qi, bq, bk, si, lgi, lgf, lgm):
     """`Pool._book`'s step log entry of ``rep``'s segment (or its finished part), written before its progress is
     applied: members with their new tokens, computed tokens before and decode flags (`batch_terms`)."""
     e, mo, nb = si[I_LOG], si[I_LOGM], ri[rep, R_BATCH_N]
@@ -272,6 +278,7 @@ def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, qi, bq, bk, si, lgi,
         raise RuntimeError("kernel: step log full (the caller drains it before each event)")
     lgi[e, LG_REP], lgi[e, LG_STEPS], lgi[e, LG_CLOCK], lgi[e, LG_N] = rep, n_steps, ri[rep, R_SCLK], nb
     lgf[e, LF_T0], lgf[e, LF_T1], lgf[e, LF_ENERGY], lgf[e, LF_FLOOR] = t0, t1, energy, floor_j
+    lgf[e, LF_SHARE] = rf[rep, R_SSHARE]
     run = ri[rep, R_SEG] == SEG_RUN
     for j in range(nb):
         r = bq[rep, j]
@@ -285,13 +292,13 @@ def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, qi, bq, bk, si, lgi,
 def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm):
     """Book the segment's energy above its floor (and its step log entry), apply its progress, complete finished
     requests."""
-    bs = sched[S_BLOCK]
+    bs = ri[rep, R_BS]
     floor_j = rf[rep, R_FLOOR_ACC] + rf[rep, R_FLOOR_W] * (rf[rep, R_T1] - rf[rep, R_FLOOR_T])
-    e_dyn[rep] += rf[rep, R_ENERGY] - floor_j
+    e_dyn[ri[rep, R_GPU]] += rf[rep, R_ENERGY] - floor_j
     seg = ri[rep, R_SEG]
     if sched[S_LOG] and ri[rep, R_LOGGED]:
         _log_segment(rep, rf[rep, R_T0], rf[rep, R_T1], ri[rep, R_K] if seg == SEG_RUN else 1, rf[rep, R_ENERGY],
-                     floor_j, ri, qi, bq, bk, si, lgi, lgf, lgm)
+                     floor_j, ri, rf, qi, bq, bk, si, lgi, lgf, lgm)
     ndone = 0
     if seg == SEG_STEP:
         for j in range(ri[rep, R_BATCH_N]):

@@ -8,18 +8,20 @@ import os
 
 import numpy as np
 
-from commitenv.sim.kernel.actuate import _set_clock, set_active
+from commitenv.sim.kernel.actuate import _set_clock, _set_share, set_active
 from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.heap import _left, _live, _waiting
-from commitenv.sim.kernel.layout import (ENGINE_ARRAYS, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR,
-                                         G_CLOCK, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE,
+from commitenv.sim.kernel.layout import (ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W,
+                                         GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE,
                                          I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_LOGM, I_N, I_SEQ, LF_ENERGY, LF_FLOOR,
-                                         LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW,
-                                         LM_REQ, Q_ARRIVAL, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_OUT, Q_OVERHEAD, Q_PROMPT,
-                                         Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE,
-                                         R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_K, R_LOGGED, R_NEND, R_NPOS,
-                                         R_RUN_N, R_SCLK, R_SEG, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN,
-                                         R_WTAIL, S_CELL0, S_CLOSED, S_LOG, S_NOISE)
+                                         LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
+                                         LM_DECODE, LM_NEW, LM_REQ, Q_ARRIVAL, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_MODEL,
+                                         Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BS, R_BT0,
+                                         R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
+                                         R_FREE, R_FT, R_GPU, R_K, R_LOGGED, R_MAXSEQ, R_MODEL, R_NEND, R_NPOS,
+                                         R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1,
+                                         R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_CLOSED, S_LOG,
+                                         S_NOISE)
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, in_flight, meter, settle
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.kernel.segment import _decode_flags
@@ -47,22 +49,25 @@ class KernelState(KernelExport):
 
     @staticmethod
     def covers(pool) -> bool:
-        """Whether the kernel can run ``pool`` from its current state: one model, one full-share instance per GPU
-        without a prefix cache or local policy, the truth model, the legacy per-segment noise, a what-if copy's
-        nominal model or no noise, the default router, no request unrouted or migrating, no
-        replica loading or moving."""
+        """Whether the kernel can run ``pool`` from its current state: any number of models and instances per GPU
+        with any SM shares (profiles with the same clock levels), without a prefix cache or local policy, the truth
+        model, the legacy per-segment noise, a what-if copy's nominal model or no noise, the default router, no
+        request unrouted or migrating, no replica loading or moving."""
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         noise_ok = pool.noise is pool.truth or (pool.truth is None
                                                 and isinstance(pool.noise, (NominalModel, NoiseSource)))
-        return (noise_ok and pool.dispatch is None and pool._hashes is None and pool.n_models == 1
-                and len(reps) == len(gpus)
+        levels = {tuple(p.clock_mhz) for p in pool.profiles}
+        return (noise_ok and pool.dispatch is None and pool._hashes is None and len(levels) == 1
                 and not pool.unrouted and not pool.transit and not pool._pending
                 and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
                 and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
-                and all(g.replicas == [r] and g.index == r.index == x for x, (g, r) in enumerate(zip(gpus, reps)))
-                and all(r.local is None and r.pcache is None and r.share == 1.0 and not r.pending_start
+                and all(g.index == x for x, g in enumerate(gpus))
+                and all(r.index == x and r.dest is None and r in r.gpu.replicas and r.gpu is gpus[r.gpu.index]
+                        for x, r in enumerate(reps))
+                and sum(len(g.replicas) for g in gpus) == len(reps)
+                and all(r.local is None and r.pcache is None and not r.pending_start
                         and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps))
 
     @classmethod
@@ -75,15 +80,16 @@ class KernelState(KernelExport):
         results); without it every request stays, at its index, for the caller to read."""
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
-                             "one model, one full-share instance per GPU, default router, no prefix cache, no local "
-                             "policy, nothing unrouted, migrating, loading or moving)")
+                             "profiles with the same clock levels, default router, no prefix cache, no local policy, "
+                             "nothing unrouted, migrating, loading or moving)")
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         live = sorted((r for rep in reps for q in (rep.running, rep.waiting) for r in q), key=lambda r: r.slot)
         L = len(live)
-        sch = pool.profiles[0].scheduler
         self.R = R = len(reps)
+        self.G = G = len(gpus)
+        max_seqs = max(rep.max_seqs for rep in reps)
         self.src = _Rows.of(pool)
         self.slot_base = pool._slot_base
         self.n_live = L  # the head: requests live at the import (or the last compaction), by slot
@@ -97,7 +103,7 @@ class KernelState(KernelExport):
         self.taken = 0  # completions handed out by `take_finished`
         self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
         cap = L + 64
-        self.qi = np.zeros((cap, 8), np.int64)
+        self.qi = np.zeros((cap, 9), np.int64)
         self.qf = np.zeros((cap, 4))
         self.qc = np.zeros(cap, np.uint8)  # captured (a what-if run reports its finish)
         self.rejected = np.zeros(cap, np.bool_)
@@ -107,22 +113,32 @@ class KernelState(KernelExport):
         index = {}
         for k, r in enumerate(live):
             index[id(r)] = k
-            self.qi[k] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions, r.replica)
+            self.qi[k] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions, r.replica,
+                          r.model)
             self.qf[k] = (r.arrival, r.first_t, np.nan,
                           oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
             self.qc[k] = r.captured
         prof = pool.profiles[0]
-        self.profile = prof
-        self.coc = _clock_coefficients(prof)
-        self.sched = np.array([sch.token_budget, sch.max_seqs, sch.block_size, int(sch.reserve_full_sequence), 0, 0,
-                               int(pool.log is not None or pool.on_step is not None), int(pool.opt.closed_form)],
-                              np.int64)
-        self.run = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.bq = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.bk = np.zeros((R, sch.max_seqs + 1), np.int64)
-        self.ri = np.zeros((R, 16), np.int64)
-        self.rf = np.zeros((R, 12))
+        self.profiles = pool.profiles
+        self.clock_mhz = tuple(prof.clock_mhz)  # (every profile's: `covers`)
+        self.coc = np.stack([_clock_coefficients(rep.profile, rep.share) for rep in reps])
+        self.sched = np.array([max_seqs, 0, 0, int(pool.log is not None or pool.on_step is not None),
+                               int(pool.opt.closed_form)], np.int64)
+        self.run = np.zeros((R, max_seqs + 1), np.int64)
+        self.bq = np.zeros((R, max_seqs + 1), np.int64)
+        self.bk = np.zeros((R, max_seqs + 1), np.int64)
+        self.ri = np.zeros((R, 22), np.int64)
+        self.rf = np.zeros((R, 14))
         ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
+        ri[:, R_GPU] = [rep.gpu.index for rep in reps]
+        ri[:, R_MODEL] = [rep.model for rep in reps]
+        ri[:, R_BUDGET] = [rep.budget for rep in reps]
+        ri[:, R_MAXSEQ] = [rep.max_seqs for rep in reps]
+        ri[:, R_BS] = [rep.bs for rep in reps]
+        ri[:, R_RESERVE] = [rep.reserve_full for rep in reps]
+        rf[:, R_SHARE] = [rep.share for rep in reps]
+        rf[:, R_SSHARE] = [rep.share if rep.seg_log is None else rep.seg_log.share for rep in reps]
+        self.n_per_model = np.bincount(ri[:, R_MODEL], minlength=pool.n_models)
         ri[:, R_UNF] = [rep.unf for rep in reps]
         ri[:, R_FREE] = [rep.free_blocks for rep in reps]
         ri[:, R_STATE] = [rep.state for rep in reps]
@@ -137,9 +153,9 @@ class KernelState(KernelExport):
             rf[:, col] = [getattr(rep, name) for rep in reps]
         for x, rep in enumerate(reps):
             if rep.running:
-                if len(rep.running) > sch.max_seqs:
+                if len(rep.running) > rep.max_seqs:
                     raise ValueError(f"kernel: replica {x} runs {len(rep.running)} requests, above max_seqs "
-                                     f"{sch.max_seqs}")
+                                     f"{rep.max_seqs}")
                 ri[x, R_RUN_N] = len(rep.running)
                 self.run[x, : len(rep.running)] = [index[id(r)] for r in rep.running]
             if rep.waiting:  # (the linked list of `_wpush_back`, written at once)
@@ -153,11 +169,18 @@ class KernelState(KernelExport):
             elif rep.seg == SEG_RUN:
                 ri[x, R_BATCH_N] = len(rep.run_reqs)
                 self.bq[x, : len(rep.run_reqs)] = [index[id(r)] for r in rep.run_reqs]
-        self.gi = np.zeros((R, 3), np.int64)
-        self.gf = np.zeros((R, 4))
-        # the idle floor of an active GPU at each clock, multiplied as `GPU.floor_power` does
-        levels = np.array([[lvl.active_idle_w, lvl.draining_idle_w, prof.standby_w] for lvl in prof.clocks])
-        self.floor_tab = np.array([g.power_factor for g in gpus])[:, None, None] * levels[None]
+        self.gi = np.zeros((G, 4), np.int64)
+        self.gf = np.zeros((G, 5))
+        self.gh = np.full((G, max([1] + [len(g.replicas) for g in gpus])), -1, np.int64)  # replicas hosted, in order
+        for g, gpu in enumerate(gpus):
+            self.gh[g, : len(gpu.replicas)] = [r.index for r in gpu.replicas]
+        self.gi[:, G_NHOST] = [len(g.replicas) for g in gpus]
+        # each GPU's idle floor (active, draining, standby) at each clock, from the profile that sets it, multiplied
+        # as `GPU.floor_power` does
+        gprof = [g.profile if g.profile is not None else g.replicas[0].profile for g in gpus]
+        self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
+                                     p.standby_w * g.power_factor] for lvl in p.clocks] for g, p in zip(gpus, gprof)])
+        self.gf[:, GF_CLOCK_LAT] = [p.latencies.clock_change_s for p in gprof]
         self.gi[:, G_CLOCK] = [gpu.clock_idx for gpu in gpus]
         self.gi[:, G_PENDING] = [-1 if gpu.pending_clock is None else gpu.pending_clock for gpu in gpus]
         self.gi[:, G_VER] = [gpu.version for gpu in gpus]
@@ -175,10 +198,10 @@ class KernelState(KernelExport):
         elif pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
             self.cell = INF
             fe = pool.noise.energy_factor if isinstance(pool.noise, NominalModel) else 1.0
-            self.ftab, self.fetab = np.ones((R, 1)), np.full((R, 1), fe)
+            self.ftab, self.fetab = np.ones((G, 1)), np.full((G, 1), fe)
         else:
             self.cell = float(pool.truth._cell)
-            self.ftab = self.fetab = np.zeros((R, 0))
+            self.ftab = self.fetab = np.zeros((G, 0))
         self.si = np.zeros(12, np.int64)
         self.si[I_N] = self.si[I_CURSOR] = L
         self.si[I_SEQ] = pool._seq
@@ -200,11 +223,11 @@ class KernelState(KernelExport):
         self._load(pool.now)
         # the step log (`Pool.log`, `Pool.on_step`): written by the compiled loop, drained into `StepLogEntry`s after
         # every call (`take_log`)
-        self._mhz = np.array([lvl.mhz for lvl in prof.clocks], np.int64)
+        self._mhz = np.array(self.clock_mhz, np.int64)
         self._log_out: list = []
-        n_ent, n_mem = (max(self.LOG_ENTRIES, R + 1), max(self.LOG_MEMBERS, (R + 1) * (sch.max_seqs + 1))) \
+        n_ent, n_mem = (max(self.LOG_ENTRIES, R + 1), max(self.LOG_MEMBERS, (R + 1) * (max_seqs + 1))) \
             if self.sched[S_LOG] else (0, 0)
-        self.lgi, self.lgf = np.zeros((n_ent, 4), np.int64), np.zeros((n_ent, 4))
+        self.lgi, self.lgf = np.zeros((n_ent, 4), np.int64), np.zeros((n_ent, 5))
         self.lgm = np.zeros((n_mem, 4), np.int64)
 
     # ------------------------------------------------------------------------------------------ step log
@@ -235,8 +258,9 @@ class KernelState(KernelExport):
         lgi, lgf, lgm = self.lgi[:n], self.lgf[:n], self.lgm[:nm]
         rep = lgi[:, LG_REP].copy()
         self._log_out.append(StepLogBatch(
-            rep, rep, lgf[:, LF_T0].copy(), lgf[:, LF_T1].copy(), lgi[:, LG_STEPS].copy(), lgf[:, LF_ENERGY].copy(),
-            self._mhz[lgi[:, LG_CLOCK]], np.ones(n), lgf[:, LF_FLOOR].copy(), lgi[:, LG_N].copy(),
+            self.ri[rep, R_GPU], rep, lgf[:, LF_T0].copy(), lgf[:, LF_T1].copy(), lgi[:, LG_STEPS].copy(),
+            lgf[:, LF_ENERGY].copy(), self._mhz[lgi[:, LG_CLOCK]], lgf[:, LF_SHARE].copy(), lgf[:, LF_FLOOR].copy(),
+            lgi[:, LG_N].copy(),
             self.slots(lgm[:, LM_REQ]), lgm[:, LM_NEW].copy(), lgm[:, LM_COMPUTED].copy(), lgm[:, LM_DECODE] != 0))
         self.si[I_LOG] = self.si[I_LOGM] = 0
 
@@ -260,7 +284,7 @@ class KernelState(KernelExport):
         new = np.ones(nb, np.int64) if ri[x, R_SEG] == SEG_RUN else self.bk[x, :nb]
         return SegmentLog(tuple(self.slots(members).tolist()), tuple(new.tolist()),
                           tuple(self.qi[members, Q_COMPUTED].tolist()), tuple(_decode_flags(self.qi, members, new).tolist()),
-                          int(self._mhz[ri[x, R_SCLK]]), 1.0)
+                          int(self._mhz[ri[x, R_SCLK]]), float(self.rf[x, R_SSHARE]))
 
     # ------------------------------------------------------------------------------------------ requests
     def slots(self, idx: np.ndarray) -> np.ndarray:
@@ -303,6 +327,7 @@ class KernelState(KernelExport):
         self.qi[a:b, Q_PROMPT] = src.prompt[lo:hi]
         self.qi[a:b, Q_OUT] = src.out[lo:hi]
         self.qi[a:b, Q_REPLICA] = -1
+        self.qi[a:b, Q_MODEL] = src.model[lo:hi]
         self.qf[a:b, Q_ARRIVAL] = src.arrival[lo:hi]
         self.qf[a:b, Q_FIRST] = -1.0
         self.qf[a:b, Q_FINISH] = np.nan
@@ -324,7 +349,7 @@ class KernelState(KernelExport):
         if need <= cap:
             return
         new = max(2 * cap, need)
-        self.qi = np.concatenate([self.qi, np.zeros((new - cap, 8), np.int64)])
+        self.qi = np.concatenate([self.qi, np.zeros((new - cap, 9), np.int64)])
         self.qf = np.concatenate([self.qf, np.zeros((new - cap, 4))])
         self.qc = np.concatenate([self.qc, np.zeros(new - cap, np.uint8)])
         self.rejected = np.concatenate([self.rejected, np.zeros(new - cap, np.bool_)])
@@ -431,8 +456,8 @@ class KernelState(KernelExport):
     def _advance_once(self, t_end: float, stop_captured: bool) -> int:
         return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
                        self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
-                       self.hi, self.hv, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
-                       self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm)
+                       self.hi, self.hv, self.coc, self.gi, self.gf, self.gh, self.floor_tab, self.ftab, self.fetab,
+                       self.cell, self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm)
 
     def advance(self, t_end: float, stop_captured: bool = False) -> None:
         """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
@@ -454,26 +479,58 @@ class KernelState(KernelExport):
             self._advance(t)
         self.sf[F_NOW] = max(now0, self.sf[F_LAST])
 
-    def set_active(self, t: float, count: int) -> None:
-        """`Pool.set_active` for the pool's one model."""
-        if not 1 <= count <= self.R:
-            raise ValueError(f"active replicas: expected 1..{self.R}, got {count}")
+    def set_active(self, t: float, count: int, model: int = 0) -> None:
+        """`Pool.set_active` for ``model``."""
+        if not 0 <= model < len(self.n_per_model):
+            raise ValueError(f"model index {model} outside 0..{len(self.n_per_model) - 1}")
+        n = int(self.n_per_model[model])
+        if not 1 <= count <= n:
+            raise ValueError(f"active replicas: expected 1..{n} for model {model}, got {count}")
         if t < self.sf[F_NOW] - 1e-9:
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
         self._room(3 * self.R + 8)
         self._refill()
-        set_active(t, count, self.profile.latencies.activation_s, self.ri, self.rf, self.qi, self.wq, self.run,
-                   self.bq, self.bk, self.coc, self.gi, self.gf, self.floor_tab, self.ftab, self.fetab, self.cell,
-                   self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
+        set_active(t, model, count, self.profiles[model].latencies.activation_s, self.ri, self.rf, self.qi, self.wq,
+                   self.run, self.bq, self.bk, self.coc, self.gi, self.gf, self.gh, self.floor_tab, self.ftab,
+                   self.fetab, self.cell, self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
 
-    def set_clock(self, t: float, mhz: int) -> None:
-        """`Pool.set_clock` on every GPU: clock ``mhz`` applies after the profile's clock-change latency."""
+    def set_clock(self, t: float, mhz: int, gpus: list[int] | None = None) -> None:
+        """`Pool.set_clock` on ``gpus`` (every GPU by default): clock ``mhz`` applies after each GPU's clock-change
+        latency."""
         if t < self.sf[F_NOW] - 1e-9:
             raise ValueError(f"set_clock at t={t} precedes the engine clock {self.sf[F_NOW]}")
-        idx = self.profile.clock_index(mhz)
-        self._room(self.R)
-        _set_clock(t, idx, self.profile.latencies.clock_change_s, self.gi, self.gf, self.si, self.ht, self.hk, self.hs,
-                   self.hi, self.hv)
+        if mhz not in self.clock_mhz:
+            raise ValueError(f"clock {mhz} MHz: expected one of {list(self.clock_mhz)}")
+        sel = np.arange(self.G, dtype=np.int64) if gpus is None else np.asarray(gpus, np.int64).reshape(-1)
+        if len(sel) and not (0 <= sel.min() and sel.max() < self.G):
+            raise ValueError(f"set_clock: GPU indices {sel.tolist()} outside 0..{self.G - 1}")
+        self._room(len(sel))
+        _set_clock(t, self.clock_mhz.index(mhz), sel, self.gi, self.gf, self.si, self.ht, self.hk, self.hs, self.hi,
+                   self.hv)
+
+    def set_share(self, t: float, replica: int, share: float, profile) -> None:
+        """`Pool.set_share` (checked there): replica ``replica`` steps at SM share ``share`` of its ``profile`` from its
+        next step on."""
+        self._room(1)
+        _set_share(t, replica, float(share), _clock_coefficients(profile, share), self.ri, self.rf, self.coc, self.si,
+                   self.ht, self.hk, self.hs, self.hi, self.hv)
+
+    def shares(self) -> np.ndarray:
+        """Every replica's SM share now."""
+        return self.rf[:, R_SHARE].copy()
+
+    def gpu_of(self) -> np.ndarray:
+        """The GPU hosting each replica."""
+        return self.ri[:, R_GPU].copy()
+
+    def states(self) -> np.ndarray:
+        """Every replica's lifecycle state now (`commitenv.sim.states`)."""
+        return self.ri[:, R_STATE].copy()
+
+    def active_count(self, model: int) -> int:
+        """`Pool.active_count`: replicas of ``model`` active or waking."""
+        st = self.ri[self.ri[:, R_MODEL] == model, R_STATE]
+        return int(((st == ACTIVE) | (st == WAKING)).sum())
 
     def copy(self, *, log: bool = True) -> "KernelState":
         """An independent copy (the state arrays copied; without the finished requests when their results were taken,
@@ -536,14 +593,14 @@ class KernelState(KernelExport):
         self._drain_log()
 
     def meter(self, t: float) -> np.ndarray:
-        return meter(t, self.ri, self.rf, self.gf, self.e_dyn)
+        return meter(t, self.ri, self.rf, self.gi, self.gf, self.gh, self.e_dyn)
 
     def in_flight(self, t: float) -> list:
         """`Pool.in_flight`: the logged segments in flight that started before ``t``."""
         if not self.logging:
             return []
         ri, rf = self.ri, self.rf
-        return [InFlightPart(x, x, float(rf[x, R_T0]), int(ri[x, R_K]) if ri[x, R_SEG] == SEG_RUN else 1, e, f,
+        return [InFlightPart(x, int(ri[x, R_GPU]), float(rf[x, R_T0]), int(ri[x, R_K]) if ri[x, R_SEG] == SEG_RUN else 1, e, f,
                              self._seg_log(x))
                 for x, e, f in ((int(row[0]), float(row[1]), float(row[2])) for row in in_flight(t, ri, rf))]
 

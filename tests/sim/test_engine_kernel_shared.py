@@ -1,0 +1,179 @@
+"""The compiled event loop on shared pools (several models, several instances per GPU, SM shares, per-GPU clocks)
+against the Python loop of `Pool` on the same requests, exactly: the same events, completion times, replica states,
+step log (GPU, share and clock of every booked segment) and per-GPU meters at every interval boundary, under random
+per-model active counts, per-GPU clocks and SM shares that stay legal on every GPU."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from commitenv.envs import CommitServeEnv
+from commitenv.sim import kernel
+from commitenv.sim.kernel import KernelState
+
+SCENARIO = "festina-h100-shared"
+
+
+@pytest.fixture
+def python_pools(monkeypatch):
+    """Pools built here run the Python loop (the reference); each test drives its own `KernelState` beside them."""
+    monkeypatch.setattr(kernel, "ENABLED", False)
+
+
+def _shared_pool(seed: int):
+    env = CommitServeEnv(SCENARIO)
+    env.reset(seed=seed)
+    return env.pool
+
+
+def _legal_shares(rng, pool) -> dict[int, float]:
+    """A random SM share for a random subset of replicas such that every GPU's shares still sum to <= 1 (each at least
+    its profile's minimum)."""
+    out = {}
+    for g in pool.gpus:
+        reps = g.replicas
+        mins = [r.profile.sm_share.min_share for r in reps]
+        if rng.random() < 0.5:
+            continue
+        w = rng.dirichlet(np.ones(len(reps))) * (1.0 - sum(mins)) * rng.uniform(0.5, 1.0)
+        for r, m, x in zip(reps, mins, w):
+            out[r.index] = round(float(m + x), 4)
+    return out
+
+
+def _entries(log) -> list[tuple]:
+    return [(e.gpu, e.replica, e.t0, e.t1, e.n_steps, e.energy_j, e.clock_mhz, e.share, e.floor_j) for e in log]
+
+
+@pytest.mark.parametrize("settle", [False, True], ids=["unsettled", "settled"])
+def test_a_shared_pool_on_the_kernel_equals_the_python_loop(python_pools, settle):
+    pool = _shared_pool(100000)
+    pool.log = []
+    ks = KernelState(pool)
+    assert ks.G == len(pool.gpus) < ks.R == len(pool.replicas) and len(ks.n_per_model) == pool.n_models == 3
+    mhz = list(ks.clock_mhz)
+    n_per_model = [len(pool.replicas_of(m)) for m in range(pool.n_models)]
+    rng = np.random.default_rng(7)
+    states, kinds, booked_shares = set(), set(), set()
+    for k in range(40):
+        t = 30.0 * k
+        for m, n in enumerate(n_per_model):
+            if rng.random() < 0.5:
+                c = int(rng.integers(1, n + 1))
+                pool.set_active(t, c, model=m)
+                ks.set_active(t, c, m)
+                kinds.add("active")
+        gpus = [int(g) for g in np.flatnonzero(rng.random(len(pool.gpus)) < 0.4)]
+        if gpus:
+            f = int(mhz[rng.integers(len(mhz))])
+            pool.set_clock(t, f, gpus)
+            ks.set_clock(t, f, gpus)
+            kinds.add("clock")
+        new = _legal_shares(rng, pool)
+        for r in sorted(new, key=lambda r: new[r] - pool.replicas[r].share):  # shrinking first: every GPU <= 1
+            pool.set_share(t, r, new[r])
+            ks.set_share(t, r, new[r], pool.replicas[r].profile)
+            kinds.add("share")
+        pool.run_until(t + 0.5)
+        ks.advance(t + 0.5)
+        assert [r.state for r in pool.replicas] == ks.states().tolist(), f"states at {t + 0.5}"
+        states.update(r.state for r in pool.replicas)
+        pool.run_until(t + 30.0)
+        ks.advance(t + 30.0)
+        if settle:
+            pool.settle(t + 30.0)
+            ks.settle(t + 30.0)
+        assert [r.state for r in pool.replicas] == ks.states().tolist(), f"states at {t + 30}"
+        states.update(r.state for r in pool.replicas)
+        assert [r.unf for r in pool.replicas] == ks.ri[:, 0].tolist(), f"queues at {t + 30}"
+        assert np.array_equal(np.array([g.meter(t + 30.0) for g in pool.gpus]), ks.meter(t + 30.0)), f"meters at {t + 30}"
+        assert [r.share for r in pool.replicas] == ks.shares().tolist()
+        batch = ks.take_log()
+        assert _entries(pool.log) == (_entries(batch.entries()) if batch is not None else []), f"step log to {t + 30}"
+        booked_shares.update(e.share for e in pool.log)
+        pool.log.clear()
+    pool.run_until(math.inf)
+    ks.advance(math.inf)
+    assert ks.events == pool.events
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ks.finish_t, nan=-1.0))
+    assert np.isfinite(pool.finish_t[~pool.rejected]).all()
+    assert kinds == {"active", "clock", "share"} and {0, 1, 2, 3} <= states  # active, draining, standby, waking
+    assert len(booked_shares) > 10  # segments booked at many shares
+
+
+def test_export_hands_a_shared_pool_back_to_the_python_loop(python_pools):
+    """Half an hour on the kernel, handed back (`export_to`), then on the Python loop to the end: the same as the
+    Python loop throughout."""
+    ref = _shared_pool(100001)
+    pool = _shared_pool(100001)
+    ks = KernelState(pool, compact=False)
+    ref.set_share(0.0, 2, 0.3)
+    ks.set_share(0.0, 2, 0.3, pool.replicas[2].profile)
+    ref.set_active(0.0, 2, model=0)
+    ks.set_active(0.0, 2, 0)
+    ref.set_clock(0.0, int(ks.clock_mhz[0]), [3, 5])
+    ks.set_clock(0.0, int(ks.clock_mhz[0]), [3, 5])
+    ref.run_until(1800.0)
+    ks.advance(1800.0)
+    ks.export_to(pool)
+    assert [r.share for r in pool.replicas] == [r.share for r in ref.replicas]
+    for p in (ref, pool):
+        p.set_active(1800.0, 6, model=0)
+        p.set_clock(1800.0, int(ks.clock_mhz[-1]))
+        p.run_until(math.inf)
+    assert pool.events == ref.events
+    assert np.array_equal(np.nan_to_num(pool.finish_t, nan=-1.0), np.nan_to_num(ref.finish_t, nan=-1.0))
+    assert np.array_equal(np.array([g.meter(pool.now) for g in pool.gpus]), np.array([g.meter(ref.now) for g in ref.gpus]))
+
+
+def _shared_episode(monkeypatch, enabled: bool, steps: int):
+    """Observations, rewards, misses and modes of ``steps`` intervals of festina-h100-shared under random per-model
+    active counts, per-GPU clocks and legal SM shares (the kernel on or off)."""
+    monkeypatch.setattr(kernel, "ENABLED", enabled)
+    env = CommitServeEnv(SCENARIO)
+    env.reset(seed=100002)
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(steps):
+        shares = list(env.shared_cfg.shares)
+        for r, x in _legal_shares_of(rng, env).items():
+            shares[r] = x
+        a = {"active": [int(rng.integers(1, n + 1)) for n in env.replicas_per_model],
+             "clock": int(rng.integers(len(env.clocks_mhz))),
+             "clocks": [int(rng.integers(len(env.clocks_mhz))) for _ in range(env.n_gpus)],
+             "shares": shares}
+        obs, r, done, _, info = env.step(a)
+        out.append((obs.tolist() if hasattr(obs, "tolist") else repr(obs), r, info["new_misses"],
+                    info["energy_j"] if "energy_j" in info else None))
+        out.append(env.pool._ks is not None)
+        if done:
+            break
+    return out
+
+
+def _legal_shares_of(rng, env) -> dict[int, float]:
+    """Random SM shares for some GPUs of ``env``'s layout, each GPU's summing to <= 1."""
+    out = {}
+    r0 = 0
+    for insts in env.layout.gpus:
+        idx = list(range(r0, r0 + len(insts)))
+        r0 += len(insts)
+        if rng.random() < 0.5:
+            continue
+        mins = [env.profiles[i.model].sm_share.min_share for i in insts]
+        w = rng.dirichlet(np.ones(len(insts))) * (1.0 - sum(mins)) * rng.uniform(0.5, 1.0)
+        for r, m, x in zip(idx, mins, w):
+            out[r] = round(float(m + x), 4)
+    return out
+
+
+def test_a_shared_environment_is_the_same_on_either_loop(monkeypatch):
+    """The environment on festina-h100-shared with random shared actions, the kernel on and off: identical
+    observations, rewards and misses; with the kernel on, the pool stays on it throughout."""
+    on = _shared_episode(monkeypatch, True, 25)
+    off = _shared_episode(monkeypatch, False, 25)
+    assert [x for x in on if not isinstance(x, bool)] == [x for x in off if not isinstance(x, bool)]
+    assert all(x for x in on if isinstance(x, bool)) and not any(x for x in off if isinstance(x, bool))
