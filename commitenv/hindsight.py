@@ -190,7 +190,7 @@ def fork_pool(pool: Pool, memo: dict[int, Any] | None = None, *, results: bool =
     Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared.
     ``results=False`` lets a copy on the compiled kernel keep counts instead of per-request results
     (`Pool.late_done`), as `TruthRun` needs; other copies keep results either way."""
-    if pool._ks is not None and pool._ks.nbytes <= _KERNEL_FORK_BYTES:
+    if pool._ks is not None and pool._ks.nbytes <= _KERNEL_FORK_BYTES and not pool.has_policies():
         c = _kernel_fork(pool, results)
     elif _fast_forkable(pool):
         c = _fast_fork(pool)

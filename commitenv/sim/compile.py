@@ -25,10 +25,10 @@ def dispatchers() -> dict[str, object]:
     from numba.core.registry import CPUDispatcher
 
     from commitenv.sim import truth
-    from commitenv.sim.kernel import actuate, heap, loop, segment
+    from commitenv.sim.kernel import actuate, heap, loop, policies, segment
 
     out: dict[str, object] = {}
-    for mod in (heap, segment, actuate, loop, truth):
+    for mod in (heap, segment, actuate, loop, policies, truth):
         for name, obj in vars(mod).items():
             if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == mod.__name__:
                 out[f"{mod.__name__.rsplit('.', 1)[-1]}.{name}"] = obj
@@ -148,6 +148,32 @@ def warm() -> None:
     ks.settle(ks.sf[0])
     ks.take_finished()
     ks.take_log()
+    _warm_policies()
+
+
+def _warm_policies() -> None:
+    """The hand-backs to a dispatch policy (with token loads) and a local policy (with a clock in its plans): routing,
+    re-routing on a deactivation, planned steps."""
+    from commitenv.sim.dispatch import LeastUnfinished
+    from commitenv.sim.kernel import KernelState
+    from commitenv.sim.local import FcfsLocal, StepPlan
+
+    class LoadAware(LeastUnfinished):
+        wants_load = True
+
+    class Clocked(FcfsLocal):
+        def plan(self, view):
+            return StepPlan(super().plan(view).order, view.clocks_mhz[len(view.tasks) % len(view.clocks_mhz)])
+
+    pool = _tiny_pool()
+    pool.dispatch = LoadAware()
+    pool.set_local_policy(Clocked())
+    ks = KernelState(pool, compact=True)
+    ks.set_active(0.0, ks.R, 0, pool)
+    for k in range(1, 3):
+        ks.set_active(30.0 * k - 1.0, max(1, ks.R - k), 0, pool)
+        ks.advance(30.0 * k, False, pool)
+        ks.take_finished()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,16 +46,16 @@ class _StepSink(_PythonLoopState):
             ks.stop_logging()
 
 
-class _KernelExcluded(_PythonLoopState):
-    """A policy or hook the kernel cannot run: setting one makes a pool the kernel runs hand over to the Python loop."""
+class _KernelPolicy(_PythonLoopState):
+    """The dispatch policy: the kernel hands each routing back to it (`commitenv.sim.kernel.policies`)."""
 
     def __get__(self, pool: "KernelHandover | None", owner: type | None = None):
         return self if pool is None else pool.__dict__[self.key]
 
     def __set__(self, pool: "KernelHandover", value) -> None:
-        if value is not None and pool._ks is not None:
-            pool._leave_kernel()
         pool.__dict__[self.key] = value
+        if pool.__dict__.get("_ks") is not None:
+            pool._ks.set_dispatching(value is not None)
 
 
 class KernelHandover:

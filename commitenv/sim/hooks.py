@@ -66,10 +66,21 @@ class PolicyHooks:
         return TaskView(r.slot, running, left == 1 and r.generated >= 1, left, r.computed, r.prompt, r.generated,
                         pred, r.arrival, deadline, r.blocks)
 
+    def has_policies(self) -> bool:
+        """Whether a dispatch or local policy is installed (policies may hold state: a fork deep-copies them)."""
+        return self.dispatch is not None or any(r.local is not None for r in self._replicas)
+
     def set_local_policy(self, policy: LocalPolicy | None, replicas: list[int] | None = None) -> None:
         """Plan every step of ``replicas`` (all by default) with ``policy`` (None: the vLLM scheduler)."""
-        for i in range(len(self.replicas)) if replicas is None else replicas:
-            self.replicas[i].local = policy
+        from commitenv.sim.kernel import state
+
+        which = list(range(len(self._replicas)) if replicas is None else replicas)
+        if self._ks is not None and policy is not None and not state.LOCAL_ON_KERNEL:
+            self._leave_kernel()  # (see `commitenv.sim.kernel.state.LOCAL_ON_KERNEL`)
+        for i in which:
+            self._replicas[i].local = policy
+        if self._ks is not None:
+            self._ks.set_local(which, policy is not None)
 
     def _dispatched(self, r: Req, t: float, cands: list[Replica]) -> Replica:
         """The replica ``self.dispatch`` chooses for ``r`` among ``cands``, from views of both (timed)."""

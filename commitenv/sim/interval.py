@@ -70,6 +70,7 @@ def run_shared_interval(pool: Pool, cfg: SharedConfig, new: SharedConfig, t_appl
     never sum above 1 on the way). Changes are ("active:<model>" | "clock:<gpu>" | "share:<replica>" |
     "move:<replica>", time, value)."""
     changes: list[tuple[str, float, Any]] = []
+    pool.use_kernel()  # back on the compiled loop if a controller's snapshot handed it over (identical results)
     if replace(new, migrate=cfg.migrate) != cfg and not t_apply >= t1:  # the mode alone changes nothing
         pool.run_until(t_apply)
         for m, (a, b) in enumerate(zip(cfg.active, new.active)):

@@ -26,7 +26,7 @@ from commitenv.sim import memory
 from commitenv.sim.copies import REPLAY_SLOT_BASE, Copies, copy_devices  # noqa: F401
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.gpu import GPU
-from commitenv.sim.handover import KernelHandover, _KernelExcluded, _PythonLoopState, _StepSink
+from commitenv.sim.handover import KernelHandover, _KernelPolicy, _PythonLoopState, _StepSink
 from commitenv.sim.hooks import PolicyHooks
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.placement import Placement
@@ -66,7 +66,7 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
     replicas: list[Replica] = _PythonLoopState()
     gpus: list[GPU] = _PythonLoopState()
     heap: list[tuple] = _PythonLoopState()
-    dispatch: DispatchPolicy | None = _KernelExcluded()
+    dispatch: DispatchPolicy | None = _KernelPolicy()
     # optional callable(StepLogEntry), called as each segment (or part) is booked (on the kernel: in booking order
     # when the engine call that booked it returns; a hook with a ``take_batch`` method gets them as a `StepLogBatch`)
     on_step = _StepSink()
@@ -277,7 +277,7 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         if self._ks is not None:
             # (stopping at the captured ones needs an end under a truth)
             if not stop_when_captured_done or t_end < INF or self.truth is None:
-                self._kernel_now().advance(t_end, stop_when_captured_done)
+                self._kernel_now().advance(t_end, stop_when_captured_done, self)
                 self._sync_kernel()
                 return
             self._leave_kernel()
@@ -508,7 +508,7 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         if self._ks is not None:
             if t < self.now - 1e-9:
                 raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
-            self._kernel_now().set_active(t, count, model)
+            self._kernel_now().set_active(t, count, model, self)
             self._sync_kernel()
             return
         reps = self.replicas_of(model)

@@ -274,19 +274,22 @@ class Replica:
         or one listed twice."""
         held = {r.slot: r for r in self.running}
         queued = {r.slot: r for r in self.waiting}
+        seen: set[int] = set()
+        for slot in order:  # (the whole plan checked before anything is scheduled)
+            if slot in seen:
+                raise ValueError(f"local policy: slot {slot} listed twice in the plan of replica {self.index}")
+            seen.add(slot)
+            if slot not in held and slot not in queued:
+                raise ValueError(f"local policy: replica {self.index} holds no request in slot {slot}")
         budget = self.budget
         bs = self.bs
         pc = self.pcache
         batch: list[tuple[Req, int]] = []
         admitted: set[int] = set()
-        seen: set[int] = set()
         draining = self.state != ACTIVE
         for slot in order:
-            if slot in seen:
-                raise ValueError(f"local policy: slot {slot} listed twice in the plan of replica {self.index}")
-            seen.add(slot)
             if budget <= 0:
-                continue
+                break
             r = held.get(slot)
             if r is not None:
                 k = min(r.prompt + r.generated - r.computed, budget)
@@ -303,9 +306,7 @@ class Replica:
                 batch.append((r, k))
                 budget -= k
                 continue
-            r = queued.get(slot)
-            if r is None:
-                raise ValueError(f"local policy: replica {self.index} holds no request in slot {slot}")
+            r = queued[slot]
             if len(self.running) >= self.max_seqs or (draining and not r.started):
                 continue
             fit = self._admission(r, budget)

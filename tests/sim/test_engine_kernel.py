@@ -178,14 +178,15 @@ def test_export_hands_the_state_back_to_the_python_engine(case):
 
 
 def test_kernel_refuses_what_it_does_not_cover():
-    """A pool with a dispatch policy (a Python call at every arrival) stays on the Python loop."""
-    from commitenv.sim.dispatch import LeastUnfinished
+    """A pool with a prefix cache (a tree of hash blocks the compiled loop does not hold) stays on the Python loop."""
+    from commitenv.sim.prefix_cache import PrefixCache
 
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)
     pool = Pool(env.profiles, PoolLayout.single(4), EngineOptions(seed=0))
-    pool.dispatch = LeastUnfinished()
     pool.attach(env.table)
+    rep = pool.replicas[0]
+    rep.pcache = PrefixCache(16, rep.bs, rep.free_blocks)
     assert not KernelState.covers(pool)
     with pytest.raises(ValueError, match="covered subset"):
         KernelState(pool)

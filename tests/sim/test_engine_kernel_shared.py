@@ -12,7 +12,9 @@ import pytest
 
 from commitenv.envs import CommitServeEnv
 from commitenv.sim import kernel
+from commitenv.sim.dispatch import DispatchPolicy
 from commitenv.sim.kernel import KernelState
+from commitenv.sim.local import LocalPolicy, StepPlan
 
 SCENARIO = "festina-h100-shared"
 
@@ -177,3 +179,64 @@ def test_a_shared_environment_is_the_same_on_either_loop(monkeypatch):
     off = _shared_episode(monkeypatch, False, 25)
     assert [x for x in on if not isinstance(x, bool)] == [x for x in off if not isinstance(x, bool)]
     assert all(x for x in on if isinstance(x, bool)) and not any(x for x in off if isinstance(x, bool))
+
+
+class _LeastWork(DispatchPolicy):
+    """Route by token loads (prefill tokens to compute plus decoding context), ties to the lowest index."""
+
+    name = "least_work"
+    wants_load = True
+
+    def choose(self, req, replicas):
+        return min(replicas, key=lambda c: (c.queued_prefill_tokens + c.decode_context_tokens // 64, c.index)).index
+
+
+class _EarliestDeadline(LocalPolicy):
+    """Earliest visible deadline first over the replica's tasks, and every few plans a clock for the GPU."""
+
+    name = "edf"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def plan(self, view):
+        self.calls += 1
+        if self.calls % 11 == 0:
+            return None  # the vLLM scheduler, this step
+        order = tuple(t.slot for t in sorted(view.tasks, key=lambda t: (t.visible_deadline_s, t.slot)))
+        mhz = view.clocks_mhz[self.calls % len(view.clocks_mhz)] if self.calls % 7 == 0 else None
+        return StepPlan(order, mhz)
+
+
+@pytest.mark.parametrize("scenario", [SCENARIO, "bench-h200-hour-fixed-a30"], ids=["shared", "one-model"])
+def test_policies_answered_by_the_kernels_hand_backs_equal_the_python_loop(monkeypatch, scenario):
+    """A dispatch policy with token loads and an EDF local policy with clock requests and vLLM fallbacks, under
+    changing active counts (re-routing through the policy): on the compiled loop (each arrival and each planned step
+    handed back to the host) the same events, completions, meters, policy calls and step log as on the Python loop."""
+    from commitenv.sim.kernel import state
+
+    monkeypatch.setattr(state, "LOCAL_ON_KERNEL", True)  # (the hand-backs to a local policy, tested here)
+    out = []
+    for on in (True, False):
+        monkeypatch.setattr(kernel, "ENABLED", on)
+        env = CommitServeEnv(scenario)
+        env.reset(seed=100000)
+        pool = env.pool
+        pool.log = []  # (hands a kernel pool to the Python loop: taken back below, the log kept)
+        pool.use_kernel()
+        pool.dispatch = _LeastWork()
+        pool.set_local_policy(_EarliestDeadline())
+        rng = np.random.default_rng(11)
+        n_per_model = [int(n) for n in np.bincount([i.model for g in env.layout.gpus for i in g])]
+        for k in range(20):
+            t = 30.0 * k
+            for m, n in enumerate(n_per_model):
+                pool.set_active(t, int(rng.integers(1, n + 1)), model=m)
+            pool.run_until(t + 30.0)
+            pool.settle(t + 30.0)
+        assert (pool._ks is not None) == on
+        out.append((pool.events, pool.completed, pool.dispatch_calls, pool.local_calls, pool.energy_j(),
+                    np.nan_to_num(pool.finish_t, nan=-1.0).tolist(), pool.replica_of.tolist(),
+                    [g for g in pool.gpu_energy_j().tolist()], _entries(pool.log)))
+    assert out[0] == out[1]
+    assert out[0][2] > 1000 and out[0][3] > 1000  # both policies were asked often

@@ -9,7 +9,8 @@ from numba import njit
 
 from commitenv.sim.kernel.heap import _push, _wpush_back
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
-                                         G_NHOST, G_PENDING, G_VER, I_PEND, Q_MODEL, Q_REPLICA, Q_STARTED,
+                                         G_NHOST, G_PENDING, G_VER, I_PEND, I_PEND_POS, I_PLAN_REP, Q_MODEL, Q_REPLICA,
+                                         Q_STARTED, R_LOCAL,
                                          R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_GPU, R_MODEL, R_PENDING, R_RUN_N, R_SEG,
                                          R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN)
 from commitenv.sim.kernel.segment import _cut, _start_segment
@@ -51,15 +52,26 @@ def _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab):
 
 @njit(cache=True)
 def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
-           hs, hi, hv):
+           hs, hi, hv, plan, on_run):
+    """`Pool._start`: start ``rep``'s next segment at ``t`` (its local plan, if it has a policy, already written by
+    the host), or send a draining replica left without work to standby."""
     if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         return
-    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
+    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run):
         ri[rep, R_VER] += 1
         _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
     elif ri[rep, R_STATE] == DRAINING and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         ri[rep, R_STATE] = STANDBY
         _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+
+
+@njit(cache=True)
+def _route_to(t, r, best, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
+    """Request ``r`` joins replica ``best``'s waiting queue at ``t`` (the router's or the dispatch policy's choice)."""
+    qi[r, Q_REPLICA] = best
+    _wpush_back(ri, wq, best, r)
+    ri[best, R_UNF] += 1
+    _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
 
 
 @njit(cache=True)
@@ -128,9 +140,9 @@ def _sift_down(heap, n, j, ri):
 
 
 @njit(cache=True)
-def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab):
-    """`Pool._redistribute`: every queued request of ``model`` that has not started is routed again, in arrival
-    order, to the model's active replicas; its draining replicas left without work go to standby."""
+def _take_unstarted(model, ri, qi, wq):
+    """The first half of `Pool._redistribute`: every queued request of ``model`` that has not started leaves its
+    queue; returned in index (arrival) order, the order they are routed again."""
     R = ri.shape[0]
     total = 0
     for x in range(R):
@@ -153,9 +165,13 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
                 nm += 1
             r = nxt
         ri[x, R_UNF] = ri[x, R_RUN_N] + ri[x, R_WLEN]
-    if nm:
-        _route_in_order(t, model, moved[:nm], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
-    for x in range(R):
+    return np.sort(moved[:nm])
+
+
+@njit(cache=True)
+def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab):
+    """The last part of `Pool._redistribute`: ``model``'s draining replicas left without work go to standby."""
+    for x in range(ri.shape[0]):
         if (ri[x, R_MODEL] == model and ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0
                 and ri[x, R_STATE] == DRAINING):
             ri[x, R_STATE] = STANDBY
@@ -163,25 +179,42 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
 
 
 @njit(cache=True)
-def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk,
-           hs, hi, hv):
-    """Start the replicas that received work at ``t`` (`Pool._flush`)."""
-    npend = si[I_PEND]
-    si[I_PEND] = 0
-    for x in range(npend):
-        rep = pend[x]
-        ri[rep, R_PENDING] = 0
-        if ri[rep, R_SEG] == SEG_NONE:
-            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
-                   ht, hk, hs, hi, hv)
+def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab):
+    """`Pool._redistribute` with the default router: every queued request of ``model`` that has not started is routed
+    again, in arrival order, to the model's active replicas; its draining replicas left without work go to
+    standby."""
+    moved = _take_unstarted(model, ri, qi, wq)
+    if moved.shape[0]:
+        _route_in_order(t, model, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+    _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab)
 
 
 @njit(cache=True)
-def set_active(t, model, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell,
-               sched, si, pend, ht, hk, hs, hi, hv):
-    """`Pool.set_active` for ``model``: its first ``count`` replicas (in index order) active (a standby one wakes
-    after ``latency_s``, a draining one resumes at once), the rest draining; re-routes its queues when the set
-    changed."""
+def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk,
+           hs, hi, hv, plan, on_run):
+    """Start the replicas that received work at ``t`` (`Pool._flush`), in the order they received it. Returns -1 when
+    all started, or a replica whose local policy must plan its step first (the host writes the plan and calls
+    again: the flush resumes at that replica)."""
+    while si[I_PEND_POS] < si[I_PEND]:
+        rep = pend[si[I_PEND_POS]]
+        if (ri[rep, R_LOCAL] and ri[rep, R_SEG] == SEG_NONE and si[I_PLAN_REP] != rep
+                and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0)):
+            return rep
+        si[I_PEND_POS] += 1
+        ri[rep, R_PENDING] = 0
+        if ri[rep, R_SEG] == SEG_NONE:
+            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
+                   ht, hk, hs, hi, hv, plan, on_run)
+    si[I_PEND] = 0
+    si[I_PEND_POS] = 0
+    return -1
+
+
+@njit(cache=True)
+def set_active(t, model, count, latency_s, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
+    """The state changes of `Pool.set_active` for ``model``: its first ``count`` replicas (in index order) active (a
+    standby one wakes after ``latency_s``, a draining one resumes at once), the rest draining. Returns whether the
+    set changed (the host then re-routes the model's queues and starts the replicas that received work)."""
     R = ri.shape[0]
     changed = False
     i = 0  # the replica's place among the model's
@@ -209,11 +242,7 @@ def set_active(t, model, count, latency_s, ri, rf, qi, wq, run, bq, bk, coc, gi,
                 _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
         changed |= ri[x, R_STATE] != st
         i += 1
-    if not changed:
-        return
-    _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab)
-    _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk, hs,
-           hi, hv)
+    return changed
 
 
 @njit(cache=True)

@@ -11,22 +11,27 @@ INF = math.inf
 
 
 # int64 scalars of the state (``si``)
-I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR, I_LOG, I_LOGM = range(12)
+(I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR, I_LOG, I_LOGM, I_PEND_POS,
+ I_ASK, I_PLAN_REP, I_PLAN_N) = range(16)
 # I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured;
-# I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`
+# I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`; I_PEND_POS: the
+# next replica of the pending list (``pend[:I_PEND]``) to start; I_ASK: what a hand-back asks of the host (the request
+# to dispatch, the replica to plan, the model to redistribute); I_PLAN_REP, I_PLAN_N: the replica whose local plan
+# the host wrote (-1: none) and its length (``plan[:I_PLAN_N]``, -1: the plan is None, the vLLM scheduler)
 # float64 scalars (``sf``)
-F_NOW, F_LAST = 0, 1  # the engine clock; the time of the last event processed (heap or arrival)
+F_NOW, F_LAST, F_ASK_T = 0, 1, 2  # the engine clock; the time of the last event processed (heap or arrival); the
+# time of a hand-back's question
 # per-replica float64 columns (``rf``); R_SHARE: its SM share now, R_SSHARE: the share its segment started with (the
 # step log's share)
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC, R_SHARE, R_SSHARE = range(14)
 # per-replica int64 columns (``ri``)
 (R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND,
- R_SCLK, R_LOGGED, R_GPU, R_MODEL, R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE) = range(22)
+ R_SCLK, R_LOGGED, R_GPU, R_MODEL, R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE, R_LOCAL) = range(23)
 # R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables;
 # R_SCLK: the clock level its segment started at (the step log's clock); R_LOGGED: the segment was started while the
 # step log was written (`Replica.seg_log` set), so its booking is logged; R_GPU, R_MODEL: the GPU hosting it and the
 # model it serves; R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE: its model's scheduler limits (token budget, max sequences,
-# KV block size, whether a full sequence is reserved at admission)
+# KV block size, whether a full sequence is reserved at admission); R_LOCAL: a local policy plans its steps
 # per-request int64 columns (``qi``)
 Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA, Q_MODEL = range(9)
 # per-request float64 columns (``qf``)
@@ -38,7 +43,12 @@ GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR, GF_CLOCK_LAT = range(5)
 # the largest max_seqs of any replica (the step log's room per event), the truth table's first cell, whether the
 # tables hold legacy noise draws, whether the step log is written and whether decode runs advance in closed form
 # (``sched``: int64)
-S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED = range(5)
+S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED, S_DISPATCH = range(6)
+# S_DISPATCH: a dispatch policy routes (each arrival and re-routed request is handed back to the host)
+# `advance`'s return codes: done, and what the host does before calling again (grow the heap, refill the legacy
+# noise, drain the step log, dispatch request ``si[I_ASK]``, plan replica ``si[I_ASK]``'s step, re-route model
+# ``si[I_ASK]``'s queued requests through the dispatch policy), each at ``sf[F_ASK_T]``
+(DONE, ASK_HEAP, ASK_NOISE, ASK_LOG, ASK_DISPATCH, ASK_PLAN, ASK_REDISTRIBUTE) = range(7)
 # the step log: per entry int64 (``lgi``) and float64 (``lgf``) columns, per member int64 columns (``lgm``)
 LG_REP, LG_STEPS, LG_CLOCK, LG_N = range(4)
 LF_T0, LF_T1, LF_ENERGY, LF_FLOOR, LF_SHARE = range(5)
@@ -50,4 +60,4 @@ C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10
 # per request (indexed like ``qi``; a compaction makes them anew) and the rest (scalars, replicas, GPUs, event heap)
 REQUEST_ARRAYS = ("qi", "qf", "qc", "rejected", "wq", "done_out")
 ENGINE_ARRAYS = ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn",
-                 "coc")
+                 "coc", "plan", "on_run")

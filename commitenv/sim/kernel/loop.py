@@ -8,7 +8,8 @@ from numba import njit
 
 from commitenv.sim.kernel.actuate import _floor_changed, _floor_power, _flush, _redistribute, _route, _set_floor, _start
 from commitenv.sim.kernel.heap import _live, _pop, _push, _wpush_back
-from commitenv.sim.kernel.layout import (F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_NHOST,
+from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_HEAP, ASK_LOG, ASK_NOISE, ASK_PLAN, ASK_REDISTRIBUTE, DONE,
+                                         F_ASK_T, I_ASK, R_LOCAL, S_DISPATCH, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_NHOST,
                                          G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP,
                                          I_LIVE, I_LOG, I_LOGM, I_N, I_PEND, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BS,
                                          R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
@@ -30,28 +31,35 @@ def _noise_low(ri):
 
 @njit(cache=True)
 def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
-            coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm):
+            coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm, plan, on_run):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
-    ``stop_captured``, stop at the segment end that finishes the last captured request."""
+    ``stop_captured``, stop at the segment end that finishes the last captured request. Returns `DONE`, or a
+    question for the host (`ASK_HEAP` ... `ASK_REDISTRIBUTE`, see `layout`), asked before anything it depends on is
+    done: the host answers and calls again, and the loop continues exactly there."""
     n = si[I_N]
     room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
     last = sf[F_NOW]
     while True:
         if si[I_HEAP] + room > ht.shape[0]:
             sf[F_NOW] = max(sf[F_NOW], last)
-            return 1  # the caller grows the heap and calls again (nothing of the next event is done yet)
+            return ASK_HEAP  # the caller grows the heap and calls again (nothing of the next event is done yet)
         if sched[S_NOISE] and _noise_low(ri):
             sf[F_NOW] = max(sf[F_NOW], last)
-            return 2  # the caller refills the noise draws and calls again (one event starts one segment per replica)
+            return ASK_NOISE  # the caller refills the noise draws and calls again (one event starts one segment per replica)
         if sched[S_LOG] and (si[I_LOG] >= lgi.shape[0] or si[I_LOGM] + sched[S_MAX_SEQS] + 1 > lgm.shape[0]):
             sf[F_NOW] = max(sf[F_NOW], last)
-            return 3  # the caller drains the step log and calls again (one event books at most one segment)
+            return ASK_LOG  # the caller drains the step log and calls again (one event books at most one segment)
         cur = si[I_CURSOR]
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
-            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend,
-                   ht, hk, hs, hi, hv)
+            x = _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
+                       pend, ht, hk, hs, hi, hv, plan, on_run)
+            if x >= 0:
+                si[I_ASK] = x
+                sf[F_ASK_T] = last
+                sf[F_NOW] = max(sf[F_NOW], last)
+                return ASK_PLAN  # the host writes replica x's local plan
             continue
         if th == INF and ta == INF:
             break
@@ -81,6 +89,11 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                     continue
                 ri[rep, R_STATE] = ACTIVE
                 _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+                if sched[S_DISPATCH]:
+                    si[I_ASK] = ri[rep, R_MODEL]
+                    sf[F_ASK_T] = t
+                    sf[F_NOW] = max(sf[F_NOW], last)
+                    return ASK_REDISTRIBUTE  # the host re-routes the model's queues through the dispatch policy
                 _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab)
                 continue
             if ri[rep, R_VER] != ver:
@@ -88,16 +101,17 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
             _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm)
             if stop_captured and si[I_CAPLEFT] == 0:
                 sf[F_NOW] = t
-                return 0
+                return DONE
             cur = si[I_CURSOR]
-            if (cur < n and qf[cur, Q_ARRIVAL] == t) or (si[I_HEAP] > 0 and ht[0] == t) or si[I_PEND] > 0:
+            if ((cur < n and qf[cur, Q_ARRIVAL] == t) or (si[I_HEAP] > 0 and ht[0] == t) or si[I_PEND] > 0
+                    or ri[rep, R_LOCAL]):  # (a local policy plans the start: through the pending list, at t)
                 if ri[rep, R_PENDING] == 0:
                     ri[rep, R_PENDING] = 1
                     pend[si[I_PEND]] = rep
                     si[I_PEND] += 1
             else:
                 _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
-                       ht, hk, hs, hi, hv)
+                       ht, hk, hs, hi, hv, plan, on_run)
         else:
             if ta > t_end:
                 break
@@ -113,9 +127,14 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                 qc[i] = 1
                 si[I_CAPLEFT] += 1
             si[I_LIVE] += 1
+            if sched[S_DISPATCH]:
+                si[I_ASK] = i
+                sf[F_ASK_T] = ta
+                sf[F_NOW] = max(sf[F_NOW], last)
+                return ASK_DISPATCH  # the host routes request i through the dispatch policy
             _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
     sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
-    return 0
+    return DONE
 
 
 @njit(cache=True)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 from numba import njit
 
-from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_front
+from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_back, _wpush_front
 from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4,
                                          GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, LF_ENERGY,
                                          LF_FLOOR, LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
@@ -16,9 +16,9 @@ from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, 
                                          Q_GENERATED, Q_OUT, Q_OVERHEAD, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED,
                                          R_BATCH_N, R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T,
                                          R_FLOOR_W, R_FREE, R_FT, R_K, R_LOGGED, R_NEND, R_NPOS, R_RUN_N, R_SCLK, R_SEG,
-                                         R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, R_GPU, R_BUDGET, R_MAXSEQ,
-                                         R_BS, R_RESERVE, R_SHARE, R_SSHARE, LF_SHARE, S_CELL0, S_CLOSED, S_LOG,
-                                         S_NOISE)
+                                         R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, R_WTAIL, R_GPU, R_BUDGET,
+                                         R_MAXSEQ, R_BS, R_RESERVE, R_SHARE, R_SSHARE, R_LOCAL, LF_SHARE, I_PLAN_N,
+                                         I_PLAN_REP, S_CELL0, S_CLOSED, S_LOG, S_NOISE)
 from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
 
 
@@ -133,6 +133,56 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
 
 
 @njit(cache=True)
+def _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan, on_run):  # noqa: C901
+    """`Replica.schedule_ordered`: the next step's batch from a local policy's plan (kernel indices, highest priority
+    first; ``on_run[p]``: ``plan[p]`` is running, else waiting; checked by the host): each takes ``min(tokens left,
+    budget left)`` tokens if its KV blocks (and, waiting, the sequence cap and draining rule) allow, else it is
+    skipped; never preempts. Admitted requests leave the waiting queue, the rest keep their order. Returns the batch
+    length."""
+    budget, bs, reserve_full = ri[rep, R_BUDGET], ri[rep, R_BS], ri[rep, R_RESERVE]
+    draining = ri[rep, R_STATE] != ACTIVE
+    nb = 0
+    admitted = 0
+    for p in range(plan.shape[0]):
+        if budget <= 0:
+            break
+        r = plan[p]
+        k = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        if k > budget:
+            k = budget
+        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+        if on_run[p]:
+            if need > ri[rep, R_FREE]:
+                continue
+        else:
+            if ri[rep, R_RUN_N] >= ri[rep, R_MAXSEQ] or (draining and qi[r, Q_STARTED] == 0):
+                continue
+            if need > ri[rep, R_FREE]:
+                continue
+            if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
+                continue
+            run[rep, ri[rep, R_RUN_N]] = r
+            ri[rep, R_RUN_N] += 1
+            qi[r, Q_STARTED] = 2  # (admitted now: leaves the waiting queue below, then 1)
+            admitted += 1
+        nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+        budget -= k
+    if admitted:
+        n = ri[rep, R_WLEN]
+        r = ri[rep, R_WHEAD]
+        ri[rep, R_WLEN] = 0
+        for _ in range(n):
+            nxt = wq[r]
+            if qi[r, Q_STARTED] == 2:
+                qi[r, Q_STARTED] = 1
+                wq[r] = -1
+            else:
+                _wpush_back(ri, wq, rep, r)
+            r = nxt
+    return nb
+
+
+@njit(cache=True)
 def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
     cap = ri[rep, R_FREE]
     for j in range(nb):
@@ -175,12 +225,20 @@ def _decode_flags(qi, members, new):
 
 
 @njit(cache=True)
-def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched):
-    """`Replica.start` without a local policy: schedule, then a closed-form decode run (unless the pool runs step by
-    step) or a single step."""
+def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run):
+    """`Replica.start`: schedule (from the local plan the host wrote for ``rep``, when it fills anything; else the vLLM
+    scheduler), then a closed-form decode run (unless the pool runs step by step or a local policy plans the
+    replica's steps) or a single step."""
     budget, max_seqs, bs, reserve_full = ri[rep, R_BUDGET], ri[rep, R_MAXSEQ], ri[rep, R_BS], ri[rep, R_RESERVE]
     g = ri[rep, R_GPU]
-    nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
+    nb = 0
+    preempted = False
+    if si[I_PLAN_REP] == rep:
+        si[I_PLAN_REP] = -1
+        if si[I_PLAN_N] > 0:
+            nb = _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan[: si[I_PLAN_N]], on_run[: si[I_PLAN_N]])
+    if nb == 0:
+        nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
     ri[rep, R_BATCH_N] = nb
     if nb == 0:
         ri[rep, R_SEG] = SEG_NONE
@@ -222,7 +280,7 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
     ri[rep, R_LOGGED] = sched[S_LOG]
     rf[rep, R_FLOOR_T] = t
     rf[rep, R_FLOOR_ACC] = 0.0
-    if sched[S_CLOSED] and P == 0 and not preempted:
+    if sched[S_CLOSED] and P == 0 and not preempted and not ri[rep, R_LOCAL]:
         kmax = 1 << 62
         for j in range(nb):
             r = bq[rep, j]

@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 
-from commitenv.sim.kernel.actuate import _set_clock, _set_share, set_active
+from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, set_active
 from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.heap import _left, _live, _waiting
-from commitenv.sim.kernel.layout import (ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W,
+from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, I_PLAN_REP, R_LOCAL, S_DISPATCH, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W,
                                          GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE,
                                          I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_LOGM, I_N, I_SEQ, LF_ENERGY, LF_FLOOR,
                                          LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
@@ -23,6 +23,7 @@ from commitenv.sim.kernel.layout import (ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_
                                          R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_CLOSED, S_LOG,
                                          S_NOISE)
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, in_flight, meter, settle
+from commitenv.sim.kernel.policies import KernelPolicies
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.kernel.segment import _decode_flags
 from commitenv.sim.noise import NoiseSource
@@ -33,9 +34,12 @@ from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, S
 # pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
 # (`commitenv.sim.kernel.ENABLED` reads and sets this flag)
 ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
+# whether a pool with a local policy enters the kernel by itself: its every step is a hand-back to the host, which costs
+# more today than the Python loop's step (docs/results/performance.md); `KernelState(pool)` runs one either way
+LOCAL_ON_KERNEL = False
 
 
-class KernelState(KernelExport):
+class KernelState(KernelExport, KernelPolicies):
     """The arrays `advance` works on, imported from a `Pool`'s state: its live requests, segments in flight and pending
     events when it has served already (a what-if copy, say), and its workload's rows as the clock nears them.
 
@@ -51,15 +55,16 @@ class KernelState(KernelExport):
     def covers(pool) -> bool:
         """Whether the kernel can run ``pool`` from its current state: any number of models and instances per GPU
         with any SM shares (profiles with the same clock levels), without a prefix cache or local policy, the truth
-        model, the legacy per-segment noise, a what-if copy's nominal model or no noise, the default router, no
-        request unrouted or migrating, no replica loading or moving."""
+        model, the legacy per-segment noise, a what-if copy's nominal model or no noise, any dispatch and local
+        policies (answered on the host: `KernelPolicies`), no request unrouted or migrating, no replica loading or
+        moving."""
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         noise_ok = pool.noise is pool.truth or (pool.truth is None
                                                 and isinstance(pool.noise, (NominalModel, NoiseSource)))
         levels = {tuple(p.clock_mhz) for p in pool.profiles}
-        return (noise_ok and pool.dispatch is None and pool._hashes is None and len(levels) == 1
+        return (noise_ok and pool._hashes is None and len(levels) == 1
                 and not pool.unrouted and not pool.transit and not pool._pending
                 and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
                 and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
@@ -67,13 +72,18 @@ class KernelState(KernelExport):
                 and all(r.index == x and r.dest is None and r in r.gpu.replicas and r.gpu is gpus[r.gpu.index]
                         for x, r in enumerate(reps))
                 and sum(len(g.replicas) for g in gpus) == len(reps)
-                and all(r.local is None and r.pcache is None and not r.pending_start
+                and all(r.pcache is None and not r.pending_start
                         and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps))
 
     @classmethod
     def covering(cls, pool) -> "KernelState | None":
-        """The kernel state of ``pool`` if the kernel is on and covers it (with compaction: the pool takes results)."""
-        return cls(pool, compact=True) if ENABLED and cls.covers(pool) else None
+        """The kernel state of ``pool`` if the kernel is on and covers it (with compaction: the pool takes results); a
+        pool with a local policy only with `LOCAL_ON_KERNEL`."""
+        if not ENABLED or not cls.covers(pool):
+            return None
+        if not LOCAL_ON_KERNEL and any(r.local is not None for r in pool._replicas):
+            return None
+        return cls(pool, compact=True)
 
     def __init__(self, pool, heap_size: int = 0, *, compact: bool = False) -> None:
         """``compact``: finished requests may be dropped once `take_finished` handed them out (a pool records their
@@ -123,11 +133,11 @@ class KernelState(KernelExport):
         self.clock_mhz = tuple(prof.clock_mhz)  # (every profile's: `covers`)
         self.coc = np.stack([_clock_coefficients(rep.profile, rep.share) for rep in reps])
         self.sched = np.array([max_seqs, 0, 0, int(pool.log is not None or pool.on_step is not None),
-                               int(pool.opt.closed_form)], np.int64)
+                               int(pool.opt.closed_form), int(pool.dispatch is not None)], np.int64)
         self.run = np.zeros((R, max_seqs + 1), np.int64)
         self.bq = np.zeros((R, max_seqs + 1), np.int64)
         self.bk = np.zeros((R, max_seqs + 1), np.int64)
-        self.ri = np.zeros((R, 22), np.int64)
+        self.ri = np.zeros((R, 23), np.int64)
         self.rf = np.zeros((R, 14))
         ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
         ri[:, R_GPU] = [rep.gpu.index for rep in reps]
@@ -138,7 +148,11 @@ class KernelState(KernelExport):
         ri[:, R_RESERVE] = [rep.reserve_full for rep in reps]
         rf[:, R_SHARE] = [rep.share for rep in reps]
         rf[:, R_SSHARE] = [rep.share if rep.seg_log is None else rep.seg_log.share for rep in reps]
+        ri[:, R_LOCAL] = [rep.local is not None for rep in reps]
         self.n_per_model = np.bincount(ri[:, R_MODEL], minlength=pool.n_models)
+        self.cap_blocks = np.array([rep.cap_blocks for rep in reps], np.int64)  # (what a dispatch policy sees)
+        self.plan = np.zeros(64, np.int64)  # a local plan the host wrote (`KernelPolicies._plan`)
+        self.on_run = np.zeros(64, np.int64)
         ri[:, R_UNF] = [rep.unf for rep in reps]
         ri[:, R_FREE] = [rep.free_blocks for rep in reps]
         ri[:, R_STATE] = [rep.state for rep in reps]
@@ -202,12 +216,13 @@ class KernelState(KernelExport):
         else:
             self.cell = float(pool.truth._cell)
             self.ftab = self.fetab = np.zeros((G, 0))
-        self.si = np.zeros(12, np.int64)
+        self.si = np.zeros(16, np.int64)
+        self.si[I_PLAN_REP] = -1
         self.si[I_N] = self.si[I_CURSOR] = L
         self.si[I_SEQ] = pool._seq
         self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
         self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
-        self.sf = np.array([pool.now, pool.now])
+        self.sf = np.array([pool.now, pool.now, pool.now])
         self._ensure(pool.now)
         self.pend = np.zeros(R, np.int64)
         heap = pool._heap
@@ -443,29 +458,33 @@ class KernelState(KernelExport):
         self.hk, self.hs, self.hi, self.hv = (np.concatenate([a, np.zeros(new - size, np.int64)])
                                               for a in (self.hk, self.hs, self.hi, self.hv))
 
-    def _advance(self, t_end: float, stop_captured: bool = False) -> None:
+    def _advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
         while code := self._advance_once(t_end, stop_captured):
-            if code == 1:
+            if code == ASK_HEAP:
                 self._room(self.ht.shape[0])
-            elif code == 2:
+            elif code == ASK_NOISE:
                 self._refill()
-            else:
+            elif code == ASK_LOG:
                 self._drain_log()
+            else:
+                self._answer(code, pool)
         self._drain_log()
 
     def _advance_once(self, t_end: float, stop_captured: bool) -> int:
         return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
                        self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
                        self.hi, self.hv, self.coc, self.gi, self.gf, self.gh, self.floor_tab, self.ftab, self.fetab,
-                       self.cell, self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm)
+                       self.cell, self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm, self.plan,
+                       self.on_run)
 
-    def advance(self, t_end: float, stop_captured: bool = False) -> None:
+    def advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
         """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
-        infinite (then, as the pool, the clock stops at the last event)."""
+        infinite (then, as the pool, the clock stops at the last event). ``pool``: the `Pool` whose dispatch and
+        local policies answer the loop's hand-backs (needed when it has any)."""
         if t_end < INF or self._truth is None:
             self._ensure(t_end)
             self._load(t_end)
-            self._advance(t_end, stop_captured)
+            self._advance(t_end, stop_captured, pool)
             return
         if stop_captured:
             raise ValueError("kernel: stop_captured needs a finite end under a truth model")
@@ -476,11 +495,11 @@ class KernelState(KernelExport):
             self._ensure(self.sf[F_NOW] + 3600.0)
             t = (self.sched[S_CELL0] + self.ftab.shape[1] - 2) * self.cell
             self._load(t)
-            self._advance(t)
+            self._advance(t, False, pool)
         self.sf[F_NOW] = max(now0, self.sf[F_LAST])
 
-    def set_active(self, t: float, count: int, model: int = 0) -> None:
-        """`Pool.set_active` for ``model``."""
+    def set_active(self, t: float, count: int, model: int = 0, pool=None) -> None:
+        """`Pool.set_active` for ``model`` (``pool``: as for `advance`)."""
         if not 0 <= model < len(self.n_per_model):
             raise ValueError(f"model index {model} outside 0..{len(self.n_per_model) - 1}")
         n = int(self.n_per_model[model])
@@ -490,9 +509,21 @@ class KernelState(KernelExport):
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
         self._room(3 * self.R + 8)
         self._refill()
-        set_active(t, model, count, self.profiles[model].latencies.activation_s, self.ri, self.rf, self.qi, self.wq,
-                   self.run, self.bq, self.bk, self.coc, self.gi, self.gf, self.gh, self.floor_tab, self.ftab,
-                   self.fetab, self.cell, self.sched, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
+        if not set_active(t, model, count, self.profiles[model].latencies.activation_s, self.ri, self.rf, self.gi,
+                          self.gf, self.gh, self.floor_tab, self.si, self.ht, self.hk, self.hs, self.hi, self.hv):
+            return
+        if self.sched[S_DISPATCH]:
+            if pool is None:
+                raise RuntimeError("kernel: a dispatch policy's re-routing needs the pool (set_active(..., pool=...))")
+            self._redistribute_dispatched(pool, model, t)
+        else:
+            _redistribute(t, model, self.ri, self.rf, self.qi, self.wq, self.si, self.pend, self.ht, self.hk, self.hs,
+                          self.hi, self.hv, self.gi, self.gf, self.gh, self.floor_tab)
+        self._flush_all(pool, t)
+
+    def set_local(self, replicas: list[int], on: bool) -> None:
+        """Whether a local policy plans the steps of ``replicas`` from their next start on."""
+        self.ri[replicas, R_LOCAL] = int(on)
 
     def set_clock(self, t: float, mhz: int, gpus: list[int] | None = None) -> None:
         """`Pool.set_clock` on ``gpus`` (every GPU by default): clock ``mhz`` applies after each GPU's clock-change

@@ -1,0 +1,205 @@
+"""The compiled loop's hand-backs answered on the host: a dispatch policy's choice of replica for an arrival (or a
+re-routed request) and a local policy's plan for a replica's next step, from views built off the kernel's arrays
+exactly as `commitenv.sim.hooks` builds them off the Python loop's objects (and timed into the same counters)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from numba import njit
+
+from commitenv.sim.dispatch import ArrivalView, CandidateView
+from commitenv.sim.kernel.actuate import _flush, _route_to, _set_clock, _standby_idle, _take_unstarted
+from commitenv.sim.kernel.heap import _waiting
+from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_PLAN, ASK_REDISTRIBUTE, F_ASK_T, G_CLOCK, I_ASK, I_PLAN_N,
+                                         I_PLAN_REP, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_MODEL, Q_OUT,
+                                         Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_LOCAL, R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE,
+                                         R_STATE, R_UNF, R_WHEAD, R_WLEN, S_DISPATCH)
+from commitenv.sim.local import LocalView, TaskView
+from commitenv.sim.states import ACTIVE
+
+
+@njit(cache=True)
+def _token_loads(x, ri, qi, wq, run):
+    """`commitenv.sim.hooks._token_loads` of replica ``x``: (tokens still to compute before the first output token,
+    summed context of the requests past their prefill)."""
+    pre = dec = 0
+    for r in np.concatenate((run[x, : ri[x, R_RUN_N]], _waiting(ri, wq, x))):
+        left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+        if qi[r, Q_GENERATED] >= 1 and left <= 1:
+            dec += qi[r, Q_COMPUTED] + 1
+        else:
+            pre += left
+    return pre, dec
+
+
+@njit(cache=True)
+def _task_rows(x, ri, qi, qf, wq, run, n_live, live_slots, slot0, head_deadline, row_deadline, row0, pred_out, vis_dl,
+               seen_pool):
+    """Replica ``x``'s requests in the engine's order (running, then waiting) as a local policy sees them
+    (`PolicyHooks._task_view`): int rows (kernel index, slot, running, decode, tokens left, computed, prompt,
+    generated, predicted output, blocks) and float rows (arrival, visible deadline). ``seen_pool``: predictions and
+    visible deadlines from the pool's arrays by slot (``pred_out``, ``vis_dl``), else the lengths and deadlines the
+    requests run to."""
+    nr = ri[x, R_RUN_N]
+    n = nr + ri[x, R_WLEN]
+    ints = np.empty((n, 10), np.int64)
+    flts = np.empty((n, 2))
+    r = ri[x, R_WHEAD]
+    for j in range(n):
+        if j < nr:
+            k = run[x, j]
+        else:
+            k = r
+            r = wq[r]
+        slot = live_slots[k] if k < n_live else slot0 + k - n_live
+        left = qi[k, Q_PROMPT] + qi[k, Q_GENERATED] - qi[k, Q_COMPUTED]
+        dl = head_deadline[k] if k < n_live else row_deadline[row0 + k - n_live]
+        ints[j, 0], ints[j, 1], ints[j, 2] = k, slot, j < nr
+        ints[j, 3] = left == 1 and qi[k, Q_GENERATED] >= 1
+        ints[j, 4], ints[j, 5], ints[j, 6], ints[j, 7] = left, qi[k, Q_COMPUTED], qi[k, Q_PROMPT], qi[k, Q_GENERATED]
+        ints[j, 8] = pred_out[slot] if seen_pool else qi[k, Q_OUT]
+        ints[j, 9] = qi[k, Q_BLOCKS]
+        flts[j, 0] = qf[k, Q_ARRIVAL]
+        flts[j, 1] = vis_dl[slot] if seen_pool else dl
+    return ints, flts
+
+
+class KernelPolicies:
+    """`KernelState`'s answers to the compiled loop's policy hand-backs (mixed into `KernelState`); ``pool`` is the
+    `Pool` the state runs (its policies, what they may know of a request, its timing counters)."""
+
+    _EMPTY = (np.zeros(0, np.int64), np.zeros(0))
+
+    @property
+    def dispatching(self) -> bool:
+        return bool(self.sched[S_DISPATCH])
+
+    def set_dispatching(self, on: bool) -> None:
+        """Whether a dispatch policy routes (each arrival handed back to the host)."""
+        self.sched = self.sched.copy()  # (copies share it)
+        self.sched[S_DISPATCH] = int(on)
+
+    def _answer(self, code: int, pool) -> None:
+        """Answer the question the compiled loop returned with ``code`` (`layout`'s ``ASK_*``)."""
+        if pool is None:
+            raise RuntimeError("kernel: a policy's hand-back needs the pool (KernelState.advance(..., pool=...))")
+        t = float(self.sf[F_ASK_T])
+        x = int(self.si[I_ASK])
+        self._room(2 * self.R + 4)
+        if code == ASK_DISPATCH:
+            self._dispatch(pool, x, t)
+        elif code == ASK_PLAN:
+            self._plan(pool, x, t)
+        elif code == ASK_REDISTRIBUTE:
+            self._redistribute_dispatched(pool, x, t)
+        else:
+            raise RuntimeError(f"kernel: unknown hand-back code {code}")
+
+    # ------------------------------------------------------------------------------------------ dispatch
+    def _seen(self, pool, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What a policy may know of the requests ``idx``: predicted outputs and visible deadlines (`PolicyHooks._seen`:
+        in a what-if copy or a replay, the lengths and deadlines the requests run to)."""
+        if pool._slot_base == 0 and pool.pred_out is not None:
+            slots = self.slots(idx)
+            return pool.pred_out[slots], pool.visible_deadline[slots]
+        return self.qi[idx, Q_OUT], self.deadlines(idx)
+
+    def _dispatch(self, pool, r: int, t: float) -> None:
+        """`PolicyHooks._dispatched` then `Pool._route` for request ``r`` at ``t``."""
+        ri, qi = self.ri, self.qi
+        model = int(qi[r, Q_MODEL])
+        cands = np.flatnonzero((ri[:, R_STATE] == ACTIVE) & (ri[:, R_MODEL] == model))
+        if not len(cands):
+            raise RuntimeError("kernel: no active replica of the model to route to")
+        c0 = time.perf_counter()
+        pol = pool.dispatch
+        pred, dl = self._seen(pool, np.array([r]))
+        req = ArrivalView(int(self.slots(np.array([r]))[0]), t, int(qi[r, Q_PROMPT]), int(pred[0]), float(dl[0]),
+                          model, 0)
+        load = pol.wants_load
+        views = tuple(
+            CandidateView(int(x), int(ri[x, R_GPU]), int(ri[x, R_UNF]), int(ri[x, R_RUN_N]), int(ri[x, R_WLEN]),
+                          int(ri[x, R_FREE]), int(self.cap_blocks[x]), int(self._mhz[self.gi[ri[x, R_GPU], G_CLOCK]]),
+                          float(self.rf[x, R_SHARE]), 0, int(ri[x, R_BS]),
+                          *(_token_loads(x, ri, qi, self.wq, self.run) if load else (0, 0)))
+            for x in cands.tolist())
+        pick = pol.choose(req, views)
+        pool.dispatch_s += time.perf_counter() - c0
+        pool.dispatch_calls += 1
+        if pick not in cands.tolist():
+            raise ValueError(f"dispatch policy {pol.name!r} chose replica {pick!r}, not one of the active replicas "
+                             f"{cands.tolist()} of model {model}")
+        _route_to(t, r, int(pick), ri, self.rf, qi, self.wq, self.si, self.pend, self.ht, self.hk, self.hs, self.hi,
+                  self.hv)
+
+    def _redistribute_dispatched(self, pool, model: int, t: float) -> None:
+        """`Pool._redistribute` through the dispatch policy: ``model``'s queued requests that have not started, each
+        routed again in arrival order; then its draining replicas left without work to standby."""
+        for r in _take_unstarted(model, self.ri, self.qi, self.wq).tolist():
+            self._room(2)
+            self._dispatch(pool, r, t)
+        _standby_idle(t, model, self.ri, self.rf, self.gi, self.gf, self.gh, self.floor_tab)
+
+    # ------------------------------------------------------------------------------------------ local plans
+    def _plan(self, pool, x: int, t: float) -> None:
+        """`PolicyHooks._local_order` for replica ``x`` at ``t``: its local policy's plan, a clock in it requested for
+        the replica's GPU, the order checked and written for the compiled loop (``plan``, ``on_run``)."""
+        ri = self.ri
+        c0 = time.perf_counter()
+        seen_pool = pool._slot_base == 0 and pool.pred_out is not None
+        empty_i, empty_f = self._EMPTY
+        ints, flts = _task_rows(x, ri, self.qi, self.qf, self.wq, self.run, self.n_live, self.live_slots,
+                                self.slot_base + self.row0, self.head_deadline, self.src.deadline, self.row0,
+                                pool.pred_out if seen_pool else empty_i, pool.visible_deadline if seen_pool else empty_f,
+                                seen_pool)
+        tasks = tuple([TaskView(s, rn == 1, d == 1, lf, c, p, g, pr, a, v, b) for (_, s, rn, d, lf, c, p, g, pr, b), (a, v)
+                       in zip(ints.tolist(), flts.tolist())])
+        g = int(ri[x, R_GPU])
+        levels = self.clock_mhz
+        view = LocalView(t, x, g, int(ri[x, R_MODEL]), levels[self.gi[g, G_CLOCK]], levels, float(self.rf[x, R_SHARE]),
+                         int(ri[x, R_FREE]), int(ri[x, R_BS]), int(ri[x, R_BUDGET]), int(ri[x, R_MAXSEQ]), tasks)
+        policy = pool._replicas[x].local
+        plan = policy.plan(view)
+        pool.local_s += time.perf_counter() - c0
+        pool.local_calls += 1
+        self.si[I_PLAN_REP] = x
+        if plan is None:
+            self.si[I_PLAN_N] = -1
+            return
+        mhz = plan.clock_mhz
+        if mhz is not None:
+            if mhz not in levels:
+                raise ValueError(f"local policy {policy.name!r}: clock {mhz} MHz is not one of the GPU's levels "
+                                 f"{list(levels)}")
+            _set_clock(t, levels.index(mhz), np.array([g], np.int64), self.gi, self.gf, self.si, self.ht, self.hk,
+                       self.hs, self.hi, self.hv)
+        where = {task.slot: j for j, task in enumerate(tasks)}
+        order = list(plan.order)
+        seen: set[int] = set()
+        for s in order:  # (`Replica.schedule_ordered`'s checks, in the plan's order)
+            if s in seen:
+                raise ValueError(f"local policy: slot {s} listed twice in the plan of replica {x}")
+            seen.add(s)
+            if s not in where:
+                raise ValueError(f"local policy: replica {x} holds no request in slot {s}")
+        n = len(order)
+        if n > len(self.plan):
+            self.plan = np.zeros(max(n, 2 * len(self.plan)), np.int64)
+            self.on_run = np.zeros(len(self.plan), np.int64)
+        pos = np.fromiter((where[s] for s in order), np.int64, n)
+        self.plan[:n] = ints[pos, 0]
+        self.on_run[:n] = ints[pos, 2]
+        self.si[I_PLAN_N] = n
+
+    def _flush_all(self, pool, t: float) -> None:
+        """`Pool._flush` at ``t`` on the host side of an actuation: start the replicas that received work, planning the
+        steps of those with a local policy."""
+        if pool is None and self.ri[:, R_LOCAL].any():
+            raise RuntimeError("kernel: a local policy's plans need the pool (set_active(..., pool=...))")
+        while (x := _flush(t, self.ri, self.rf, self.qi, self.wq, self.run, self.bq, self.bk, self.coc, self.gi,
+                           self.gf, self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.si,
+                           self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run)) >= 0:
+            self._room(self.R + 1)
+            self._plan(pool, x, t)
