@@ -240,3 +240,32 @@ def test_policies_answered_by_the_kernels_hand_backs_equal_the_python_loop(monke
                     [g for g in pool.gpu_energy_j().tolist()], _entries(pool.log)))
     assert out[0] == out[1]
     assert out[0][2] > 1000 and out[0][3] > 1000  # both policies were asked often
+
+
+def test_a_shared_environment_with_attribution_equals_the_python_loop(monkeypatch):
+    """Per-request attribution on a shared pool (co-located instances: the step log's GPU and SM share decide whose
+    energy is whose): every interval's attribution and the settlement equal the Python loop's bit for bit, and the
+    pool stays on the kernel from the first interval on."""
+    def episode(enabled: bool):
+        monkeypatch.setattr(kernel, "ENABLED", enabled)
+        env = CommitServeEnv(SCENARIO, attribution=True)
+        env.reset(seed=100001)
+        rng = np.random.default_rng(5)
+        out, modes = [], []
+        for _ in range(20):
+            shares = list(env.shared_cfg.shares)
+            for r, x in _legal_shares_of(rng, env).items():
+                shares[r] = x
+            a = {"active": [int(rng.integers(1, n + 1)) for n in env.replicas_per_model],
+                 "clock": int(rng.integers(len(env.clocks_mhz))), "shares": shares}
+            _, r, done, _, info = env.step(a)
+            iv = info["attribution"]["interval"]
+            out.append((r, iv["energy_j"], iv["busy_j"], tuple(iv["tenant_j"].values())))
+            modes.append(env.pool._ks is not None)
+        return out, env.attributor.own_j.copy(), env.attributor.shared_j.copy(), modes
+
+    ref = episode(False)
+    got = episode(True)
+    assert not any(ref[3]) and all(got[3])
+    assert ref[0] == got[0] and len(ref[0]) == 20
+    assert np.array_equal(ref[1], got[1]) and np.array_equal(ref[2], got[2]) and ref[1].sum() > 0

@@ -5,8 +5,9 @@ several replicas (``gh[g, :gi[g, G_NHOST]]``, in the GPU's order)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, objmode
 
+from commitenv.sim.kernel import host
 from commitenv.sim.kernel.heap import _push, _wpush_back
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
                                          G_NHOST, G_PENDING, G_VER, I_PEND, I_PEND_POS, I_PLAN_REP, Q_MODEL, Q_REPLICA,
@@ -192,14 +193,14 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
 @njit(cache=True)
 def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk,
            hs, hi, hv, plan, on_run):
-    """Start the replicas that received work at ``t`` (`Pool._flush`), in the order they received it. Returns -1 when
-    all started, or a replica whose local policy must plan its step first (the host writes the plan and calls
-    again: the flush resumes at that replica)."""
+    """Start the replicas that received work at ``t`` (`Pool._flush`), in the order they received it; a replica whose
+    local policy plans its steps has the host write its plan first (`host.plan`, called back from here)."""
     while si[I_PEND_POS] < si[I_PEND]:
         rep = pend[si[I_PEND_POS]]
         if (ri[rep, R_LOCAL] and ri[rep, R_SEG] == SEG_NONE and si[I_PLAN_REP] != rep
                 and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0)):
-            return rep
+            with objmode():
+                host.plan(rep, t)
         si[I_PEND_POS] += 1
         ri[rep, R_PENDING] = 0
         if ri[rep, R_SEG] == SEG_NONE:
@@ -207,7 +208,6 @@ def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fet
                    ht, hk, hs, hi, hv, plan, on_run)
     si[I_PEND] = 0
     si[I_PEND_POS] = 0
-    return -1
 
 
 @njit(cache=True)

@@ -16,7 +16,7 @@ INF = math.inf
 # I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured;
 # I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`; I_PEND_POS: the
 # next replica of the pending list (``pend[:I_PEND]``) to start; I_ASK: what a hand-back asks of the host (the request
-# to dispatch, the replica to plan, the model to redistribute); I_PLAN_REP, I_PLAN_N: the replica whose local plan
+# to dispatch, the model to redistribute); I_PLAN_REP, I_PLAN_N: the replica whose local plan
 # the host wrote (-1: none) and its length (``plan[:I_PLAN_N]``, -1: the plan is None, the vLLM scheduler)
 # float64 scalars (``sf``)
 F_NOW, F_LAST, F_ASK_T = 0, 1, 2  # the engine clock; the time of the last event processed (heap or arrival); the
@@ -46,9 +46,9 @@ GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR, GF_CLOCK_LAT = range(5)
 S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED, S_DISPATCH = range(6)
 # S_DISPATCH: a dispatch policy routes (each arrival and re-routed request is handed back to the host)
 # `advance`'s return codes: done, and what the host does before calling again (grow the heap, refill the legacy
-# noise, drain the step log, dispatch request ``si[I_ASK]``, plan replica ``si[I_ASK]``'s step, re-route model
-# ``si[I_ASK]``'s queued requests through the dispatch policy), each at ``sf[F_ASK_T]``
-(DONE, ASK_HEAP, ASK_NOISE, ASK_LOG, ASK_DISPATCH, ASK_PLAN, ASK_REDISTRIBUTE) = range(7)
+# noise, drain the step log, dispatch request ``si[I_ASK]``, re-route model ``si[I_ASK]``'s queued requests through
+# the dispatch policy), each at ``sf[F_ASK_T]``; a local policy's plan is asked for from inside (`host.plan`)
+(DONE, ASK_HEAP, ASK_NOISE, ASK_LOG, ASK_DISPATCH, ASK_REDISTRIBUTE) = range(6)
 # the step log: per entry int64 (``lgi``) and float64 (``lgf``) columns, per member int64 columns (``lgm``)
 LG_REP, LG_STEPS, LG_CLOCK, LG_N = range(4)
 LF_T0, LF_T1, LF_ENERGY, LF_FLOOR, LF_SHARE = range(5)

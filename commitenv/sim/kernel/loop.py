@@ -8,7 +8,7 @@ from numba import njit
 
 from commitenv.sim.kernel.actuate import _floor_changed, _floor_power, _flush, _redistribute, _route, _set_floor, _start
 from commitenv.sim.kernel.heap import _live, _pop, _push, _wpush_back
-from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_HEAP, ASK_LOG, ASK_NOISE, ASK_PLAN, ASK_REDISTRIBUTE, DONE,
+from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_HEAP, ASK_LOG, ASK_NOISE, ASK_REDISTRIBUTE, DONE,
                                          F_ASK_T, I_ASK, R_LOCAL, S_DISPATCH, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_NHOST,
                                          G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP,
                                          I_LIVE, I_LOG, I_LOGM, I_N, I_PEND, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BS,
@@ -53,13 +53,8 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
-            x = _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
-                       pend, ht, hk, hs, hi, hv, plan, on_run)
-            if x >= 0:
-                si[I_ASK] = x
-                sf[F_ASK_T] = last
-                sf[F_NOW] = max(sf[F_NOW], last)
-                return ASK_PLAN  # the host writes replica x's local plan
+            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend,
+                   ht, hk, hs, hi, hv, plan, on_run)
             continue
         if th == INF and ta == INF:
             break

@@ -12,7 +12,8 @@ from numba import njit
 from commitenv.sim.dispatch import ArrivalView, CandidateView
 from commitenv.sim.kernel.actuate import _flush, _route_to, _set_clock, _standby_idle, _take_unstarted
 from commitenv.sim.kernel.heap import _waiting
-from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_PLAN, ASK_REDISTRIBUTE, F_ASK_T, G_CLOCK, I_ASK, I_PLAN_N,
+from commitenv.sim.kernel import host
+from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_REDISTRIBUTE, F_ASK_T, G_CLOCK, G_PENDING, I_ASK, I_PLAN_N,
                                          I_PLAN_REP, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_MODEL, Q_OUT,
                                          Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_LOCAL, R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE,
                                          R_STATE, R_UNF, R_WHEAD, R_WLEN, S_DISPATCH)
@@ -90,8 +91,6 @@ class KernelPolicies:
         self._room(2 * self.R + 4)
         if code == ASK_DISPATCH:
             self._dispatch(pool, x, t)
-        elif code == ASK_PLAN:
-            self._plan(pool, x, t)
         elif code == ASK_REDISTRIBUTE:
             self._redistribute_dispatched(pool, x, t)
         else:
@@ -173,22 +172,28 @@ class KernelPolicies:
             if mhz not in levels:
                 raise ValueError(f"local policy {policy.name!r}: clock {mhz} MHz is not one of the GPU's levels "
                                  f"{list(levels)}")
-            _set_clock(t, levels.index(mhz), np.array([g], np.int64), self.gi, self.gf, self.si, self.ht, self.hk,
-                       self.hs, self.hi, self.hv)
+            idx = levels.index(mhz)
+            gi = self.gi
+            if idx != (gi[g, G_PENDING] if gi[g, G_PENDING] >= 0 else gi[g, G_CLOCK]):  # (else nothing to request)
+                _set_clock(t, idx, np.array([g], np.int64), gi, self.gf, self.si, self.ht, self.hk, self.hs, self.hi,
+                           self.hv)
         where = {task.slot: j for j, task in enumerate(tasks)}
-        order = list(plan.order)
-        seen: set[int] = set()
-        for s in order:  # (`Replica.schedule_ordered`'s checks, in the plan's order)
-            if s in seen:
-                raise ValueError(f"local policy: slot {s} listed twice in the plan of replica {x}")
-            seen.add(s)
-            if s not in where:
-                raise ValueError(f"local policy: replica {x} holds no request in slot {s}")
-        n = len(order)
-        if n > len(self.plan):
-            self.plan = np.zeros(max(n, 2 * len(self.plan)), np.int64)
-            self.on_run = np.zeros(len(self.plan), np.int64)
-        pos = np.fromiter((where[s] for s in order), np.int64, n)
+        order = plan.order
+        try:
+            pos = [where[s] for s in order]
+        except (KeyError, TypeError):
+            pos = None
+        if pos is None or len(set(order)) != len(pos):
+            seen: set[int] = set()
+            for s in order:  # (`Replica.schedule_ordered`'s checks, in the plan's order)
+                if s in seen:
+                    raise ValueError(f"local policy: slot {s} listed twice in the plan of replica {x}")
+                seen.add(s)
+                if s not in where:
+                    raise ValueError(f"local policy: replica {x} holds no request in slot {s}")
+        n = len(pos)
+        if n > len(self.plan):  # (never: the plan arrays hold as many entries as the request arrays)
+            raise RuntimeError(f"kernel: a plan of {n} entries, the plan arrays hold {len(self.plan)}")
         self.plan[:n] = ints[pos, 0]
         self.on_run[:n] = ints[pos, 2]
         self.si[I_PLAN_N] = n
@@ -196,10 +201,10 @@ class KernelPolicies:
     def _flush_all(self, pool, t: float) -> None:
         """`Pool._flush` at ``t`` on the host side of an actuation: start the replicas that received work, planning the
         steps of those with a local policy."""
-        if pool is None and self.ri[:, R_LOCAL].any():
-            raise RuntimeError("kernel: a local policy's plans need the pool (set_active(..., pool=...))")
-        while (x := _flush(t, self.ri, self.rf, self.qi, self.wq, self.run, self.bq, self.bk, self.coc, self.gi,
-                           self.gf, self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.si,
-                           self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run)) >= 0:
-            self._room(self.R + 1)
-            self._plan(pool, x, t)
+        host.CURRENT.append((self, pool))
+        try:
+            _flush(t, self.ri, self.rf, self.qi, self.wq, self.run, self.bq, self.bk, self.coc, self.gi, self.gf,
+                   self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.si, self.pend, self.ht,
+                   self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run)
+        finally:
+            host.CURRENT.pop()

@@ -23,6 +23,7 @@ from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, I_PLAN_RE
                                          R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_CLOSED, S_LOG,
                                          S_NOISE)
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, in_flight, meter, settle
+from commitenv.sim.kernel import host
 from commitenv.sim.kernel.policies import KernelPolicies
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.kernel.segment import _decode_flags
@@ -151,8 +152,10 @@ class KernelState(KernelExport, KernelPolicies):
         ri[:, R_LOCAL] = [rep.local is not None for rep in reps]
         self.n_per_model = np.bincount(ri[:, R_MODEL], minlength=pool.n_models)
         self.cap_blocks = np.array([rep.cap_blocks for rep in reps], np.int64)  # (what a dispatch policy sees)
-        self.plan = np.zeros(64, np.int64)  # a local plan the host wrote (`KernelPolicies._plan`)
-        self.on_run = np.zeros(64, np.int64)
+        # a local plan the host wrote (`KernelPolicies._plan`; as long as the request arrays: a plan lists at most
+        # every live request, and the arrays are never replaced while the loop runs)
+        self.plan = np.zeros(L + 64, np.int64)
+        self.on_run = np.zeros(L + 64, np.int64)
         ri[:, R_UNF] = [rep.unf for rep in reps]
         ri[:, R_FREE] = [rep.free_blocks for rep in reps]
         ri[:, R_STATE] = [rep.state for rep in reps]
@@ -370,6 +373,7 @@ class KernelState(KernelExport, KernelPolicies):
         self.rejected = np.concatenate([self.rejected, np.zeros(new - cap, np.bool_)])
         self.wq = np.concatenate([self.wq, np.full(new - cap, -1, np.int64)])
         self.done_out = np.concatenate([self.done_out, np.zeros(new - cap, np.int64)])
+        self.plan, self.on_run = np.zeros(new, np.int64), np.zeros(new, np.int64)
 
     def _compact(self, copy_all: bool = False, ahead_s: float | None = None) -> None:
         """Keep only the live requests (the new head) and the rows loaded but not arrived (with ``ahead_s``, those
@@ -394,6 +398,7 @@ class KernelState(KernelExport, KernelPolicies):
          self.live_slots) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc, self.rejected, self.si,
                                self.head_deadline, self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
         self.done_out = np.zeros(self.qi.shape[0], np.int64)
+        self.plan, self.on_run = np.zeros(self.qi.shape[0], np.int64), np.zeros(self.qi.shape[0], np.int64)
         self.row0 += cur - L
         self.n_live = len(self.live_slots)
         self.taken = 0
@@ -459,15 +464,19 @@ class KernelState(KernelExport, KernelPolicies):
                                               for a in (self.hk, self.hs, self.hi, self.hv))
 
     def _advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
-        while code := self._advance_once(t_end, stop_captured):
-            if code == ASK_HEAP:
-                self._room(self.ht.shape[0])
-            elif code == ASK_NOISE:
-                self._refill()
-            elif code == ASK_LOG:
-                self._drain_log()
-            else:
-                self._answer(code, pool)
+        host.CURRENT.append((self, pool))  # (a local policy's plans are asked for from inside the loop)
+        try:
+            while code := self._advance_once(t_end, stop_captured):
+                if code == ASK_HEAP:
+                    self._room(self.ht.shape[0])
+                elif code == ASK_NOISE:
+                    self._refill()
+                elif code == ASK_LOG:
+                    self._drain_log()
+                else:
+                    self._answer(code, pool)
+        finally:
+            host.CURRENT.pop()
         self._drain_log()
 
     def _advance_once(self, t_end: float, stop_captured: bool) -> int:

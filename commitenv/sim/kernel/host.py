@@ -1,0 +1,15 @@
+"""The host the compiled loop calls back into for a local policy's plan (numba's ``objmode``, one call per planned
+step instead of leaving and re-entering `advance`): the kernel state and pool whose call is running."""
+
+from __future__ import annotations
+
+CURRENT: list = []  # (KernelState, Pool) of the compiled calls in progress, innermost last
+
+
+def plan(x: int, t: float) -> int:
+    """Have the running pool's local policy plan replica ``x``'s step at ``t`` (`KernelPolicies._plan`)."""
+    if not CURRENT or CURRENT[-1][1] is None:
+        raise RuntimeError("kernel: a local policy's plans need the pool (KernelState.advance(..., pool=...))")
+    ks, pool = CURRENT[-1]
+    ks._plan(pool, x, t)
+    return 0
