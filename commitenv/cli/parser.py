@@ -90,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                    ).set_defaults(func=cmd_controllers)
     sub.add_parser("profiles", help="list shipped GPU x model profiles").set_defaults(func=cmd_profiles)
     sub.add_parser("workloads", help="list built-in workloads").set_defaults(func=cmd_workloads)
-    sub.add_parser("compile", help="compile the engine's event loop ahead of any run, into numba's cache (once; "
-                   "python -m commitenv.sim.compile)").set_defaults(func=lambda _args: compile_main())
+    comp = sub.add_parser("compile", help="compile the engine's event loop ahead of any run, into numba's cache (once; "
+                          "python -m commitenv.sim.compile)")
+    comp.add_argument("--clean", action="store_true", help="empty the cache first (after editing a kernel module: "
+                      "numba does not notice a callee's change in a cached caller)")
+    comp.set_defaults(func=lambda args: compile_main(["--clean"] if args.clean else []))
     from commitenv.train.cli import add_train_parser  # `commitenv train` (no learning stack loaded until it runs)
 
     add_train_parser(sub)

@@ -7,7 +7,8 @@ reads, `in_flight`, a what-if fork (compacted, no log) and a logged copy, a comp
 compiled function to its cache (next to the sources in ``__pycache__``, or under ``NUMBA_CACHE_DIR``; a user-wide
 folder when the package is read-only), so later processes (pytest-xdist workers, env runs) load instead of
 compiling. A second call loads everything from that cache. `signatures()` lists what each dispatcher holds (tests
-compare it before and after a run).
+compare it before and after a run). ``--clean`` first empties the cache (after editing a kernel module: numba does not
+notice a callee's change in a cached caller).
 """
 
 from __future__ import annotations
@@ -176,7 +177,23 @@ def _warm_policies() -> None:
         ks.take_finished()
 
 
+def clean() -> int:
+    """Delete the engine's compiled functions from numba's cache (the folder `cache_dir` names). numba checks a
+    cached function against its own source file only, not its callees': after an edit of a kernel module, a caller
+    cached before it would run the old callee (stale), so a developer cleans before compiling again. Returns how many
+    files went."""
+    n = 0
+    for folder in {str(d.stats.cache_path) for d in dispatchers().values()}:
+        for f in list(Path(folder).glob("*.nbi")) + list(Path(folder).glob("*.nbc")):
+            f.unlink()
+            n += 1
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--clean" in args:
+        print(f"commitenv.sim.compile: {clean()} cached files removed")
     t0 = time.process_time()
     warm()
     cpu = time.process_time() - t0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, objmode
 
-from commitenv.sim.kernel import host
+from commitenv.sim.kernel.host import plan as _host_plan
 from commitenv.sim.kernel.heap import _push, _wpush_back
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
                                          G_NHOST, G_PENDING, G_VER, I_PEND, I_PEND_POS, I_PLAN_REP, Q_MODEL, Q_REPLICA,
@@ -200,7 +200,7 @@ def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fet
         if (ri[rep, R_LOCAL] and ri[rep, R_SEG] == SEG_NONE and si[I_PLAN_REP] != rep
                 and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0)):
             with objmode():
-                host.plan(rep, t)
+                _host_plan(rep, t)
         si[I_PEND_POS] += 1
         ri[rep, R_PENDING] = 0
         if ri[rep, R_SEG] == SEG_NONE:

@@ -12,7 +12,7 @@ from numba import njit
 from commitenv.sim.dispatch import ArrivalView, CandidateView
 from commitenv.sim.kernel.actuate import _flush, _route_to, _set_clock, _standby_idle, _take_unstarted
 from commitenv.sim.kernel.heap import _waiting
-from commitenv.sim.kernel import host
+from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_REDISTRIBUTE, F_ASK_T, G_CLOCK, G_PENDING, I_ASK, I_PLAN_N,
                                          I_PLAN_REP, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_MODEL, Q_OUT,
                                          Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_LOCAL, R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE,
@@ -201,10 +201,10 @@ class KernelPolicies:
     def _flush_all(self, pool, t: float) -> None:
         """`Pool._flush` at ``t`` on the host side of an actuation: start the replicas that received work, planning the
         steps of those with a local policy."""
-        host.CURRENT.append((self, pool))
+        CURRENT.append((self, pool))
         try:
             _flush(t, self.ri, self.rf, self.qi, self.wq, self.run, self.bq, self.bk, self.coc, self.gi, self.gf,
                    self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.si, self.pend, self.ht,
                    self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run)
         finally:
-            host.CURRENT.pop()
+            CURRENT.pop()

@@ -23,7 +23,7 @@ from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, I_PLAN_RE
                                          R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_CLOSED, S_LOG,
                                          S_NOISE)
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, in_flight, meter, settle
-from commitenv.sim.kernel import host
+from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.policies import KernelPolicies
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.kernel.segment import _decode_flags
@@ -464,7 +464,7 @@ class KernelState(KernelExport, KernelPolicies):
                                               for a in (self.hk, self.hs, self.hi, self.hv))
 
     def _advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
-        host.CURRENT.append((self, pool))  # (a local policy's plans are asked for from inside the loop)
+        CURRENT.append((self, pool))  # (a local policy's plans are asked for from inside the loop)
         try:
             while code := self._advance_once(t_end, stop_captured):
                 if code == ASK_HEAP:
@@ -476,7 +476,7 @@ class KernelState(KernelExport, KernelPolicies):
                 else:
                     self._answer(code, pool)
         finally:
-            host.CURRENT.pop()
+            CURRENT.pop()
         self._drain_log()
 
     def _advance_once(self, t_end: float, stop_captured: bool) -> int:
