@@ -85,8 +85,12 @@ def test_relative_paths_in_kwargs_name_the_submissions_own_files(tmp_path, toy):
     out = sandboxed(sub, toy)
     assert out["status"] == "ok", out["reason"]
     _, ref = run_episode("fixed_config", toy, 0, controller_kwargs={"active": 1})
-    assert ref.summary["energy_mj"] < run_episode("vllm", toy, 0)[1].summary["energy_mj"]  # (one replica, not two)
-    assert _same_run(out["summary"], ref.summary)
+    served = run_episode("vllm", toy, 0)[1].summary["energy_mj"]
+    assert ref.summary["energy_mj"] < 0.9 * served  # (one replica, not two: the second GPU's floor for the hour)
+    if out["summary"]["planning_delay_s_max"] == 0.0:  # (the child's CPU, charged, rounds to 0 at 0.1 s resolution)
+        assert _same_run(out["summary"], ref.summary)
+    else:  # (a loaded machine: the first decision's CPU charged, the switch to one replica a step later)
+        assert out["summary"]["energy_mj"] == pytest.approx(ref.summary["energy_mj"], rel=1e-3)
 
 
 def test_planning_cpu_is_measured_by_the_host_and_charged_as_delay(tmp_path, toy):

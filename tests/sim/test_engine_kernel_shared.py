@@ -31,21 +31,6 @@ def _shared_pool(seed: int):
     return env.pool
 
 
-def _legal_shares(rng, pool) -> dict[int, float]:
-    """A random SM share for a random subset of replicas such that every GPU's shares still sum to <= 1 (each at least
-    its profile's minimum)."""
-    out = {}
-    for g in pool.gpus:
-        reps = g.replicas
-        mins = [r.profile.sm_share.min_share for r in reps]
-        if rng.random() < 0.5:
-            continue
-        w = rng.dirichlet(np.ones(len(reps))) * (1.0 - sum(mins)) * rng.uniform(0.5, 1.0)
-        for r, m, x in zip(reps, mins, w):
-            out[r.index] = round(float(m + x), 4)
-    return out
-
-
 def _entries(log) -> list[tuple]:
     return [(e.gpu, e.replica, e.t0, e.t1, e.n_steps, e.energy_j, e.clock_mhz, e.share, e.floor_j) for e in log]
 
@@ -74,7 +59,7 @@ def test_a_shared_pool_on_the_kernel_equals_the_python_loop(python_pools, settle
             pool.set_clock(t, f, gpus)
             ks.set_clock(t, f, gpus)
             kinds.add("clock")
-        new = _legal_shares(rng, pool)
+        new = _legal_shares_of(rng, pool)
         for r in sorted(new, key=lambda r: new[r] - pool.replicas[r].share):  # shrinking first: every GPU <= 1
             pool.set_share(t, r, new[r])
             ks.set_share(t, r, new[r], pool.replicas[r].profile)
@@ -157,7 +142,8 @@ def _shared_episode(monkeypatch, enabled: bool, steps: int):
 
 
 def _legal_shares_of(rng, env) -> dict[int, float]:
-    """Random SM shares for some GPUs of ``env``'s layout, each GPU's summing to <= 1."""
+    """Random SM shares for some GPUs of ``env``'s layout (an env or a pool: its ``layout`` and ``profiles``), each at
+    least its profile's minimum and every GPU's summing to <= 1."""
     out = {}
     r0 = 0
     for insts in env.layout.gpus:
@@ -269,3 +255,30 @@ def test_a_shared_environment_with_attribution_equals_the_python_loop(monkeypatc
     assert not any(ref[3]) and all(got[3])
     assert ref[0] == got[0] and len(ref[0]) == 20
     assert np.array_equal(ref[1], got[1]) and np.array_equal(ref[2], got[2]) and ref[1].sum() > 0
+
+
+def test_festina_on_the_kernel_equals_the_python_loop(monkeypatch):
+    """Festina (its dispatch, its local scheduler planning every step with a clock vote, its SM-share scaling) on the
+    shared hour's first 15 intervals: the kernel (every plan called back to the host) and the Python loop give the same
+    observations, rewards, misses and meters."""
+    from commitenv.control import ControllerContext
+    from commitenv.registry import resolve
+
+    def episode(on: bool):
+        monkeypatch.setattr(kernel, "ENABLED", on)
+        env = CommitServeEnv(SCENARIO)
+        obs, info = env.reset(seed=100000)
+        ctrl = resolve("festina").make()
+        ctrl.reset(ControllerContext.from_env(env), 0)
+        env.set_dispatch(ctrl.dispatch_policy())
+        env.set_local_policy(ctrl.local_policy())
+        out = []
+        for _ in range(15):
+            a = ctrl.act(obs, info)
+            obs, r, done, _, info = env.step(a)
+            out.append((np.asarray(obs).tolist(), r, info["new_misses"], env.pool.energy_j()))
+        return out, env.pool.local_calls, env.pool._ks is not None
+
+    py, kern = episode(False), episode(True)
+    assert py[0] == kern[0] and py[1] == kern[1] > 1000
+    assert kern[2] and not py[2]

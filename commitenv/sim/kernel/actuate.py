@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit, objmode
 
 from commitenv.sim.kernel.host import plan as _host_plan
-from commitenv.sim.kernel.heap import _push, _wpush_back
+from commitenv.sim.kernel.heap import _push, _task_rows, _wpush_back
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
                                          G_NHOST, G_PENDING, G_VER, I_PEND, I_PEND_POS, I_PLAN_REP, Q_MODEL, Q_REPLICA,
                                          Q_STARTED, R_LOCAL,
@@ -191,16 +191,19 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
 
 
 @njit(cache=True)
-def _flush(t, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht, hk,
-           hs, hi, hv, plan, on_run):
+def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht,
+           hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
     """Start the replicas that received work at ``t`` (`Pool._flush`), in the order they received it; a replica whose
-    local policy plans its steps has the host write its plan first (`host.plan`, called back from here)."""
+    local policy plans its steps has the host write its plan first (`host.plan`, called back from here with the
+    replica's tasks, `_task_rows`)."""
     while si[I_PEND_POS] < si[I_PEND]:
         rep = pend[si[I_PEND_POS]]
         if (ri[rep, R_LOCAL] and ri[rep, R_SEG] == SEG_NONE and si[I_PLAN_REP] != rep
                 and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0)):
+            ints, flts = _task_rows(rep, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out,
+                                    vis_dl)
             with objmode():
-                _host_plan(rep, t)
+                _host_plan(rep, t, ints, flts)
         si[I_PEND_POS] += 1
         ri[rep, R_PENDING] = 0
         if ri[rep, R_SEG] == SEG_NONE:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from commitenv.sim.kernel.layout import (I_HEAP, I_SEQ, Q_COMPUTED, Q_GENERATED, Q_PROMPT, R_RUN_N, R_WHEAD, R_WLEN,
-                                         R_WTAIL)
+from commitenv.sim.kernel.layout import (I_HEAP, I_SEQ, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_OUT, Q_PROMPT,
+                                         R_RUN_N, R_WHEAD, R_WLEN, R_WTAIL)
 
 
 @njit(cache=True)
@@ -138,3 +138,35 @@ def _left(idx, qi):
         g = qi[r, Q_GENERATED]
         out[j] = qi[r, Q_PROMPT] + g - qi[r, Q_COMPUTED] - (1 if g > 0 else 0)
     return out
+
+
+@njit(cache=True)
+def _task_rows(x, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
+    """Replica ``x``'s requests in the engine's order (running, then waiting) as a local policy sees them
+    (`PolicyHooks._task_view`): int rows (kernel index, slot, running, decode, tokens left, computed, prompt,
+    generated, predicted output, blocks) and float rows (arrival, visible deadline). ``tvi``: the head's length, the
+    first row's slot, the first row, and whether predictions and visible deadlines come from the pool's arrays by slot
+    (``pred_out``, ``vis_dl``; else the lengths and deadlines the requests run to)."""
+    n_live, slot0, row0, seen_pool = tvi[0], tvi[1], tvi[2], tvi[3] != 0
+    nr = ri[x, R_RUN_N]
+    n = nr + ri[x, R_WLEN]
+    ints = np.empty((n, 10), np.int64)
+    flts = np.empty((n, 2))
+    r = ri[x, R_WHEAD]
+    for j in range(n):
+        if j < nr:
+            k = run[x, j]
+        else:
+            k = r
+            r = wq[r]
+        slot = live_slots[k] if k < n_live else slot0 + k - n_live
+        left = qi[k, Q_PROMPT] + qi[k, Q_GENERATED] - qi[k, Q_COMPUTED]
+        dl = head_deadline[k] if k < n_live else row_deadline[row0 + k - n_live]
+        ints[j, 0], ints[j, 1], ints[j, 2] = k, slot, j < nr
+        ints[j, 3] = left == 1 and qi[k, Q_GENERATED] >= 1
+        ints[j, 4], ints[j, 5], ints[j, 6], ints[j, 7] = left, qi[k, Q_COMPUTED], qi[k, Q_PROMPT], qi[k, Q_GENERATED]
+        ints[j, 8] = pred_out[slot] if seen_pool else qi[k, Q_OUT]
+        ints[j, 9] = qi[k, Q_BLOCKS]
+        flts[j, 0] = qf[k, Q_ARRIVAL]
+        flts[j, 1] = vis_dl[slot] if seen_pool else dl
+    return ints, flts

@@ -31,7 +31,8 @@ def _noise_low(ri):
 
 @njit(cache=True)
 def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
-            coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm, plan, on_run):
+            coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm, plan, on_run, tvi,
+            live_slots, head_deadline, row_deadline, pred_out, vis_dl):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
     ``stop_captured``, stop at the segment end that finishes the last captured request. Returns `DONE`, or a
     question for the host (`ASK_HEAP` ... `ASK_REDISTRIBUTE`, see `layout`), asked before anything it depends on is
@@ -53,8 +54,9 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
-            _flush(last, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend,
-                   ht, hk, hs, hi, hv, plan, on_run)
+            _flush(last, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
+                   pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
+                   vis_dl)
             continue
         if th == INF and ta == INF:
             break

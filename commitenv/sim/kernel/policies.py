@@ -35,38 +35,6 @@ def _token_loads(x, ri, qi, wq, run):
     return pre, dec
 
 
-@njit(cache=True)
-def _task_rows(x, ri, qi, qf, wq, run, n_live, live_slots, slot0, head_deadline, row_deadline, row0, pred_out, vis_dl,
-               seen_pool):
-    """Replica ``x``'s requests in the engine's order (running, then waiting) as a local policy sees them
-    (`PolicyHooks._task_view`): int rows (kernel index, slot, running, decode, tokens left, computed, prompt,
-    generated, predicted output, blocks) and float rows (arrival, visible deadline). ``seen_pool``: predictions and
-    visible deadlines from the pool's arrays by slot (``pred_out``, ``vis_dl``), else the lengths and deadlines the
-    requests run to."""
-    nr = ri[x, R_RUN_N]
-    n = nr + ri[x, R_WLEN]
-    ints = np.empty((n, 10), np.int64)
-    flts = np.empty((n, 2))
-    r = ri[x, R_WHEAD]
-    for j in range(n):
-        if j < nr:
-            k = run[x, j]
-        else:
-            k = r
-            r = wq[r]
-        slot = live_slots[k] if k < n_live else slot0 + k - n_live
-        left = qi[k, Q_PROMPT] + qi[k, Q_GENERATED] - qi[k, Q_COMPUTED]
-        dl = head_deadline[k] if k < n_live else row_deadline[row0 + k - n_live]
-        ints[j, 0], ints[j, 1], ints[j, 2] = k, slot, j < nr
-        ints[j, 3] = left == 1 and qi[k, Q_GENERATED] >= 1
-        ints[j, 4], ints[j, 5], ints[j, 6], ints[j, 7] = left, qi[k, Q_COMPUTED], qi[k, Q_PROMPT], qi[k, Q_GENERATED]
-        ints[j, 8] = pred_out[slot] if seen_pool else qi[k, Q_OUT]
-        ints[j, 9] = qi[k, Q_BLOCKS]
-        flts[j, 0] = qf[k, Q_ARRIVAL]
-        flts[j, 1] = vis_dl[slot] if seen_pool else dl
-    return ints, flts
-
-
 class KernelPolicies:
     """`KernelState`'s answers to the compiled loop's policy hand-backs (mixed into `KernelState`); ``pool`` is the
     `Pool` the state runs (its policies, what they may know of a request, its timing counters)."""
@@ -142,30 +110,26 @@ class KernelPolicies:
         _standby_idle(t, model, self.ri, self.rf, self.gi, self.gf, self.gh, self.floor_tab)
 
     # ------------------------------------------------------------------------------------------ local plans
-    def _plan(self, pool, x: int, t: float) -> None:
+    def _plan(self, pool, x: int, t: float, ints: np.ndarray, flts: np.ndarray) -> None:
         """`PolicyHooks._local_order` for replica ``x`` at ``t``: its local policy's plan, a clock in it requested for
         the replica's GPU, the order checked and written for the compiled loop (``plan``, ``on_run``)."""
-        ri = self.ri
         c0 = time.perf_counter()
-        seen_pool = pool._slot_base == 0 and pool.pred_out is not None
-        empty_i, empty_f = self._EMPTY
-        ints, flts = _task_rows(x, ri, self.qi, self.qf, self.wq, self.run, self.n_live, self.live_slots,
-                                self.slot_base + self.row0, self.head_deadline, self.src.deadline, self.row0,
-                                pool.pred_out if seen_pool else empty_i, pool.visible_deadline if seen_pool else empty_f,
-                                seen_pool)
+        rows = ints.tolist()
         tasks = tuple([TaskView(s, rn == 1, d == 1, lf, c, p, g, pr, a, v, b) for (_, s, rn, d, lf, c, p, g, pr, b), (a, v)
-                       in zip(ints.tolist(), flts.tolist())])
-        g = int(ri[x, R_GPU])
+                       in zip(rows, flts.tolist())])
+        r = self.ri[x].tolist()
+        g = r[R_GPU]
         levels = self.clock_mhz
-        view = LocalView(t, x, g, int(ri[x, R_MODEL]), levels[self.gi[g, G_CLOCK]], levels, float(self.rf[x, R_SHARE]),
-                         int(ri[x, R_FREE]), int(ri[x, R_BS]), int(ri[x, R_BUDGET]), int(ri[x, R_MAXSEQ]), tasks)
+        view = LocalView(t, x, g, r[R_MODEL], levels[self.gi[g, G_CLOCK]], levels, self.rf[x, R_SHARE].item(), r[R_FREE],
+                         r[R_BS], r[R_BUDGET], r[R_MAXSEQ], tasks)
         policy = pool._replicas[x].local
         plan = policy.plan(view)
         pool.local_s += time.perf_counter() - c0
         pool.local_calls += 1
-        self.si[I_PLAN_REP] = x
+        si = self.si
+        si[I_PLAN_REP] = x
         if plan is None:
-            self.si[I_PLAN_N] = -1
+            si[I_PLAN_N] = -1
             return
         mhz = plan.clock_mhz
         if mhz is not None:
@@ -175,9 +139,9 @@ class KernelPolicies:
             idx = levels.index(mhz)
             gi = self.gi
             if idx != (gi[g, G_PENDING] if gi[g, G_PENDING] >= 0 else gi[g, G_CLOCK]):  # (else nothing to request)
-                _set_clock(t, idx, np.array([g], np.int64), gi, self.gf, self.si, self.ht, self.hk, self.hs, self.hi,
+                _set_clock(t, idx, np.array([g], np.int64), gi, self.gf, si, self.ht, self.hk, self.hs, self.hi,
                            self.hv)
-        where = {task.slot: j for j, task in enumerate(tasks)}
+        where = dict(zip([row[1] for row in rows], range(len(rows))))
         order = plan.order
         try:
             pos = [where[s] for s in order]
@@ -194,17 +158,26 @@ class KernelPolicies:
         n = len(pos)
         if n > len(self.plan):  # (never: the plan arrays hold as many entries as the request arrays)
             raise RuntimeError(f"kernel: a plan of {n} entries, the plan arrays hold {len(self.plan)}")
-        self.plan[:n] = ints[pos, 0]
-        self.on_run[:n] = ints[pos, 2]
-        self.si[I_PLAN_N] = n
+        self.plan[:n] = [rows[j][0] for j in pos]
+        self.on_run[:n] = [rows[j][2] for j in pos]
+        si[I_PLAN_N] = n
 
     def _flush_all(self, pool, t: float) -> None:
         """`Pool._flush` at ``t`` on the host side of an actuation: start the replicas that received work, planning the
         steps of those with a local policy."""
         CURRENT.append((self, pool))
         try:
-            _flush(t, self.ri, self.rf, self.qi, self.wq, self.run, self.bq, self.bk, self.coc, self.gi, self.gf,
-                   self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.si, self.pend, self.ht,
-                   self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run)
+            _flush(t, self.ri, self.rf, self.qi, self.qf, self.wq, self.run, self.bq, self.bk, self.coc, self.gi,
+                   self.gf, self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.si, self.pend,
+                   self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run, *self._task_args(pool))
         finally:
             CURRENT.pop()
+
+    def _task_args(self, pool) -> tuple:
+        """The arguments after ``on_run`` of `advance` and `_flush`: what `heap._task_rows` needs to build a replica's
+        tasks as its local policy sees them (`PolicyHooks._seen`: the pool's predictions and visible deadlines by slot,
+        or in a what-if copy or a replay the lengths and deadlines the requests run to)."""
+        seen_pool = pool is not None and pool._slot_base == 0 and pool.pred_out is not None
+        tvi = np.array([self.n_live, self.slot_base + self.row0, self.row0, seen_pool], np.int64)
+        po, vd = (pool.pred_out, pool.visible_deadline) if seen_pool else self._EMPTY
+        return tvi, self.live_slots, self.head_deadline, self.src.deadline, po, vd

@@ -35,9 +35,9 @@ from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, S
 # pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
 # (`commitenv.sim.kernel.ENABLED` reads and sets this flag)
 ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
-# whether a pool with a local policy enters the kernel by itself: its every step is a hand-back to the host, which costs
-# more today than the Python loop's step (docs/results/performance.md); `KernelState(pool)` runs one either way
-LOCAL_ON_KERNEL = False
+# whether a pool with a local policy enters the kernel by itself (each planned step called back to the host; False
+# keeps such pools on the Python loop, for comparison: benchmarks/bench_festina.py)
+LOCAL_ON_KERNEL = True
 
 
 class KernelState(KernelExport, KernelPolicies):
@@ -466,7 +466,7 @@ class KernelState(KernelExport, KernelPolicies):
     def _advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
         CURRENT.append((self, pool))  # (a local policy's plans are asked for from inside the loop)
         try:
-            while code := self._advance_once(t_end, stop_captured):
+            while code := self._advance_once(t_end, stop_captured, pool):
                 if code == ASK_HEAP:
                     self._room(self.ht.shape[0])
                 elif code == ASK_NOISE:
@@ -479,12 +479,12 @@ class KernelState(KernelExport, KernelPolicies):
             CURRENT.pop()
         self._drain_log()
 
-    def _advance_once(self, t_end: float, stop_captured: bool) -> int:
+    def _advance_once(self, t_end: float, stop_captured: bool, pool=None) -> int:
         return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
                        self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
                        self.hi, self.hv, self.coc, self.gi, self.gf, self.gh, self.floor_tab, self.ftab, self.fetab,
                        self.cell, self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm, self.plan,
-                       self.on_run)
+                       self.on_run, *self._task_args(pool))
 
     def advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
         """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
