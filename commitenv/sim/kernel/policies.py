@@ -14,9 +14,9 @@ from commitenv.sim.kernel.actuate import _flush, _route_to, _set_clock, _standby
 from commitenv.sim.kernel.heap import _waiting
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_REDISTRIBUTE, F_ASK_T, G_CLOCK, G_PENDING, I_ASK, I_PLAN_N,
-                                         I_PLAN_REP, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_MODEL, Q_OUT,
-                                         Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_LOCAL, R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE,
-                                         R_STATE, R_UNF, R_WHEAD, R_WLEN, S_DISPATCH)
+                                         I_PLAN_REP, Q_COMPUTED, Q_GENERATED, Q_MODEL, Q_OUT, Q_PROMPT, R_BS, R_BUDGET,
+                                         R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE, R_STATE, R_UNF, R_WLEN,
+                                         S_DISPATCH)
 from commitenv.sim.local import LocalView, TaskView
 from commitenv.sim.states import ACTIVE
 

@@ -10,25 +10,21 @@ import numpy as np
 
 from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, set_active
 from commitenv.sim.kernel.export import KernelExport
-from commitenv.sim.kernel.heap import _left, _live, _waiting
-from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, I_PLAN_REP, R_LOCAL, S_DISPATCH, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W,
-                                         GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE,
-                                         I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_LOGM, I_N, I_SEQ, LF_ENERGY, LF_FLOOR,
-                                         LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
-                                         LM_DECODE, LM_NEW, LM_REQ, Q_ARRIVAL, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_MODEL,
-                                         Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BS, R_BT0,
-                                         R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
-                                         R_FREE, R_FT, R_GPU, R_K, R_LOGGED, R_MAXSEQ, R_MODEL, R_NEND, R_NPOS,
-                                         R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1,
-                                         R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_CLOSED, S_LOG,
-                                         S_NOISE)
-from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, in_flight, meter, settle
+from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, I_PLAN_REP, R_LOCAL, S_DISPATCH, ENGINE_ARRAYS,
+                                         F_LAST, F_NOW, GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR,
+                                         G_CLOCK, G_NHOST, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE,
+                                         I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_N, I_SEQ, Q_ARRIVAL, Q_FINISH, Q_FIRST,
+                                         Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N,
+                                         R_BS, R_BT0, R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T,
+                                         R_FLOOR_W, R_FREE, R_FT, R_GPU, R_K, R_LOGGED, R_MAXSEQ, R_MODEL, R_NEND,
+                                         R_NPOS, R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0,
+                                         R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_LOG, S_NOISE)
+from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.policies import KernelPolicies
+from commitenv.sim.kernel.reads import KernelReads
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
-from commitenv.sim.kernel.segment import _decode_flags
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.records import InFlightPart, SegmentLog, StepLogBatch
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, STANDBY,
                                   WAKING)
 
@@ -40,7 +36,7 @@ ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
 LOCAL_ON_KERNEL = True
 
 
-class KernelState(KernelExport, KernelPolicies):
+class KernelState(KernelExport, KernelPolicies, KernelReads):
     """The arrays `advance` works on, imported from a `Pool`'s state: its live requests, segments in flight and pending
     events when it has served already (a what-if copy, say), and its workload's rows as the clock nears them.
 
@@ -248,83 +244,6 @@ class KernelState(KernelExport, KernelPolicies):
         self.lgi, self.lgf = np.zeros((n_ent, 4), np.int64), np.zeros((n_ent, 5))
         self.lgm = np.zeros((n_mem, 4), np.int64)
 
-    # ------------------------------------------------------------------------------------------ step log
-    LOG_ENTRIES = 4096  # step log entries, and their members, the compiled loop writes between two drains
-    LOG_MEMBERS = 1 << 16
-
-    @property
-    def closed_form(self) -> bool:
-        """Whether the segments that start from now on advance decode runs in closed form (`EngineOptions.closed_form`;
-        segments in flight keep the form they started with, as on the Python loop)."""
-        return bool(self.sched[S_CLOSED])
-
-    @closed_form.setter
-    def closed_form(self, on: bool) -> None:
-        self.sched[S_CLOSED] = int(on)
-
-    @property
-    def logging(self) -> bool:
-        """Whether the compiled loop writes the step log."""
-        return bool(self.sched[S_LOG])
-
-    def _drain_log(self) -> None:
-        """The entries written since the last drain, as a `StepLogBatch` (request slots, clock in MHz), onto the list
-        `take_log` hands out; the arrays are empty again."""
-        n, nm = int(self.si[I_LOG]), int(self.si[I_LOGM])
-        if n == 0:
-            return
-        lgi, lgf, lgm = self.lgi[:n], self.lgf[:n], self.lgm[:nm]
-        rep = lgi[:, LG_REP].copy()
-        self._log_out.append(StepLogBatch(
-            self.ri[rep, R_GPU], rep, lgf[:, LF_T0].copy(), lgf[:, LF_T1].copy(), lgi[:, LG_STEPS].copy(),
-            lgf[:, LF_ENERGY].copy(), self._mhz[lgi[:, LG_CLOCK]], lgf[:, LF_SHARE].copy(), lgf[:, LF_FLOOR].copy(),
-            lgi[:, LG_N].copy(),
-            self.slots(lgm[:, LM_REQ]), lgm[:, LM_NEW].copy(), lgm[:, LM_COMPUTED].copy(), lgm[:, LM_DECODE] != 0))
-        self.si[I_LOG] = self.si[I_LOGM] = 0
-
-    def take_log(self):
-        """The step log entries booked since the last call, in booking order, as one `StepLogBatch` (None: none)."""
-        out, self._log_out = self._log_out, []
-        return StepLogBatch.join(out) if out else None
-
-    def stop_logging(self) -> None:
-        """Write no step log from here on (a fork keeps none); entries not taken are dropped."""
-        self.sched = self.sched.copy()  # (copies share it)
-        self.sched[S_LOG] = 0
-        self.si[I_LOG] = self.si[I_LOGM] = 0
-        self._log_out = []
-
-    def _seg_log(self, x: int) -> SegmentLog:
-        """`Replica.seg_log` of replica ``x``'s segment in flight, as the Python loop records it at its start (a run's
-        computed tokens advanced by the steps already booked, as `Pool.settle` advances them)."""
-        nb, ri = int(self.ri[x, R_BATCH_N]), self.ri
-        members = self.bq[x, :nb]
-        new = np.ones(nb, np.int64) if ri[x, R_SEG] == SEG_RUN else self.bk[x, :nb]
-        return SegmentLog(tuple(self.slots(members).tolist()), tuple(new.tolist()),
-                          tuple(self.qi[members, Q_COMPUTED].tolist()), tuple(_decode_flags(self.qi, members, new).tolist()),
-                          int(self._mhz[ri[x, R_SCLK]]), float(self.rf[x, R_SSHARE]))
-
-    # ------------------------------------------------------------------------------------------ requests
-    def slots(self, idx: np.ndarray) -> np.ndarray:
-        """The pool's request slots of kernel indices ``idx``."""
-        idx = np.asarray(idx, np.int64)
-        L = self.n_live
-        out = idx - L + (self.slot_base + self.row0)
-        low = idx < L
-        if low.any():
-            out[low] = self.live_slots[idx[low]]
-        return out
-
-    def deadlines(self, idx: np.ndarray) -> np.ndarray:
-        """The deadlines the requests at kernel indices ``idx`` carry (`Req.deadline`)."""
-        idx = np.asarray(idx, np.int64)
-        L = self.n_live
-        out = np.empty(len(idx))
-        low = idx < L
-        out[low] = self.head_deadline[idx[low]]
-        out[~low] = self.src.deadline[idx[~low] - L + self.row0]
-        return out
-
     def _load(self, t: float) -> None:
         """Load the workload rows arriving at or before ``t`` (and those of ``lookahead_s`` after, so that loads are
         rare)."""
@@ -402,14 +321,6 @@ class KernelState(KernelExport, KernelPolicies):
         self.row0 += cur - L
         self.n_live = len(self.live_slots)
         self.taken = 0
-
-    def take_finished(self) -> np.ndarray:
-        """Kernel indices of the requests finished since the last call (the caller records their results now: a
-        compaction may drop them later)."""
-        end = int(self.si[I_DONE])
-        out = self.done_out[self.taken : end].copy()
-        self.taken = end
-        return out
 
     def _ensure(self, t: float) -> None:
         """Truth factor tables covering every segment that starts from the engine clock to ``t`` (generated as the
@@ -555,23 +466,6 @@ class KernelState(KernelExport, KernelPolicies):
         _set_share(t, replica, float(share), _clock_coefficients(profile, share), self.ri, self.rf, self.coc, self.si,
                    self.ht, self.hk, self.hs, self.hi, self.hv)
 
-    def shares(self) -> np.ndarray:
-        """Every replica's SM share now."""
-        return self.rf[:, R_SHARE].copy()
-
-    def gpu_of(self) -> np.ndarray:
-        """The GPU hosting each replica."""
-        return self.ri[:, R_GPU].copy()
-
-    def states(self) -> np.ndarray:
-        """Every replica's lifecycle state now (`commitenv.sim.states`)."""
-        return self.ri[:, R_STATE].copy()
-
-    def active_count(self, model: int) -> int:
-        """`Pool.active_count`: replicas of ``model`` active or waking."""
-        st = self.ri[self.ri[:, R_MODEL] == model, R_STATE]
-        return int(((st == ACTIVE) | (st == WAKING)).sum())
-
     def copy(self, *, log: bool = True) -> "KernelState":
         """An independent copy (the state arrays copied; without the finished requests when their results were taken,
         and then with only ``COPY_LOOKAHEAD_S`` of rows ahead; tables, workload rows, profile and truth source shared,
@@ -602,57 +496,8 @@ class KernelState(KernelExport, KernelPolicies):
         self.si[I_N] = self.si[I_CURSOR]
         self._stopped = True
 
-    def waiting_ids(self, x: int) -> list[int]:
-        """The requests in replica ``x``'s waiting queue, front first."""
-        return _waiting(self.ri, self.wq, x).tolist()
-
-    def queue_counts(self) -> tuple[int, int]:
-        """(waiting, running) requests over the pool."""
-        return int(self.ri[:, R_WLEN].sum()), int(self.ri[:, R_RUN_N].sum())
-
-    def live_state(self) -> tuple[np.ndarray, np.ndarray]:
-        """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
-        idx = _live(self.ri, self.wq, self.run)
-        return self.slots(idx), _left(idx, self.qi)
-
-    def live_deadlines(self) -> tuple[np.ndarray, np.ndarray]:
-        """The live requests' pool slots and deadlines (`Pool.live_deadlines`)."""
-        idx = _live(self.ri, self.wq, self.run)
-        return self.slots(idx), self.deadlines(idx)
-
-    def counters(self) -> tuple[int, float, int, int, int]:
-        """(arrived, now, live, completed, events), as `Pool` keeps them (arrived counts the workload's rows)."""
-        si = self.si
-        return (self.row0 + int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]),
-                self.done0 + int(si[I_DONE]), int(si[I_EVENTS]))
-
     def settle(self, t: float) -> None:
         self._room(self.R)
         settle(t, self.ri, self.rf, self.qi, self.bk, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk,
                self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm)  # (room for R entries: drained after each call)
         self._drain_log()
-
-    def meter(self, t: float) -> np.ndarray:
-        return meter(t, self.ri, self.rf, self.gi, self.gf, self.gh, self.e_dyn)
-
-    def in_flight(self, t: float) -> list:
-        """`Pool.in_flight`: the logged segments in flight that started before ``t``."""
-        if not self.logging:
-            return []
-        ri, rf = self.ri, self.rf
-        return [InFlightPart(x, int(ri[x, R_GPU]), float(rf[x, R_T0]), int(ri[x, R_K]) if ri[x, R_SEG] == SEG_RUN else 1, e, f,
-                             self._seg_log(x))
-                for x, e, f in ((int(row[0]), float(row[1]), float(row[2])) for row in in_flight(t, ri, rf))]
-
-    @property
-    def events(self) -> int:
-        return int(self.si[I_EVENTS])
-
-    @property
-    def captured_left(self) -> int:
-        return int(self.si[I_CAPLEFT])
-
-    @property
-    def finish_t(self) -> np.ndarray:
-        """Finish time (client side) by kernel index of the requests loaded (nan: not finished, inf: rejected)."""
-        return self.qf[: self.si[I_N], Q_FINISH]
