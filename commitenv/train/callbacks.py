@@ -158,17 +158,18 @@ def callback_classes() -> dict[str, type]:
             self.eval_env.seed(self.seeds[0])
             returns, lengths = evaluate_policy(self.model, self.eval_env, n_eval_episodes=len(self.seeds),
                                                deterministic=True, return_episode_rewards=True, warn=False)
+            mean = float(np.mean(returns))
+            if mean > self.best:  # (saved before the log row: a logged evaluation's best is on disk, so a run killed
+                # between the two and resumed evaluates again, the same, and keeps the same best)
+                self.best = mean
+                save_atomically(self.model.save, self.out / "best_model.zip")
+                save_atomically(self.model.get_vec_normalize_env().save, self.out / "best_vecnormalize.pkl")
             self.log.timesteps.append(int(self.model.num_timesteps))
             self.log.results.append([float(r) for r in returns])
             self.log.ep_lengths.append([int(n) for n in lengths])
             write_evaluations(self.out / "eval" / "evaluations.npz", self.log)
-            mean = float(np.mean(returns))
             self.model.logger.record("eval/mean_reward", mean)
             self.model.logger.record("eval/mean_ep_length", float(np.mean(lengths)))
-            if mean > self.best:
-                self.best = mean
-                save_atomically(self.model.save, self.out / "best_model.zip")
-                save_atomically(self.model.get_vec_normalize_env().save, self.out / "best_vecnormalize.pkl")
             return mean
 
     return {"tqdm": TqdmCallback, "dual": DualUpdate, "checkpoints": RolloutCheckpoints, "eval": Evaluations}
