@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, objmode
 
-from commitenv.sim.kernel.host import plan as _host_plan
 from commitenv.sim.kernel.heap import _push, _task_rows, _wpush_back
+from commitenv.sim.kernel.host import plan as _host_plan
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
                                          G_NHOST, G_PENDING, G_VER, I_PEND, I_PEND_POS, I_PLAN_REP, Q_MODEL, Q_REPLICA,
-                                         Q_STARTED, R_LOCAL,
-                                         R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_GPU, R_MODEL, R_PENDING, R_RUN_N, R_SEG,
-                                         R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN)
+                                         Q_STARTED, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_GPU, R_LOCAL, R_MODEL,
+                                         R_PENDING, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD,
+                                         R_WLEN)
 from commitenv.sim.kernel.segment import _cut, _start_segment
 from commitenv.sim.states import ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, STANDBY, WAKING
 

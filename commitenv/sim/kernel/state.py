@@ -10,17 +10,17 @@ import numpy as np
 
 from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, set_active
 from commitenv.sim.kernel.export import KernelExport
-from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, I_PLAN_REP, R_LOCAL, S_DISPATCH, ENGINE_ARRAYS,
-                                         F_LAST, F_NOW, GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR,
-                                         G_CLOCK, G_NHOST, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE,
-                                         I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_N, I_SEQ, Q_ARRIVAL, Q_FINISH, Q_FIRST,
-                                         Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N,
-                                         R_BS, R_BT0, R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T,
-                                         R_FLOOR_W, R_FREE, R_FT, R_GPU, R_K, R_LOGGED, R_MAXSEQ, R_MODEL, R_NEND,
-                                         R_NPOS, R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0,
-                                         R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_LOG, S_NOISE)
-from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
+from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
+                                         GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
+                                         G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE,
+                                         I_LOG, I_N, I_PLAN_REP, I_SEQ, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT,
+                                         Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BS, R_BT0,
+                                         R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
+                                         R_FREE, R_FT, R_GPU, R_K, R_LOCAL, R_LOGGED, R_MAXSEQ, R_MODEL, R_NEND, R_NPOS,
+                                         R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1,
+                                         R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_DISPATCH, S_LOG, S_NOISE)
 from commitenv.sim.kernel.host import CURRENT
+from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.policies import KernelPolicies
 from commitenv.sim.kernel.reads import KernelReads
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
