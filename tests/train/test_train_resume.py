@@ -188,3 +188,38 @@ def test_a_failure_is_recorded_not_left_running(reference, tmp_path, monkeypatch
         train(TrainSpec(SCENARIO, steps=224, out=d, resume=True, progress=False, score=False))
     rec = json.loads((d / "train.json").read_text())
     assert rec["status"] == "failed" and rec["error"] == "RuntimeError: simulated crash"
+
+
+def test_a_run_killed_inside_its_final_evaluation_keeps_the_best_model(reference, tmp_path, monkeypatch):
+    """Killed in the final evaluation after it found a new best, before that best was on disk: resumed, it evaluates
+    the final policy again and saves the same best model (the evaluation's log row is written after the best, so a
+    logged row never stands for a best that was not saved)."""
+    from commitenv.train import callbacks
+    from commitenv.train.trainer import TrainSpec, train
+
+    ref_log = np.load(reference / "eval" / "evaluations.npz")
+    means = ref_log["results"].mean(axis=1)
+    if not means[-1] > means[:-1].max():
+        pytest.skip("the final policy is not the best of this run: no best to save in its final evaluation")
+    real = callbacks.save_atomically
+
+    def killed(save, path):
+        if path.name == "best_model.zip" and (path.parent / "model.zip").is_file():  # (the final evaluation's)
+            raise KeyboardInterrupt("killed")
+        real(save, path)
+
+    cfg = tmp_path / "ppo.yaml"
+    cfg.write_text(TINY)
+    out = tmp_path / "run"
+    monkeypatch.setattr(callbacks, "save_atomically", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainSpec(SCENARIO, steps=STEPS, out=out, config=cfg, eval_freq=64, eval_episodes=1,
+                        checkpoint_freq=32, seed=3, progress=False, score=False))
+    monkeypatch.setattr(callbacks, "save_atomically", real)
+    rec = train(TrainSpec(SCENARIO, steps=STEPS, out=out, resume=True, progress=False, score=False))
+    assert rec["status"] == "finished"
+    a, b = _params(reference / "best_model.zip"), _params(out / "best_model.zip")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    with np.load(out / "eval" / "evaluations.npz") as z:
+        assert list(z["timesteps"]) == list(ref_log["timesteps"])
