@@ -54,7 +54,7 @@ class _KernelPolicy(_PythonLoopState):
 
     def __set__(self, pool: "KernelHandover", value) -> None:
         pool.__dict__[self.key] = value
-        if pool.__dict__.get("_ks") is not None:
+        if pool._ks is not None:
             pool._ks.set_dispatching(value is not None)
 
 

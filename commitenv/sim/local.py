@@ -63,6 +63,18 @@ class StepPlan(NamedTuple):
     clock_mhz: int | None = None
 
 
+def check_plan(order, held, replica: int) -> None:
+    """Refuse a plan that lists a slot twice or one the replica does not hold (``held``: its slots), naming the
+    first offender in the plan's order (both engines check a plan so before scheduling any of it)."""
+    seen: set[int] = set()
+    for slot in order:
+        if slot in seen:
+            raise ValueError(f"local policy: slot {slot} listed twice in the plan of replica {replica}")
+        seen.add(slot)
+        if slot not in held:
+            raise ValueError(f"local policy: replica {replica} holds no request in slot {slot}")
+
+
 class LocalPolicy(ABC):
     """Plan each step of a replica (see the module docstring)."""
 

@@ -27,20 +27,23 @@ class Placement:
         mn = prof.sm_share.min_share
         if not mn <= share <= 1.0:
             raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
-        if self._ks is not None:  # (on the compiled loop: nothing moves, every replica is on its GPU)
-            shares, gpu_of = self._ks.shares().tolist(), self._ks.gpu_of().tolist()
+        ks = self._ks
+        if ks is not None:  # (on the compiled loop: nothing moves, every replica is on its GPU)
+            shares, gpu_of = ks.shares().tolist(), ks.gpu_of().tolist()
             g = gpu_of[replica]
-            total = share + sum(x for k, (x, gg) in enumerate(zip(shares, gpu_of)) if k != replica and gg == g)
-            if total > 1.0 + 1e-9:
-                raise ValueError(f"sm shares on GPU {g} would sum to {total:.3f} > 1")
-            self._ks.set_share(t, replica, share, prof)
-            return
-        rep = self.replicas[replica]
-        gpu = rep.dest if rep.state == MOVING else rep.gpu
-        total = share + sum(r.share for r in self.replicas if r is not rep and (
-            (r.gpu is gpu and r.state != MOVING) or (r.state == MOVING and r.dest is gpu)))
+            others = [x for k, (x, gg) in enumerate(zip(shares, gpu_of)) if k != replica and gg == g]
+        else:
+            rep = self.replicas[replica]
+            gpu = rep.dest if rep.state == MOVING else rep.gpu
+            g = gpu.index
+            others = [r.share for r in self.replicas if r is not rep and (
+                (r.gpu is gpu and r.state != MOVING) or (r.state == MOVING and r.dest is gpu))]
+        total = share + sum(others)
         if total > 1.0 + 1e-9:
-            raise ValueError(f"sm shares on GPU {gpu.index} would sum to {total:.3f} > 1")
+            raise ValueError(f"sm shares on GPU {g} would sum to {total:.3f} > 1")
+        if ks is not None:
+            ks.set_share(t, replica, share, prof)
+            return
         rep.share = share
         rep.invalidate_coeffs()
         if rep.seg == SEG_RUN and rep.cut(t):

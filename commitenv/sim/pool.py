@@ -54,9 +54,9 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
     """A pool of GPUs serving one or more models with vLLM scheduling semantics.
 
     Once a workload is attached, a pool that `commitenv.sim.kernel` covers (any models, instances per GPU and SM
-    shares; the default router, no prefix cache, local policy or instance loading or moving) runs its event loop there; the first use of anything
-    the kernel does not hold (replicas, GPUs, the heap, a policy, a new hook, a snapshot) writes the kernel's state
-    back into these objects and the Python loop below continues, with identical results."""
+    shares, dispatch and local policies; no prefix cache, no instance loading or moving) runs its event loop there;
+    the first use of anything the kernel does not hold (replicas, GPUs, the heap, a new step-log hook, a snapshot)
+    writes the kernel's state back into these objects and the Python loop below continues, with identical results."""
 
     _ks = None  # the kernel's state while the kernel runs this pool (`_enter_kernel`, `_leave_kernel`)
     # a copy that keeps no per-request results (a hindsight fork) counts here, by arrival hour (int64, one entry per

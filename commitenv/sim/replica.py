@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.coeffs import StepCoeffs, coeffs_for
+from commitenv.sim.local import check_plan
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.records import SegmentLog
 from commitenv.sim.request import Req
@@ -274,13 +275,7 @@ class Replica:
         or one listed twice."""
         held = {r.slot: r for r in self.running}
         queued = {r.slot: r for r in self.waiting}
-        seen: set[int] = set()
-        for slot in order:  # (the whole plan checked before anything is scheduled)
-            if slot in seen:
-                raise ValueError(f"local policy: slot {slot} listed twice in the plan of replica {self.index}")
-            seen.add(slot)
-            if slot not in held and slot not in queued:
-                raise ValueError(f"local policy: replica {self.index} holds no request in slot {slot}")
+        check_plan(order, held.keys() | queued.keys(), self.index)  # (the whole plan, before anything is scheduled)
         budget = self.budget
         bs = self.bs
         pc = self.pcache

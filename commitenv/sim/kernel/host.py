@@ -6,11 +6,10 @@ from __future__ import annotations
 CURRENT: list = []  # (KernelState, Pool) of the compiled calls in progress, innermost last
 
 
-def plan(x: int, t: float, ints, flts) -> int:
+def plan(x: int, t: float, ints, flts) -> None:
     """Have the running pool's local policy plan replica ``x``'s step at ``t`` from its tasks (``ints``, ``flts``:
     `heap._task_rows`; `KernelPolicies._plan`)."""
     if not CURRENT or CURRENT[-1][1] is None:
         raise RuntimeError("kernel: a local policy's plans need the pool (KernelState.advance(..., pool=...))")
     ks, pool = CURRENT[-1]
     ks._plan(pool, x, t, ints, flts)
-    return 0

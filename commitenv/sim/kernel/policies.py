@@ -17,7 +17,7 @@ from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_REDISTRIBUTE, F_ASK_T
                                          I_PLAN_REP, Q_COMPUTED, Q_GENERATED, Q_MODEL, Q_OUT, Q_PROMPT, R_BS, R_BUDGET,
                                          R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE, R_STATE, R_UNF, R_WLEN,
                                          S_DISPATCH)
-from commitenv.sim.local import LocalView, TaskView
+from commitenv.sim.local import LocalView, TaskView, check_plan
 from commitenv.sim.states import ACTIVE
 
 
@@ -41,10 +41,6 @@ class KernelPolicies:
 
     _EMPTY = (np.zeros(0, np.int64), np.zeros(0))
 
-    @property
-    def dispatching(self) -> bool:
-        return bool(self.sched[S_DISPATCH])
-
     def set_dispatching(self, on: bool) -> None:
         """Whether a dispatch policy routes (each arrival handed back to the host)."""
         self.sched = self.sched.copy()  # (copies share it)
@@ -65,10 +61,15 @@ class KernelPolicies:
             raise RuntimeError(f"kernel: unknown hand-back code {code}")
 
     # ------------------------------------------------------------------------------------------ dispatch
+    @staticmethod
+    def _seen_in_pool(pool) -> bool:
+        """Whether a policy sees the pool's predicted lengths and visible deadlines by slot (`PolicyHooks._seen`); else,
+        in a what-if copy or a replay, the lengths and deadlines the requests run to."""
+        return pool is not None and pool._slot_base == 0 and pool.pred_out is not None
+
     def _seen(self, pool, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """What a policy may know of the requests ``idx``: predicted outputs and visible deadlines (`PolicyHooks._seen`:
-        in a what-if copy or a replay, the lengths and deadlines the requests run to)."""
-        if pool._slot_base == 0 and pool.pred_out is not None:
+        """What a policy may know of the requests ``idx``: predicted outputs and visible deadlines."""
+        if self._seen_in_pool(pool):
             slots = self.slots(idx)
             return pool.pred_out[slots], pool.visible_deadline[slots]
         return self.qi[idx, Q_OUT], self.deadlines(idx)
@@ -148,13 +149,7 @@ class KernelPolicies:
         except (KeyError, TypeError):
             pos = None
         if pos is None or len(set(order)) != len(pos):
-            seen: set[int] = set()
-            for s in order:  # (`Replica.schedule_ordered`'s checks, in the plan's order)
-                if s in seen:
-                    raise ValueError(f"local policy: slot {s} listed twice in the plan of replica {x}")
-                seen.add(s)
-                if s not in where:
-                    raise ValueError(f"local policy: replica {x} holds no request in slot {s}")
+            check_plan(order, where, x)
         n = len(pos)
         if n > len(self.plan):  # (never: the plan arrays hold as many entries as the request arrays)
             raise RuntimeError(f"kernel: a plan of {n} entries, the plan arrays hold {len(self.plan)}")
@@ -177,7 +172,7 @@ class KernelPolicies:
         """The arguments after ``on_run`` of `advance` and `_flush`: what `heap._task_rows` needs to build a replica's
         tasks as its local policy sees them (`PolicyHooks._seen`: the pool's predictions and visible deadlines by slot,
         or in a what-if copy or a replay the lengths and deadlines the requests run to)."""
-        seen_pool = pool is not None and pool._slot_base == 0 and pool.pred_out is not None
+        seen_pool = self._seen_in_pool(pool)
         tvi = np.array([self.n_live, self.slot_base + self.row0, self.row0, seen_pool], np.int64)
         po, vd = (pool.pred_out, pool.visible_deadline) if seen_pool else self._EMPTY
         return tvi, self.live_slots, self.head_deadline, self.src.deadline, po, vd

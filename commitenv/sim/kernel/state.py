@@ -137,27 +137,20 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         self.ri = np.zeros((R, 23), np.int64)
         self.rf = np.zeros((R, 14))
         ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
+        for col, name in ((R_MODEL, "model"), (R_BUDGET, "budget"), (R_MAXSEQ, "max_seqs"), (R_BS, "bs"),
+                          (R_RESERVE, "reserve_full"), (R_UNF, "unf"), (R_FREE, "free_blocks"), (R_STATE, "state"),
+                          (R_VER, "version"), (R_SEG, "seg"), (R_K, "run_k")):
+            ri[:, col] = [getattr(rep, name) for rep in reps]
         ri[:, R_GPU] = [rep.gpu.index for rep in reps]
-        ri[:, R_MODEL] = [rep.model for rep in reps]
-        ri[:, R_BUDGET] = [rep.budget for rep in reps]
-        ri[:, R_MAXSEQ] = [rep.max_seqs for rep in reps]
-        ri[:, R_BS] = [rep.bs for rep in reps]
-        ri[:, R_RESERVE] = [rep.reserve_full for rep in reps]
+        ri[:, R_LOCAL] = [rep.local is not None for rep in reps]
         rf[:, R_SHARE] = [rep.share for rep in reps]
         rf[:, R_SSHARE] = [rep.share if rep.seg_log is None else rep.seg_log.share for rep in reps]
-        ri[:, R_LOCAL] = [rep.local is not None for rep in reps]
         self.n_per_model = np.bincount(ri[:, R_MODEL], minlength=pool.n_models)
         self.cap_blocks = np.array([rep.cap_blocks for rep in reps], np.int64)  # (what a dispatch policy sees)
         # a local plan the host wrote (`KernelPolicies._plan`; as long as the request arrays: a plan lists at most
         # every live request, and the arrays are never replaced while the loop runs)
         self.plan = np.zeros(L + 64, np.int64)
         self.on_run = np.zeros(L + 64, np.int64)
-        ri[:, R_UNF] = [rep.unf for rep in reps]
-        ri[:, R_FREE] = [rep.free_blocks for rep in reps]
-        ri[:, R_STATE] = [rep.state for rep in reps]
-        ri[:, R_VER] = [rep.version for rep in reps]
-        ri[:, R_SEG] = [rep.seg for rep in reps]
-        ri[:, R_K] = [rep.run_k for rep in reps]
         ri[:, R_SCLK] = [rep.gpu.clock_idx if rep.seg_log is None else prof.clock_index(rep.seg_log.clock_mhz) for rep in reps]
         ri[:, R_LOGGED] = [rep.seg != SEG_NONE and rep.seg_log is not None for rep in reps]
         for col, name in ((R_T0, "t0"), (R_T1, "t1"), (R_BT0, "T0"), (R_D, "D"), (R_E0, "E0"), (R_F, "F"),
