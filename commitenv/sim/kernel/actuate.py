@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, objmode
 
-from commitenv.sim.kernel.heap import _push, _task_rows, _wpush_back
+from commitenv.sim.kernel.heap import _push, _task_rows, _upush_back, _wpush_back
+from commitenv.sim.kernel.host import dispatch as _host_dispatch
 from commitenv.sim.kernel.host import plan as _host_plan
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
-                                         G_NHOST, G_PENDING, G_VER, I_PEND, I_PEND_POS, I_PLAN_REP, Q_MODEL, Q_REPLICA,
+                                         G_NHOST, G_PENDING, G_VER, I_PEND, I_PLAN_REP, I_UHEAD, I_ULEN, Q_MODEL, Q_REPLICA,
                                          Q_STARTED, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_GPU, R_LOCAL, R_MODEL,
                                          R_PENDING, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD,
-                                         R_WLEN)
+                                         R_WLEN, S_DISPATCH)
 from commitenv.sim.kernel.segment import _cut, _start_segment
 from commitenv.sim.states import ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, STANDBY, WAKING
 
@@ -76,9 +77,10 @@ def _route_to(t, r, best, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
-    """Least unfinished requests among the active replicas of the request's model, ties to the lowest index
-    (`Pool._route`)."""
+def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched):
+    """`Pool._route`: to the least unfinished among the active replicas of the request's model (ties to the lowest
+    index), or where the dispatch policy chooses (called back on the host, `host.dispatch`); with no active replica
+    of its model the request waits, unrouted."""
     R = ri.shape[0]
     m = qi[r, Q_MODEL]
     best = -1
@@ -86,11 +88,12 @@ def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
         if ri[x, R_STATE] == ACTIVE and ri[x, R_MODEL] == m and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
             best = x
     if best < 0:
-        raise RuntimeError("kernel: no active replica of the model to route to")
-    qi[r, Q_REPLICA] = best
-    _wpush_back(ri, wq, best, r)
-    ri[best, R_UNF] += 1
-    _poke(t, best, ri, rf, si, pend, ht, hk, hs, hi, hv)
+        _upush_back(si, wq, r)
+        return
+    if sched[S_DISPATCH]:
+        with objmode(best="int64"):
+            best = _host_dispatch(r, t)
+    _route_to(t, r, best, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
 
 
 @njit(cache=True)
@@ -170,6 +173,25 @@ def _take_unstarted(model, ri, qi, wq):
 
 
 @njit(cache=True)
+def _take_unrouted(model, si, wq, qi):
+    """The unrouted requests of ``model`` leave the unrouted list (the others keep their order)."""
+    n = si[I_ULEN]
+    out = np.empty(n, np.int64)
+    k = 0
+    r = si[I_UHEAD]
+    si[I_ULEN] = 0
+    for _ in range(n):
+        nxt = wq[r]
+        if qi[r, Q_MODEL] == model:
+            out[k] = r
+            k += 1
+        else:
+            _upush_back(si, wq, r)
+        r = nxt
+    return out[:k]
+
+
+@njit(cache=True)
 def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab):
     """The last part of `Pool._redistribute`: ``model``'s draining replicas left without work go to standby."""
     for x in range(ri.shape[0]):
@@ -180,37 +202,50 @@ def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab):
 
 
 @njit(cache=True)
-def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab):
-    """`Pool._redistribute` with the default router: every queued request of ``model`` that has not started is routed
-    again, in arrival order, to the model's active replicas; its draining replicas left without work go to
-    standby."""
+def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched):
+    """`Pool._redistribute`: every queued request of ``model`` that has not started, and every unrouted one, is routed
+    again in arrival order (by the default router, in one pass, or one by one through the dispatch policy); its
+    draining replicas left without work go to standby."""
     moved = _take_unstarted(model, ri, qi, wq)
+    if si[I_ULEN]:
+        moved = np.sort(np.concatenate((moved, _take_unrouted(model, si, wq, qi))))
     if moved.shape[0]:
-        _route_in_order(t, model, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+        routable = False
+        for x in range(ri.shape[0]):
+            if ri[x, R_STATE] == ACTIVE and ri[x, R_MODEL] == model:
+                routable = True
+                break
+        if routable and not sched[S_DISPATCH]:
+            _route_in_order(t, model, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+        else:
+            for r in moved:
+                _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
     _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab)
 
 
 @njit(cache=True)
 def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht,
            hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
-    """Start the replicas that received work at ``t`` (`Pool._flush`), in the order they received it; a replica whose
-    local policy plans its steps has the host write its plan first (`host.plan`, called back from here with the
-    replica's tasks, `_task_rows`)."""
-    while si[I_PEND_POS] < si[I_PEND]:
-        rep = pend[si[I_PEND_POS]]
-        if (ri[rep, R_LOCAL] and ri[rep, R_SEG] == SEG_NONE and si[I_PLAN_REP] != rep
-                and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0)):
+    """Start the replicas that received work at ``t`` (`Pool._flush`: the pending list as it stands, in the order
+    they received work; those that receive work meanwhile wait for the next flush); a replica whose local policy plans
+    its steps has the host write its plan first (`host.plan`, called back from here with the replica's tasks,
+    `_task_rows`)."""
+    n = si[I_PEND]
+    if n == 0:
+        return
+    todo = pend[:n].copy()
+    si[I_PEND] = 0
+    for rep in todo:
+        ri[rep, R_PENDING] = 0
+        if ri[rep, R_SEG] != SEG_NONE:
+            continue
+        if ri[rep, R_LOCAL] and si[I_PLAN_REP] != rep and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0):
             ints, flts = _task_rows(rep, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out,
                                     vis_dl)
             with objmode():
                 _host_plan(rep, t, ints, flts)
-        si[I_PEND_POS] += 1
-        ri[rep, R_PENDING] = 0
-        if ri[rep, R_SEG] == SEG_NONE:
-            _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
-                   ht, hk, hs, hi, hv, plan, on_run)
-    si[I_PEND] = 0
-    si[I_PEND_POS] = 0
+        _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
+               hs, hi, hv, plan, on_run)
 
 
 @njit(cache=True)

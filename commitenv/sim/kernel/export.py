@@ -31,7 +31,7 @@ class KernelExport:
         qi, qf, ri, rf, gi, gf = self.qi, self.qf, self.ri, self.rf, self.gi, self.gf
         if self.si[I_PEND]:
             raise RuntimeError("kernel: export with replicas pending a start")
-        live = _live(ri, self.wq, self.run)  # (every request a queue or segment holds)
+        live = _live(ri, self.wq, self.run, self.si, self.hk, self.hs, self.hi)  # (every request a queue or segment holds)
         reqs: dict[int, Req] = {}
         for k, slot, dl, q, f, cap in zip(live.tolist(), self.slots(live).tolist(), self.deadlines(live).tolist(),
                                           qi[live].tolist(), qf[live].tolist(), self.qc[live].tolist()):

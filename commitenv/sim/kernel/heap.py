@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from commitenv.sim.kernel.layout import (I_HEAP, I_SEQ, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_OUT, Q_PROMPT,
+from commitenv.sim.states import EV_LAND
+from commitenv.sim.kernel.layout import (I_HEAP, I_SEQ, I_UHEAD, I_ULEN, I_UTAIL, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_OUT, Q_PROMPT,
                                          R_RUN_N, R_WHEAD, R_WLEN, R_WTAIL)
 
 
@@ -100,6 +101,29 @@ def _wpop_front(ri, wq, rep):
 
 
 @njit(cache=True)
+def _upush_back(si, wq, r):
+    """Request ``r`` joins the unrouted list (`Pool.unrouted`, a linked list through ``wq`` headed in ``si``)."""
+    wq[r] = -1
+    if si[I_ULEN] == 0:
+        si[I_UHEAD] = r
+    else:
+        wq[si[I_UTAIL]] = r
+    si[I_UTAIL] = r
+    si[I_ULEN] += 1
+
+
+@njit(cache=True)
+def _unrouted(si, wq):
+    """The unrouted requests, in the order they joined."""
+    out = np.empty(si[I_ULEN], np.int64)
+    r = si[I_UHEAD]
+    for j in range(out.shape[0]):
+        out[j] = r
+        r = wq[r]
+    return out
+
+
+@njit(cache=True)
 def _waiting(ri, wq, x):
     out = np.empty(ri[x, R_WLEN], np.int64)
     r = ri[x, R_WHEAD]
@@ -110,9 +134,30 @@ def _waiting(ri, wq, x):
 
 
 @njit(cache=True)
-def _live(ri, wq, run):
-    """Every live request: each replica's running, then its waiting queue."""
-    n = 0
+def _transit(si, hk, hs, hi):
+    """The requests migrating (an `EV_LAND` event each), in the order they left (`Pool.transit`'s)."""
+    n = si[I_HEAP]
+    k = 0
+    for j in range(n):
+        if hk[j] == EV_LAND:
+            k += 1
+    seq = np.empty(k, np.int64)
+    idx = np.empty(k, np.int64)
+    k = 0
+    for j in range(n):
+        if hk[j] == EV_LAND:
+            seq[k], idx[k] = hs[j], hi[j]
+            k += 1
+    return idx[np.argsort(seq)]
+
+
+@njit(cache=True)
+def _live(ri, wq, run, si, hk, hs, hi):
+    """Every live request (`Pool.live_requests`): each replica's running, then its waiting queue; the unrouted ones;
+    the migrating ones."""
+    unr = _unrouted(si, wq)
+    tr = _transit(si, hk, hs, hi)
+    n = unr.shape[0] + tr.shape[0]
     for x in range(ri.shape[0]):
         n += ri[x, R_RUN_N] + ri[x, R_WLEN]
     out = np.empty(n, np.int64)
@@ -126,6 +171,12 @@ def _live(ri, wq, run):
             out[j] = r
             j += 1
             r = wq[r]
+    for r in unr:
+        out[j] = r
+        j += 1
+    for r in tr:
+        out[j] = r
+        j += 1
     return out
 
 

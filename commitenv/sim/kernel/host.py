@@ -1,5 +1,6 @@
-"""The host the compiled loop calls back into for a local policy's plan (numba's ``objmode``, one call per planned
-step instead of leaving and re-entering `advance`): the kernel state and pool whose call is running."""
+"""The host the compiled loop calls back into for a dispatch policy's choice and a local policy's plan (numba's
+``objmode``: one call per routing or planned step, where the loop is, instead of leaving and re-entering `advance`):
+the kernel state and pool whose call is running."""
 
 from __future__ import annotations
 
@@ -13,3 +14,11 @@ def plan(x: int, t: float, ints, flts) -> None:
         raise RuntimeError("kernel: a local policy's plans need the pool (KernelState.advance(..., pool=...))")
     ks, pool = CURRENT[-1]
     ks._plan(pool, x, t, ints, flts)
+
+
+def dispatch(r: int, t: float) -> int:
+    """The replica the running pool's dispatch policy chooses for request ``r`` at ``t`` (`KernelPolicies._choose`)."""
+    if not CURRENT or CURRENT[-1][1] is None:
+        raise RuntimeError("kernel: a dispatch policy's choices need the pool (KernelState.advance(..., pool=...))")
+    ks, pool = CURRENT[-1]
+    return ks._choose(pool, r, t)

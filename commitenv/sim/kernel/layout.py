@@ -11,16 +11,19 @@ INF = math.inf
 
 
 # int64 scalars of the state (``si``)
-(I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR, I_LOG, I_LOGM, I_PEND_POS,
- I_ASK, I_PLAN_REP, I_PLAN_N) = range(16)
+(I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR, I_LOG, I_LOGM, I_UHEAD,
+ I_UTAIL, I_ULEN, I_PLAN_REP, I_PLAN_N, I_NMIG, I_COLD, I_MIGRATED) = range(20)
+N_SI = 20
 # I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured;
-# I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`; I_PEND_POS: the
-# next replica of the pending list (``pend[:I_PEND]``) to start; I_ASK: what a hand-back asks of the host (the request
-# to dispatch, the model to redistribute); I_PLAN_REP, I_PLAN_N: the replica whose local plan
-# the host wrote (-1: none) and its length (``plan[:I_PLAN_N]``, -1: the plan is None, the vLLM scheduler)
+# I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`; I_UHEAD, I_UTAIL,
+# I_ULEN: the requests no replica could take (`Pool.unrouted`: no active replica of their model), a linked list through
+# ``wq`` like a waiting queue; I_PLAN_REP, I_PLAN_N: the replica whose local plan the host wrote (-1: none) and its
+# length (``plan[:I_PLAN_N]``, -1: the plan is None, the vLLM scheduler); I_NMIG: replicas moving with their requests
+# migrating (their transfers may push an event per request: the loop keeps that much heap room); I_COLD, I_MIGRATED:
+# cold starts begun and requests migrated (`Pool.cold_starts`, `Pool.migrated`)
 # float64 scalars (``sf``)
-F_NOW, F_LAST, F_ASK_T = 0, 1, 2  # the engine clock; the time of the last event processed (heap or arrival); the
-# time of a hand-back's question
+F_NOW, F_LAST, F_MIG_BYTES, F_MIG_J = 0, 1, 2, 3  # the engine clock; the time of the last event processed (heap or
+# arrival); KV bytes migrated and the link energy of those transfers (`Pool.migration_bytes`, `Pool.migration_j`)
 # per-replica float64 columns (``rf``); R_SHARE: its SM share now, R_SSHARE: the share its segment started with (the
 # step log's share)
 R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC, R_SHARE, R_SSHARE = range(14)
@@ -44,11 +47,11 @@ GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR, GF_CLOCK_LAT = range(5)
 # tables hold legacy noise draws, whether the step log is written and whether decode runs advance in closed form
 # (``sched``: int64)
 S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED, S_DISPATCH = range(6)
-# S_DISPATCH: a dispatch policy routes (each arrival and re-routed request is handed back to the host)
+# S_DISPATCH: a dispatch policy routes (each arrival and re-routed request is called back to the host, `host.dispatch`)
 # `advance`'s return codes: done, and what the host does before calling again (grow the heap, refill the legacy
-# noise, drain the step log, dispatch request ``si[I_ASK]``, re-route model ``si[I_ASK]``'s queued requests through
-# the dispatch policy), each at ``sf[F_ASK_T]``; a local policy's plan is asked for from inside (`host.plan`)
-(DONE, ASK_HEAP, ASK_NOISE, ASK_LOG, ASK_DISPATCH, ASK_REDISTRIBUTE) = range(6)
+# noise, drain the step log); a dispatch policy's choice and a local policy's plan are asked for from inside
+# (`commitenv.sim.kernel.host`)
+(DONE, ASK_HEAP, ASK_NOISE, ASK_LOG) = range(4)
 # the step log: per entry int64 (``lgi``) and float64 (``lgf``) columns, per member int64 columns (``lgm``)
 LG_REP, LG_STEPS, LG_CLOCK, LG_N = range(4)
 LF_T0, LF_T1, LF_ENERGY, LF_FLOOR, LF_SHARE = range(5)

@@ -7,18 +7,17 @@ import numpy as np
 from numba import njit
 
 from commitenv.sim.kernel.actuate import _floor_changed, _floor_power, _flush, _redistribute, _route, _set_floor, _start
-from commitenv.sim.kernel.heap import _live, _pop, _push, _wpush_back
-from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_HEAP, ASK_LOG, ASK_NOISE, ASK_REDISTRIBUTE, DONE, F_ASK_T,
-                                         F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
-                                         G_VER, INF, I_ASK, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP,
-                                         I_LIVE, I_LOG, I_LOGM, I_N, I_PEND, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BS,
+from commitenv.sim.kernel.heap import _live, _pop, _push, _upush_back, _wpush_back
+from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, DONE, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
+                                         G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP,
+                                         I_LIVE, I_LOG, I_LOGM, I_N, I_PEND, I_UHEAD, I_ULEN, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BS,
                                          R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FT,
                                          R_GPU, R_K, R_LOCAL, R_LOGGED, R_MODEL, R_NEND, R_NPOS, R_PENDING, R_RUN_N,
-                                         R_SEG, R_STATE, R_T0, R_T1, R_VER, R_WHEAD, R_WLEN, S_DISPATCH, S_LOG,
+                                         R_SEG, R_STATE, R_T0, R_T1, R_VER, R_WHEAD, R_WLEN, S_LOG,
                                          S_MAX_SEQS, S_NOISE)
 from commitenv.sim.kernel.segment import (_cut, _decode, _finish_segment, _log_segment, _run_energy, _run_steps_done_by,
                                           _run_time)
-from commitenv.sim.states import ACTIVE, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, WAKING
+from commitenv.sim.states import ACTIVE, EV_CLOCK, EV_LAND, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, WAKING
 
 
 @njit(cache=True)
@@ -35,7 +34,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
             live_slots, head_deadline, row_deadline, pred_out, vis_dl):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
     ``stop_captured``, stop at the segment end that finishes the last captured request. Returns `DONE`, or a
-    question for the host (`ASK_HEAP` ... `ASK_REDISTRIBUTE`, see `layout`), asked before anything it depends on is
+    question for the host (`ASK_HEAP`, `ASK_NOISE`, `ASK_LOG`, see `layout`), asked before anything it depends on is
     done: the host answers and calls again, and the loop continues exactly there."""
     n = si[I_N]
     room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
@@ -86,12 +85,8 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                     continue
                 ri[rep, R_STATE] = ACTIVE
                 _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
-                if sched[S_DISPATCH]:
-                    si[I_ASK] = ri[rep, R_MODEL]
-                    sf[F_ASK_T] = t
-                    sf[F_NOW] = max(sf[F_NOW], last)
-                    return ASK_REDISTRIBUTE  # the host re-routes the model's queues through the dispatch policy
-                _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab)
+                _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab,
+                              sched)
                 continue
             if ri[rep, R_VER] != ver:
                 continue
@@ -124,12 +119,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                 qc[i] = 1
                 si[I_CAPLEFT] += 1
             si[I_LIVE] += 1
-            if sched[S_DISPATCH]:
-                si[I_ASK] = i
-                sf[F_ASK_T] = ta
-                sf[F_NOW] = max(sf[F_NOW], last)
-                return ASK_DISPATCH  # the host routes request i through the dispatch policy
-            _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
+            _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
     sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
     return DONE
 
@@ -222,13 +212,13 @@ def in_flight(t, ri, rf):
 
 
 @njit(cache=True)
-def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, head_deadline, head_slots, row_deadline, row0, L,
-                  slot_base):
+def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, hk, hs, hi, head_deadline, head_slots, row_deadline,
+                  row0, L, slot_base):
     """`KernelState._compact`'s work: new request arrays holding the live requests (in index order) then the rows
     loaded but not arrived; queues, batches and running lists re-indexed in place. Returns the new arrays and the
     new head's deadlines and slots."""
     cur, N = si[I_CURSOR], si[I_N]
-    live = np.sort(_live(ri, wq, run))
+    live = np.sort(_live(ri, wq, run, si, hk, hs, hi))
     nl = live.shape[0]
     n_keep = nl + N - cur
     cap = max(64, n_keep + n_keep // 2)
@@ -262,6 +252,16 @@ def _compact_core(ri, wq, run, bq, qi, qf, qc, rejected, si, head_deadline, head
             nxt = wq[r]
             _wpush_back(ri, wq2, x, np.searchsorted(live, r))
             r = nxt
+    n = si[I_ULEN]
+    r = si[I_UHEAD]
+    si[I_ULEN] = 0
+    for _ in range(n):
+        nxt = wq[r]
+        _upush_back(si, wq2, np.searchsorted(live, r))
+        r = nxt
+    for j in range(si[I_HEAP]):
+        if hk[j] == EV_LAND:
+            hi[j] = np.searchsorted(live, hi[j])
     si[I_CURSOR] = nl
     si[I_N] = n_keep
     si[I_DONE] = 0

@@ -1,4 +1,4 @@
-"""The compiled loop's hand-backs answered on the host: a dispatch policy's choice of replica for an arrival (or a
+"""The compiled loop's calls back to the host answered: a dispatch policy's choice of replica for an arrival (or a
 re-routed request) and a local policy's plan for a replica's next step, from views built off the kernel's arrays
 exactly as `commitenv.sim.hooks` builds them off the Python loop's objects (and timed into the same counters)."""
 
@@ -10,10 +10,10 @@ import numpy as np
 from numba import njit
 
 from commitenv.sim.dispatch import ArrivalView, CandidateView
-from commitenv.sim.kernel.actuate import _flush, _route_to, _set_clock, _standby_idle, _take_unstarted
+from commitenv.sim.kernel.actuate import _flush, _set_clock
 from commitenv.sim.kernel.heap import _waiting
 from commitenv.sim.kernel.host import CURRENT
-from commitenv.sim.kernel.layout import (ASK_DISPATCH, ASK_REDISTRIBUTE, F_ASK_T, G_CLOCK, G_PENDING, I_ASK, I_PLAN_N,
+from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_N,
                                          I_PLAN_REP, Q_COMPUTED, Q_GENERATED, Q_MODEL, Q_OUT, Q_PROMPT, R_BS, R_BUDGET,
                                          R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE, R_STATE, R_UNF, R_WLEN,
                                          S_DISPATCH)
@@ -42,23 +42,9 @@ class KernelPolicies:
     _EMPTY = (np.zeros(0, np.int64), np.zeros(0))
 
     def set_dispatching(self, on: bool) -> None:
-        """Whether a dispatch policy routes (each arrival handed back to the host)."""
+        """Whether a dispatch policy routes (each arrival called back to the host)."""
         self.sched = self.sched.copy()  # (copies share it)
         self.sched[S_DISPATCH] = int(on)
-
-    def _answer(self, code: int, pool) -> None:
-        """Answer the question the compiled loop returned with ``code`` (`layout`'s ``ASK_*``)."""
-        if pool is None:
-            raise RuntimeError("kernel: a policy's hand-back needs the pool (KernelState.advance(..., pool=...))")
-        t = float(self.sf[F_ASK_T])
-        x = int(self.si[I_ASK])
-        self._room(2 * self.R + 4)
-        if code == ASK_DISPATCH:
-            self._dispatch(pool, x, t)
-        elif code == ASK_REDISTRIBUTE:
-            self._redistribute_dispatched(pool, x, t)
-        else:
-            raise RuntimeError(f"kernel: unknown hand-back code {code}")
 
     # ------------------------------------------------------------------------------------------ dispatch
     @staticmethod
@@ -74,13 +60,12 @@ class KernelPolicies:
             return pool.pred_out[slots], pool.visible_deadline[slots]
         return self.qi[idx, Q_OUT], self.deadlines(idx)
 
-    def _dispatch(self, pool, r: int, t: float) -> None:
-        """`PolicyHooks._dispatched` then `Pool._route` for request ``r`` at ``t``."""
+    def _choose(self, pool, r: int, t: float) -> int:
+        """`PolicyHooks._dispatched` for request ``r`` at ``t``: the active replica of its model the dispatch policy
+        chooses (the loop routes it there; it called only with one active replica at least)."""
         ri, qi = self.ri, self.qi
         model = int(qi[r, Q_MODEL])
         cands = np.flatnonzero((ri[:, R_STATE] == ACTIVE) & (ri[:, R_MODEL] == model))
-        if not len(cands):
-            raise RuntimeError("kernel: no active replica of the model to route to")
         c0 = time.perf_counter()
         pol = pool.dispatch
         pred, dl = self._seen(pool, np.array([r]))
@@ -99,16 +84,7 @@ class KernelPolicies:
         if pick not in cands.tolist():
             raise ValueError(f"dispatch policy {pol.name!r} chose replica {pick!r}, not one of the active replicas "
                              f"{cands.tolist()} of model {model}")
-        _route_to(t, r, int(pick), ri, self.rf, qi, self.wq, self.si, self.pend, self.ht, self.hk, self.hs, self.hi,
-                  self.hv)
-
-    def _redistribute_dispatched(self, pool, model: int, t: float) -> None:
-        """`Pool._redistribute` through the dispatch policy: ``model``'s queued requests that have not started, each
-        routed again in arrival order; then its draining replicas left without work to standby."""
-        for r in _take_unstarted(model, self.ri, self.qi, self.wq).tolist():
-            self._room(2)
-            self._dispatch(pool, r, t)
-        _standby_idle(t, model, self.ri, self.rf, self.gi, self.gf, self.gh, self.floor_tab)
+        return int(pick)
 
     # ------------------------------------------------------------------------------------------ local plans
     def _plan(self, pool, x: int, t: float, ints: np.ndarray, flts: np.ndarray) -> None:

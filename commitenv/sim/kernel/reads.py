@@ -130,12 +130,12 @@ class KernelReads:
 
     def live_state(self) -> tuple[np.ndarray, np.ndarray]:
         """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
-        idx = _live(self.ri, self.wq, self.run)
+        idx = _live(self.ri, self.wq, self.run, self.si, self.hk, self.hs, self.hi)
         return self.slots(idx), _left(idx, self.qi)
 
     def live_deadlines(self) -> tuple[np.ndarray, np.ndarray]:
         """The live requests' pool slots and deadlines (`Pool.live_deadlines`)."""
-        idx = _live(self.ri, self.wq, self.run)
+        idx = _live(self.ri, self.wq, self.run, self.si, self.hk, self.hs, self.hi)
         return self.slots(idx), self.deadlines(idx)
 
     def counters(self) -> tuple[int, float, int, int, int]:

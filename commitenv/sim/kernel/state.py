@@ -12,7 +12,7 @@ from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, 
 from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
                                          GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
-                                         G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE,
+                                         G_VER, INF, N_SI, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE,
                                          I_LOG, I_N, I_PLAN_REP, I_SEQ, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT,
                                          Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BS, R_BT0,
                                          R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
@@ -208,13 +208,13 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         else:
             self.cell = float(pool.truth._cell)
             self.ftab = self.fetab = np.zeros((G, 0))
-        self.si = np.zeros(16, np.int64)
+        self.si = np.zeros(N_SI, np.int64)
         self.si[I_PLAN_REP] = -1
         self.si[I_N] = self.si[I_CURSOR] = L
         self.si[I_SEQ] = pool._seq
         self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
         self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
-        self.sf = np.array([pool.now, pool.now, pool.now])
+        self.sf = np.array([pool.now, pool.now, 0.0, 0.0])
         self._ensure(pool.now)
         self.pend = np.zeros(R, np.int64)
         heap = pool._heap
@@ -308,7 +308,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         self.done0 += int(self.si[I_DONE])
         (self.qi, self.qf, self.qc, self.rejected, self.wq, self.head_deadline,
          self.live_slots) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc, self.rejected, self.si,
-                               self.head_deadline, self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
+                               self.hk, self.hs, self.hi, self.head_deadline, self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
         self.done_out = np.zeros(self.qi.shape[0], np.int64)
         self.plan, self.on_run = np.zeros(self.qi.shape[0], np.int64), np.zeros(self.qi.shape[0], np.int64)
         self.row0 += cur - L
@@ -378,7 +378,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
                 elif code == ASK_LOG:
                     self._drain_log()
                 else:
-                    self._answer(code, pool)
+                    raise RuntimeError(f"kernel: unknown return code {code}")
         finally:
             CURRENT.pop()
         self._drain_log()
@@ -425,13 +425,14 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         if not set_active(t, model, count, self.profiles[model].latencies.activation_s, self.ri, self.rf, self.gi,
                           self.gf, self.gh, self.floor_tab, self.si, self.ht, self.hk, self.hs, self.hi, self.hv):
             return
-        if self.sched[S_DISPATCH]:
-            if pool is None:
-                raise RuntimeError("kernel: a dispatch policy's re-routing needs the pool (set_active(..., pool=...))")
-            self._redistribute_dispatched(pool, model, t)
-        else:
+        if self.sched[S_DISPATCH] and pool is None:
+            raise RuntimeError("kernel: a dispatch policy's re-routing needs the pool (set_active(..., pool=...))")
+        CURRENT.append((self, pool))
+        try:
             _redistribute(t, model, self.ri, self.rf, self.qi, self.wq, self.si, self.pend, self.ht, self.hk, self.hs,
-                          self.hi, self.hv, self.gi, self.gf, self.gh, self.floor_tab)
+                          self.hi, self.hv, self.gi, self.gf, self.gh, self.floor_tab, self.sched)
+        finally:
+            CURRENT.pop()
         self._flush_all(pool, t)
 
     def set_local(self, replicas: list[int], on: bool) -> None:
