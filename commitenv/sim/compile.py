@@ -26,10 +26,10 @@ def dispatchers() -> dict[str, object]:
     from numba.core.registry import CPUDispatcher
 
     from commitenv.sim import truth
-    from commitenv.sim.kernel import actuate, heap, loop, policies, segment
+    from commitenv.sim.kernel import actuate, heap, lifecycle, loop, policies, segment
 
     out: dict[str, object] = {}
-    for mod in (heap, segment, actuate, loop, policies, truth):
+    for mod in (heap, segment, lifecycle, actuate, loop, policies, truth):
         for name, obj in vars(mod).items():
             if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == mod.__name__:
                 out[f"{mod.__name__.rsplit('.', 1)[-1]}.{name}"] = obj
@@ -130,6 +130,10 @@ def warm() -> None:
         ks.take_finished()
         ks.take_log()
     ks.set_clock(ks.sf[0], int(clocks[-1]))
+    ks.move(float(ks.sf[0]), 0, (int(ks.gpu_of()[0]) + 1) % ks.G, "all", pool)  # (an instance moves, requests migrate)
+    ks.advance(float(ks.sf[0]) + 20.0)
+    ks.take_finished()
+    ks.take_log()
     ks.waiting_ids(0)
     ks.queue_counts()
     ks.live_state()

@@ -90,6 +90,7 @@ class KernelHandover:
         loop keeps them."""
         c0 = self._cursor
         self._cursor, self.now, self.live, self.completed, self.events = ks.counters()
+        self.cold_starts, self.migrated, self.migration_bytes, self.migration_j = ks.placement_counters()
         if self.late_done is not None:
             self.count_late(c0 + np.flatnonzero(self.rejected[c0:self._cursor]))
         elif self._n_results and self._slot_base == 0:

@@ -28,22 +28,17 @@ class Placement:
         if not mn <= share <= 1.0:
             raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
         ks = self._ks
-        if ks is not None:  # (on the compiled loop: nothing moves, every replica is on its GPU)
-            shares, gpu_of = ks.shares().tolist(), ks.gpu_of().tolist()
-            g = gpu_of[replica]
-            others = [x for k, (x, gg) in enumerate(zip(shares, gpu_of)) if k != replica and gg == g]
-        else:
-            rep = self.replicas[replica]
-            gpu = rep.dest if rep.state == MOVING else rep.gpu
-            g = gpu.index
-            others = [r.share for r in self.replicas if r is not rep and (
-                (r.gpu is gpu and r.state != MOVING) or (r.state == MOVING and r.dest is gpu))]
+        target = self._targets()
+        g = target[replica]
+        cur = ks.shares().tolist() if ks is not None else [r.share for r in self.replicas]
+        others = [x for k, x in enumerate(cur) if k != replica and target[k] == g]
         total = share + sum(others)
         if total > 1.0 + 1e-9:
             raise ValueError(f"sm shares on GPU {g} would sum to {total:.3f} > 1")
         if ks is not None:
             ks.set_share(t, replica, share, prof)
             return
+        rep = self.replicas[replica]
         rep.share = share
         rep.invalidate_coeffs()
         if rep.seg == SEG_RUN and rep.cut(t):
@@ -61,30 +56,45 @@ class Placement:
             raise ValueError(f"move at t={t} precedes the engine clock {self.now}")
         if migrate not in MIGRATE_MODES:
             raise ValueError(f"move: migrate must be one of {MIGRATE_MODES}, got {migrate!r}")
-        target = {r.index: (r.dest if r.state == MOVING else r.gpu).index for r in self.replicas}
+        reps, ks = self._replicas, self._ks
+        target = dict(enumerate(self._targets()))
+        n_gpus = len(self._gpus)
         for replica, gpu in moves.items():
-            if not 0 <= replica < len(self.replicas):
-                raise ValueError(f"move: replica index {replica} outside 0..{len(self.replicas) - 1}")
-            if not 0 <= gpu < len(self.gpus):
-                raise ValueError(f"move: GPU index {gpu} outside 0..{len(self.gpus) - 1}")
-            prof = self.replicas[replica].profile
+            if not 0 <= replica < len(reps):
+                raise ValueError(f"move: replica index {replica} outside 0..{len(reps) - 1}")
+            if not 0 <= gpu < n_gpus:
+                raise ValueError(f"move: GPU index {gpu} outside 0..{n_gpus - 1}")
+            prof = reps[replica].profile
             if gpu != target[replica] and prof.latencies.load_s is None:
                 raise ValueError(f"move: profile {prof.name} has no cold-start figures (latencies.load_s, load_w)")
             target[replica] = gpu
+        shares = ks.shares().tolist() if ks is not None else [r.share for r in reps]
         for g in set(moves.values()):
-            held = sum(r.share for r in self.replicas if target[r.index] == g)
+            held = sum(x for k, x in enumerate(shares) if target[k] == g)
             if held > 1.0 + 1e-9:
                 raise ValueError(f"move: the instances on GPU {g} would hold {held:.3f} > 1 of its SMs")
         self.check_memory(target, moves.values())
+        if ks is not None:
+            for replica, gpu in moves.items():
+                self.moves += ks.move(t, replica, gpu, migrate, self)
+            self._sync_kernel()
+            return
         for replica, gpu in moves.items():
             self._move(self.replicas[replica], self.gpus[gpu], migrate, t)
+
+    def _targets(self) -> list[int]:
+        """The GPU each replica is on or, moving, goes to (read without leaving the compiled loop)."""
+        if self._ks is not None:
+            return self._ks.targets().tolist()
+        return [(r.dest if r.state == MOVING else r.gpu).index for r in self.replicas]
 
     def check_memory(self, target: dict[int, int], gpus: Iterable[int]) -> None:
         """Raise when the memory shares of the instances GPU g (each of ``gpus``) would host under ``target``
         ({replica: GPU}) sum to more than 1: an instance keeps the memory it reserved when first placed
         (`commitenv.sim.memory`). Changes nothing."""
+        mem = self._ks.mem_shares().tolist() if self._ks is not None else [r.mem_share for r in self.replicas]
         for g in set(gpus):
-            held = sum(r.mem_share for r in self.replicas if target[r.index] == g)
+            held = sum(m for k, m in enumerate(mem) if target[k] == g)
             if held > 1.0 + 1e-9:
                 raise memory.PlacementMemoryError(
                     f"move: the instances on GPU {g} would reserve {held:.3f} > 1 of its memory (an instance keeps the "
@@ -162,7 +172,9 @@ class Placement:
 
     def _detach(self, rep: Replica, t: float) -> None:
         """Take ``rep`` (idle) off its GPU and cold-start it on its destination (``rep.dest``); instances waiting
-        for the memory it held on the GPU it left begin their loads, and loaded ones waiting for SMs may start."""
+        for the memory it held on the GPU it left begin their loads, and loaded ones waiting for SMs check again at
+        ``t`` (a load event each, after what is under way: a departure never starts service in the middle of the
+        routing or start that caused it)."""
         src, dest = rep.gpu, rep.dest
         rep.dest = None
         src.replicas.remove(rep)
@@ -171,9 +183,9 @@ class Placement:
         for r in list(src.replicas):
             if r.state == LOADING and r.load_wait:
                 self._start_load(r, t)
-        for r in list(src.replicas):
+        for r in src.replicas:
             if r.state == LOADING and r.load_ready:
-                self._loaded(r, t)
+                self._push(t, EV_LOAD, r.index, r.version)
 
     def _begin_load(self, rep: Replica, dest: GPU, t: float) -> None:
         """Put ``rep`` on ``dest`` with a fresh KV cache; its cold start begins once the memory it reserves is free

@@ -9,8 +9,8 @@ everything else (tests/sim/test_engine_kernel.py and test_engine_kernel_shared.p
 results).
 
 The package, by concern: `layout` (the state arrays' columns), `heap` (the event heap and the waiting queues),
-`segment` (scheduling, KV admission, a segment's start and end), `actuate` (routing, redistribution, `set_active`,
-clocks, the idle floor), `loop` (`advance`, `settle`, the meters, compaction), `rows` (coefficients and workload
+`segment` (scheduling, KV admission, a segment's start and end), `lifecycle` (the idle floor, instances leaving and
+cold-starting, migration), `actuate` (routing, redistribution, `set_active`, clocks, shares, moves), `loop` (`advance`, `settle`, the meters, compaction), `rows` (coefficients and workload
 rows), `state` (`KernelState`) and `export` (its hand-back to the Python loop). Every name is importable from here.
 """
 

@@ -14,9 +14,11 @@ from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, G
                                          G_NHOST, G_PENDING, G_VER, I_PEND, I_PLAN_REP, I_UHEAD, I_ULEN, Q_MODEL, Q_REPLICA,
                                          Q_STARTED, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_GPU, R_LOCAL, R_MODEL,
                                          R_PENDING, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD,
-                                         R_WLEN, S_DISPATCH)
+                                         R_WLEN, MIG_NONE, R_AFTER, R_DEST, R_LREADY, R_MIGRATE, S_DISPATCH, I_NMIG)
+from commitenv.sim.kernel.lifecycle import _detach, _floor_changed, _floor_power, _migrate_out, _set_floor  # noqa: F401
 from commitenv.sim.kernel.segment import _cut, _start_segment
-from commitenv.sim.states import ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, STANDBY, WAKING
+from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, SEG_RUN,
+                                  STANDBY, WAKING)
 
 
 @njit(cache=True)
@@ -32,31 +34,24 @@ def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _floor_power(g, ri, gi, gh, floor_tab):
-    """`GPU.floor_power`: the most awake of its instances' lifecycle states sets it (active or waking, then draining,
-    else standby), at the GPU's clock."""
-    col = 2
-    for j in range(gi[g, G_NHOST]):
-        st = ri[gh[g, j], R_STATE]
-        c = 0 if st == ACTIVE or st == WAKING else (1 if st == DRAINING else 2)
-        if c < col:
-            col = c
-    return floor_tab[g, gi[g, G_CLOCK], col]
-
-
-@njit(cache=True)
-def _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab):
-    """`Pool._floor_changed`: re-evaluate GPU ``g``'s floor power at ``t`` after a lifecycle change."""
-    p = _floor_power(g, ri, gi, gh, floor_tab)
-    if p != gf[g, GF_FLOOR_W]:
-        _set_floor(t, g, p, ri, rf, gi, gf, gh)
+def _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
+            pred_out):
+    """The first part of `Pool._start` for a moving replica: its requests that migrate leave, and left without work it
+    leaves its GPU (returns True: nothing to start)."""
+    if ri[rep, R_MIGRATE] != MIG_NONE:
+        _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
+                     pred_out)
+    if ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
+        _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
+        return True
+    return False
 
 
 @njit(cache=True)
 def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
            hs, hi, hv, plan, on_run):
-    """`Pool._start`: start ``rep``'s next segment at ``t`` (its local plan, if it has a policy, already written by
-    the host), or send a draining replica left without work to standby."""
+    """`Pool._start` after `_depart`: start ``rep``'s next segment at ``t`` (its local plan, if it has a policy,
+    already written by the host), or send a draining replica left without work to standby."""
     if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         return
     if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run):
@@ -192,13 +187,16 @@ def _take_unrouted(model, si, wq, qi):
 
 
 @njit(cache=True)
-def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab):
-    """The last part of `Pool._redistribute`: ``model``'s draining replicas left without work go to standby."""
+def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
+    """The last part of `Pool._redistribute`: ``model``'s draining replicas left without work go to standby, its
+    moving ones leave their GPUs."""
     for x in range(ri.shape[0]):
-        if (ri[x, R_MODEL] == model and ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0
-                and ri[x, R_STATE] == DRAINING):
-            ri[x, R_STATE] = STANDBY
-            _floor_changed(t, ri[x, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+        if ri[x, R_MODEL] == model and ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0:
+            if ri[x, R_STATE] == DRAINING:
+                ri[x, R_STATE] = STANDBY
+                _floor_changed(t, ri[x, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+            elif ri[x, R_STATE] == MOVING:
+                _detach(t, x, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
 
 
 @njit(cache=True)
@@ -220,16 +218,16 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
         else:
             for r in moved:
                 _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
-    _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab)
+    _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
 
 
 @njit(cache=True)
-def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, pend, ht,
-           hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
+def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
+           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
     """Start the replicas that received work at ``t`` (`Pool._flush`: the pending list as it stands, in the order
-    they received work; those that receive work meanwhile wait for the next flush); a replica whose local policy plans
-    its steps has the host write its plan first (`host.plan`, called back from here with the replica's tasks,
-    `_task_rows`)."""
+    they received work; those that receive work meanwhile wait for the next flush); a moving one first sends off what
+    migrates (`_depart`), and one whose local policy plans its steps has the host write its plan (`host.plan`, called
+    back from here with the replica's tasks, `_task_rows`)."""
     n = si[I_PEND]
     if n == 0:
         return
@@ -239,6 +237,9 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
         ri[rep, R_PENDING] = 0
         if ri[rep, R_SEG] != SEG_NONE:
             continue
+        if ri[rep, R_STATE] == MOVING and _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab, sf, si,
+                                                  e_dyn, ht, hk, hs, hi, hv, tvi, live_slots, pred_out):
+            continue
         if ri[rep, R_LOCAL] and si[I_PLAN_REP] != rep and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0):
             ints, flts = _task_rows(rep, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out,
                                     vis_dl)
@@ -246,6 +247,34 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
                 _host_plan(rep, t, ints, flts)
         _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
                hs, hi, hv, plan, on_run)
+
+
+@njit(cache=True)
+def _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
+            e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
+            vis_dl):
+    """`Placement._loaded`: ``rep``'s cold start is over; it serves (or stands by) once the SMs of its share are free
+    beside the GPU's other instances (else it waits, loaded); active, its model's queues are routed again and the
+    replicas that received work start."""
+    g = ri[rep, R_GPU]
+    busy = 0.0
+    for j in range(gi[g, G_NHOST]):
+        x = gh[g, j]
+        st = ri[x, R_STATE]
+        if x != rep and (st == ACTIVE or st == DRAINING or st == MOVING or st == WAKING):
+            busy += rf[x, R_SHARE]
+    if busy + rf[rep, R_SHARE] > 1.0 + 1e-9:
+        if not ri[rep, R_LREADY]:
+            ri[rep, R_LREADY] = 1
+            _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
+        return
+    ri[rep, R_STATE] = ri[rep, R_AFTER]
+    ri[rep, R_LREADY] = 0
+    _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
+    if ri[rep, R_STATE] == ACTIVE:
+        _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched)
+        _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
+               pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl)
 
 
 @njit(cache=True)
@@ -261,7 +290,9 @@ def set_active(t, model, count, latency_s, ri, rf, gi, gf, gh, floor_tab, si, ht
             continue
         st = ri[x, R_STATE]
         g = ri[x, R_GPU]
-        if i < count:
+        if st == MOVING or st == LOADING:  # (a move in progress: the state it takes once loaded)
+            ri[x, R_AFTER] = ACTIVE if i < count else STANDBY
+        elif i < count:
             if st == DRAINING:
                 ri[x, R_STATE] = ACTIVE
                 _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
@@ -311,17 +342,54 @@ def _set_share(t, rep, share, coef, ri, rf, coc, si, ht, hk, hs, hi, hv):
         _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
 
 
+
+
 @njit(cache=True)
-def _set_floor(t, g, power_w, ri, rf, gi, gf, gh):
-    """`GPU.set_floor`: close GPU ``g``'s floor meter at ``t``; its instances' segments in flight are charged the new
-    floor from ``t`` on."""
-    gf[g, GF_E_FLOOR] += gf[g, GF_FLOOR_W] * (t - gf[g, GF_T_FLOOR])
-    gf[g, GF_T_FLOOR] = t
-    if power_w != gf[g, GF_FLOOR_W]:
-        for j in range(gi[g, G_NHOST]):
-            x = gh[g, j]
-            if ri[x, R_SEG] != SEG_NONE and rf[x, R_T0] <= t < rf[x, R_T1]:
-                rf[x, R_FLOOR_ACC] += rf[x, R_FLOOR_W] * (t - rf[x, R_FLOOR_T])
-                rf[x, R_FLOOR_T] = t
-                rf[x, R_FLOOR_W] = power_w
-    gf[g, GF_FLOOR_W] = power_w
+def move(t, rep, dest, mode, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf,
+         si, e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
+         vis_dl):
+    """`Placement._move` of replica ``rep`` to GPU ``dest`` with migration mode ``mode`` (checked by the host):
+    a moving one called back serves on where it is, one loading goes on to its new GPU, any other stops taking requests
+    (its queued ones are routed anew), sends off what migrates and leaves once idle. Returns whether it counts as a
+    move (the GPU it is on or going to changes)."""
+    st = ri[rep, R_STATE]
+    if dest == (ri[rep, R_DEST] if st == MOVING else ri[rep, R_GPU]):
+        return False
+    if st == MOVING:
+        if dest == ri[rep, R_GPU]:  # called back before it left: it stays and serves as before
+            ri[rep, R_STATE] = ACTIVE if ri[rep, R_AFTER] == ACTIVE else DRAINING
+            ri[rep, R_DEST] = -1
+            si[I_NMIG] -= 1
+            _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+            _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab,
+                          sched)
+            _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
+                   e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
+                   pred_out, vis_dl)
+        else:
+            ri[rep, R_DEST] = dest
+            ri[rep, R_MIGRATE] = mode
+        return True
+    if st == LOADING:  # the load so far is lost
+        ri[rep, R_DEST] = dest
+        _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
+        return True
+    if st == WAKING:
+        ri[rep, R_VER] += 1  # (cancels the wake)
+    ri[rep, R_AFTER] = ACTIVE if st == ACTIVE or st == WAKING else STANDBY
+    ri[rep, R_STATE] = MOVING
+    ri[rep, R_DEST] = dest
+    ri[rep, R_MIGRATE] = mode
+    si[I_NMIG] += 1
+    _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+    if ri[rep, R_SEG] == SEG_NONE:
+        if mode != MIG_NONE:
+            _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
+                         pred_out)
+    elif mode != MIG_NONE and ri[rep, R_SEG] == SEG_RUN and _cut(rf, ri, rep, t):  # (leaves at the next step end)
+        ri[rep, R_VER] += 1
+        _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
+    _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched)
+    _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
+           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl)
+    return True

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from commitenv.sim.kernel.heap import _live
-from commitenv.sim.kernel.layout import (GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
+from commitenv.sim.kernel.heap import _live, _transit, _unrouted
+from commitenv.sim.kernel.layout import (G_NHOST, R_AFTER, R_DEST, R_GPU, R_LOAD_T, R_LREADY, R_LWAIT, R_MIGRATE, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
                                          I_HEAP, I_PEND, I_SEQ, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_FINISH, Q_FIRST,
                                          Q_GENERATED, Q_MODEL, Q_OUT, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BATCH_N,
                                          R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
                                          R_FREE, R_FT, R_K, R_LOGGED, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1,
                                          R_UNF, R_VER)
-from commitenv.sim.states import EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP
+from commitenv.sim.migration import MIGRATE_MODES
+from commitenv.sim.states import EV_LAND, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP
 
 
 class KernelExport:
@@ -44,7 +45,16 @@ class KernelExport:
 
         heap = [(float(self.ht[j]), int(self.hk[j]), int(self.hs[j]), int(self.hi[j]), int(self.hv[j]))
                 for j in range(int(self.si[I_HEAP]))]
+        gpus = pool._gpus
+        for g, gpu in enumerate(gpus):  # (instances move: each GPU's list as the kernel holds it)
+            gpu.replicas = [pool._replicas[x] for x in self.gh[g, : gi[g, G_NHOST]].tolist()]
         for x, rep in enumerate(pool._replicas):
+            rep.gpu = gpus[int(ri[x, R_GPU])]
+            rep.dest = None if ri[x, R_DEST] < 0 else gpus[int(ri[x, R_DEST])]
+            rep.migrate = MIGRATE_MODES[int(ri[x, R_MIGRATE])]
+            rep.after_load, rep.load_ready, rep.load_wait = (int(ri[x, R_AFTER]), bool(ri[x, R_LREADY]),
+                                                             bool(ri[x, R_LWAIT]))
+            rep.load_t = float(rf[x, R_LOAD_T])
             rep.running = [req(int(i)) for i in self.run[x, : ri[x, R_RUN_N]]]
             rep.waiting = deque(req(i) for i in self.waiting_ids(x))
             rep.unf, rep.free_blocks = int(ri[x, R_UNF]), int(ri[x, R_FREE])
@@ -72,6 +82,11 @@ class KernelExport:
             gpu.pending_t, gpu.version = float(gf[g, GF_PENDING_T]), int(gi[g, G_VER])
             gpu.floor_w, gpu.t_floor, gpu.e_floor = (float(gf[g, c]) for c in (GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR))
             gpu.e_dyn = float(self.e_dyn[g])
+        pool.unrouted = [req(i) for i in _unrouted(self.si, self.wq).tolist()]
+        pool.transit = {}
+        for k in _transit(self.si, self.hk, self.hs, self.hi).tolist():  # (in the order they left)
+            pool.transit[reqs[k].slot] = (next(e[0] for e in heap if e[1] == EV_LAND and e[3] == k), reqs[k])
+        heap = [e if e[1] != EV_LAND else (e[0], e[1], e[2], reqs[e[3]].slot, e[4]) for e in heap]
         heapq.heapify(heap)
         pool._heap = heap
         pool._seq = int(self.si[I_SEQ])

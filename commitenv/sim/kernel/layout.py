@@ -22,14 +22,24 @@ N_SI = 20
 # migrating (their transfers may push an event per request: the loop keeps that much heap room); I_COLD, I_MIGRATED:
 # cold starts begun and requests migrated (`Pool.cold_starts`, `Pool.migrated`)
 # float64 scalars (``sf``)
-F_NOW, F_LAST, F_MIG_BYTES, F_MIG_J = 0, 1, 2, 3  # the engine clock; the time of the last event processed (heap or
-# arrival); KV bytes migrated and the link energy of those transfers (`Pool.migration_bytes`, `Pool.migration_j`)
+F_NOW, F_LAST, F_MIG_BYTES, F_MIG_J, F_MIG_SETUP, F_MIG_GBS, F_MIG_JPG = range(7)  # the engine clock; the time of the
+# last event processed (heap or arrival); KV bytes migrated and the link energy of those transfers
+# (`Pool.migration_bytes`, `Pool.migration_j`); the link (`MigrationSpec`: setup s, GB/s, J per GB)
 # per-replica float64 columns (``rf``); R_SHARE: its SM share now, R_SSHARE: the share its segment started with (the
 # step log's share)
-R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC, R_SHARE, R_SSHARE = range(14)
+(R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC, R_SHARE, R_SSHARE, R_MEM,
+ R_LOAD_T, R_LOAD_S, R_LOAD_W, R_KVB) = range(19)
+N_RF = 19
+# R_MEM: the memory share it reserves (`Replica.mem_share`); R_LOAD_T: LOADING, when its cold start ends; R_LOAD_S,
+# R_LOAD_W: its profile's cold start (s, W; NaN: none); R_KVB: its model's KV bytes per token
 # per-replica int64 columns (``ri``)
 (R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND,
- R_SCLK, R_LOGGED, R_GPU, R_MODEL, R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE, R_LOCAL) = range(23)
+ R_SCLK, R_LOGGED, R_GPU, R_MODEL, R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE, R_LOCAL, R_DEST, R_MIGRATE, R_AFTER, R_LREADY,
+ R_LWAIT, R_CAP) = range(29)
+N_RI = 29
+# R_DEST: MOVING, the GPU it goes to (-1: none); R_MIGRATE: MOVING, its migration mode (an index of
+# `commitenv.sim.migration.MIGRATE_MODES`); R_AFTER: MOVING or LOADING, the state it takes once loaded; R_LREADY,
+# R_LWAIT: LOADING, loaded and waiting for SMs, not begun and waiting for memory; R_CAP: its KV capacity in blocks
 # R_NPOS, R_NEND: under the legacy per-segment noise, the replica's next draw and the end of its draws in the tables;
 # R_SCLK: the clock level its segment started at (the step log's clock); R_LOGGED: the segment was started while the
 # step log was written (`Replica.seg_log` set), so its booking is logged; R_GPU, R_MODEL: the GPU hosting it and the
@@ -42,7 +52,10 @@ Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 # per-GPU int64 columns (``gi``; G_NHOST: how many replicas it hosts, listed in ``gh``) and float64 columns (``gf``;
 # GF_CLOCK_LAT: the clock-change latency of its profile)
 G_CLOCK, G_PENDING, G_VER, G_NHOST = range(4)
-GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR, GF_CLOCK_LAT = range(5)
+GF_PENDING_T, GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR, GF_CLOCK_LAT, GF_POWER = range(6)
+# GF_POWER: the part's power factor (`GPU.power_factor`); ``floor_tab[g, clock, :3]``: its idle floor (active, draining,
+# standby) times that factor, ``[3:]`` the same without it (a loading instance's draw is compared before the factor)
+MIG_NONE, MIG_LATENCY, MIG_ALL = range(3)  # `R_MIGRATE`: `MIGRATE_MODES`' order
 # the largest max_seqs of any replica (the step log's room per event), the truth table's first cell, whether the
 # tables hold legacy noise draws, whether the step log is written and whether decode runs advance in closed form
 # (``sched``: int64)
@@ -53,7 +66,7 @@ S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED, S_DISPATCH = range(6)
 # (`commitenv.sim.kernel.host`)
 (DONE, ASK_HEAP, ASK_NOISE, ASK_LOG) = range(4)
 # the step log: per entry int64 (``lgi``) and float64 (``lgf``) columns, per member int64 columns (``lgm``)
-LG_REP, LG_STEPS, LG_CLOCK, LG_N = range(4)
+LG_REP, LG_STEPS, LG_CLOCK, LG_N, LG_GPU = range(5)  # (LG_GPU: where the segment ran, as booked)
 LF_T0, LF_T1, LF_ENERGY, LF_FLOOR, LF_SHARE = range(5)
 LM_REQ, LM_NEW, LM_COMPUTED, LM_DECODE = range(4)
 # coefficients per replica and clock level (``coc[replica, clock]``, its profile at its SM share): tau0..tau4, a,
@@ -62,5 +75,5 @@ C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, C_A, C_C1, C_C2, C_B, C_KAPPA = range(10
 # the state arrays a `KernelState` writes (a copy duplicates them; tables, rows and the step log are handled apart):
 # per request (indexed like ``qi``; a compaction makes them anew) and the rest (scalars, replicas, GPUs, event heap)
 REQUEST_ARRAYS = ("qi", "qf", "qc", "rejected", "wq", "done_out")
-ENGINE_ARRAYS = ("ri", "rf", "gi", "gf", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn",
+ENGINE_ARRAYS = ("ri", "rf", "gi", "gf", "gh", "si", "sf", "run", "bq", "bk", "pend", "ht", "hk", "hs", "hi", "hv", "e_dyn",
                  "coc", "plan", "on_run")

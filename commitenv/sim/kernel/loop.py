@@ -6,18 +6,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from commitenv.sim.kernel.actuate import _floor_changed, _floor_power, _flush, _redistribute, _route, _set_floor, _start
+from commitenv.sim.kernel.actuate import (_depart, _floor_changed, _floor_power, _flush, _loaded, _redistribute, _route,
+                                          _set_floor, _start)
 from commitenv.sim.kernel.heap import _live, _pop, _push, _upush_back, _wpush_back
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, DONE, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
                                          G_VER, INF, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP,
-                                         I_LIVE, I_LOG, I_LOGM, I_N, I_PEND, I_UHEAD, I_ULEN, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BS,
+                                         I_LIVE, I_LOG, I_LOGM, I_N, I_NMIG, I_PEND, I_UHEAD, I_ULEN, Q_ARRIVAL, Q_FINISH, R_BATCH_N, R_BS,
                                          R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FT,
                                          R_GPU, R_K, R_LOCAL, R_LOGGED, R_MODEL, R_NEND, R_NPOS, R_PENDING, R_RUN_N,
                                          R_SEG, R_STATE, R_T0, R_T1, R_VER, R_WHEAD, R_WLEN, S_LOG,
                                          S_MAX_SEQS, S_NOISE)
 from commitenv.sim.kernel.segment import (_cut, _decode, _finish_segment, _log_segment, _run_energy, _run_steps_done_by,
                                           _run_time)
-from commitenv.sim.states import ACTIVE, EV_CLOCK, EV_LAND, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, WAKING
+from commitenv.sim.states import (ACTIVE, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, SEG_RUN,
+                                  SEG_STEP, WAKING)
 
 
 @njit(cache=True)
@@ -37,10 +39,12 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
     question for the host (`ASK_HEAP`, `ASK_NOISE`, `ASK_LOG`, see `layout`), asked before anything it depends on is
     done: the host answers and calls again, and the loop continues exactly there."""
     n = si[I_N]
-    room = 2 * ri.shape[0] + 4  # the most entries one event pushes (a wake re-routes to every replica, then starts)
+    # the most entries one event pushes: a wake re-routes to every replica, then starts; an instance's load ends,
+    # others leave and load; migrating requests, one landing each
+    room = 4 * ri.shape[0] + 8
     last = sf[F_NOW]
     while True:
-        if si[I_HEAP] + room > ht.shape[0]:
+        if si[I_HEAP] + room + (si[I_LIVE] if si[I_NMIG] else 0) > ht.shape[0]:
             sf[F_NOW] = max(sf[F_NOW], last)
             return ASK_HEAP  # the caller grows the heap and calls again (nothing of the next event is done yet)
         if sched[S_NOISE] and _noise_low(ri):
@@ -53,9 +57,9 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
         ta = qf[cur, Q_ARRIVAL] if cur < n else INF
         th = ht[0] if si[I_HEAP] > 0 else INF
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
-            _flush(last, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
-                   pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
-                   vis_dl)
+            _flush(last, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
+                   e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
+                   pred_out, vis_dl)
             continue
         if th == INF and ta == INF:
             break
@@ -78,7 +82,17 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                         _push(si, ht, hk, hs, hi, hv, rf[x, R_T1], EV_SEG, x, ri[x, R_VER])
                 gi[g, G_CLOCK] = gi[g, G_PENDING]
                 gi[g, G_PENDING] = -1
-                _set_floor(t, g, _floor_power(g, ri, gi, gh, floor_tab), ri, rf, gi, gf, gh)
+                _set_floor(t, g, _floor_power(g, ri, rf, gi, gf, gh, floor_tab), ri, rf, gi, gf, gh)
+                continue
+            if kind == EV_LOAD:
+                if ri[rep, R_VER] != ver or ri[rep, R_STATE] != LOADING:
+                    continue
+                _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched,
+                        sf, si, e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline,
+                        row_deadline, pred_out, vis_dl)
+                continue
+            if kind == EV_LAND:  # (``rep``: the request)
+                _route(t, rep, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
                 continue
             if kind == EV_WAKE:
                 if ri[rep, R_VER] != ver or ri[rep, R_STATE] != WAKING:
@@ -101,7 +115,9 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                     ri[rep, R_PENDING] = 1
                     pend[si[I_PEND]] = rep
                     si[I_PEND] += 1
-            else:
+            elif not (ri[rep, R_STATE] == MOVING and _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab,
+                                                              sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
+                                                              pred_out)):
                 _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
                        ht, hk, hs, hi, hv, plan, on_run)
         else:

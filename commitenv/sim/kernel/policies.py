@@ -139,8 +139,9 @@ class KernelPolicies:
         CURRENT.append((self, pool))
         try:
             _flush(t, self.ri, self.rf, self.qi, self.qf, self.wq, self.run, self.bq, self.bk, self.coc, self.gi,
-                   self.gf, self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.si, self.pend,
-                   self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run, *self._task_args(pool))
+                   self.gf, self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.sf, self.si,
+                   self.e_dyn, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run,
+                   *self._task_args(pool))
         finally:
             CURRENT.pop()
 

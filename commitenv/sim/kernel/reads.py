@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from commitenv.sim.kernel.heap import _left, _live, _waiting
-from commitenv.sim.kernel.layout import (F_NOW, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_LIVE, I_LOG, I_LOGM, I_N,
-                                         LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_N, LG_REP, LG_STEPS,
+from commitenv.sim.kernel.layout import (F_MIG_BYTES, F_MIG_J, I_COLD, I_HEAP, I_MIGRATED, I_ULEN, R_AFTER, R_DEST, R_MEM, F_NOW, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_LIVE, I_LOG, I_LOGM, I_N,
+                                         LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU, LG_N, LG_REP, LG_STEPS,
                                          LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_COMPUTED, Q_FINISH, R_BATCH_N, R_GPU,
                                          R_K, R_MODEL, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_WLEN,
                                          S_CLOSED, S_LOG)
 from commitenv.sim.kernel.loop import in_flight, meter
 from commitenv.sim.kernel.segment import _decode_flags
 from commitenv.sim.records import InFlightPart, SegmentLog, StepLogBatch
-from commitenv.sim.states import ACTIVE, SEG_RUN, WAKING
+from commitenv.sim.states import ACTIVE, EV_LAND, LOADING, MOVING, SEG_RUN, WAKING
 
 
 class KernelReads:
@@ -47,7 +47,7 @@ class KernelReads:
         lgi, lgf, lgm = self.lgi[:n], self.lgf[:n], self.lgm[:nm]
         rep = lgi[:, LG_REP].copy()
         self._log_out.append(StepLogBatch(
-            self.ri[rep, R_GPU], rep, lgf[:, LF_T0].copy(), lgf[:, LF_T1].copy(), lgi[:, LG_STEPS].copy(),
+            lgi[:, LG_GPU].copy(), rep, lgf[:, LF_T0].copy(), lgf[:, LF_T1].copy(), lgi[:, LG_STEPS].copy(),
             lgf[:, LF_ENERGY].copy(), self._mhz[lgi[:, LG_CLOCK]], lgf[:, LF_SHARE].copy(), lgf[:, LF_FLOOR].copy(),
             lgi[:, LG_N].copy(),
             self.slots(lgm[:, LM_REQ]), lgm[:, LM_NEW].copy(), lgm[:, LM_COMPUTED].copy(), lgm[:, LM_DECODE] != 0))
@@ -116,17 +116,28 @@ class KernelReads:
         return self.ri[:, R_STATE].copy()
 
     def active_count(self, model: int) -> int:
-        """`Pool.active_count`: replicas of ``model`` active or waking."""
-        st = self.ri[self.ri[:, R_MODEL] == model, R_STATE]
-        return int(((st == ACTIVE) | (st == WAKING)).sum())
+        """`Pool.active_count`: replicas of ``model`` active or waking, or moving or loading to become active."""
+        sel = self.ri[:, R_MODEL] == model
+        st, after = self.ri[sel, R_STATE], self.ri[sel, R_AFTER]
+        return int(((st == ACTIVE) | (st == WAKING) | (((st == MOVING) | (st == LOADING)) & (after == ACTIVE))).sum())
+
+    def targets(self) -> np.ndarray:
+        """The GPU each replica is on or, moving, goes to."""
+        ri = self.ri
+        return np.where(ri[:, R_STATE] == MOVING, ri[:, R_DEST], ri[:, R_GPU])
+
+    def mem_shares(self) -> np.ndarray:
+        """The memory share each replica reserves (`Replica.mem_share`)."""
+        return self.rf[:, R_MEM].copy()
 
     def waiting_ids(self, x: int) -> list[int]:
         """The requests in replica ``x``'s waiting queue, front first."""
         return _waiting(self.ri, self.wq, x).tolist()
 
     def queue_counts(self) -> tuple[int, int]:
-        """(waiting, running) requests over the pool."""
-        return int(self.ri[:, R_WLEN].sum()), int(self.ri[:, R_RUN_N].sum())
+        """(waiting, running) requests over the pool (waiting: queued, unrouted or migrating, as `Pool.counts`)."""
+        moving = int(np.count_nonzero(self.hk[: self.si[I_HEAP]] == EV_LAND))
+        return int(self.ri[:, R_WLEN].sum()) + int(self.si[I_ULEN]) + moving, int(self.ri[:, R_RUN_N].sum())
 
     def live_state(self) -> tuple[np.ndarray, np.ndarray]:
         """`Pool.live_state`: slots and tokens left of the live requests, each replica's running then waiting."""
@@ -143,6 +154,11 @@ class KernelReads:
         si = self.si
         return (self.row0 + int(si[I_CURSOR]) - self.n_live, float(self.sf[F_NOW]), int(si[I_LIVE]),
                 self.done0 + int(si[I_DONE]), int(si[I_EVENTS]))
+
+    def placement_counters(self) -> tuple[int, int, float, float]:
+        """(cold starts begun, requests migrated, KV bytes migrated, link energy J), as `Pool` keeps them."""
+        return (int(self.si[I_COLD]), int(self.si[I_MIGRATED]), float(self.sf[F_MIG_BYTES]),
+                float(self.sf[F_MIG_J]))
 
     def meter(self, t: float) -> np.ndarray:
         return meter(t, self.ri, self.rf, self.gi, self.gf, self.gh, self.e_dyn)

@@ -11,29 +11,28 @@ import numpy as np
 from commitenv.sim.coeffs import coeffs_for
 
 
-_COEFFS: dict[tuple[int, float], np.ndarray] = {}  # (id(profile), share) -> coefficients, dropped with the profile
+# id(profile) -> {share: coefficients}, dropped with the profile (one pop, atomic: a finalizer can run while another
+# profile's entry is being added, during any allocation)
+_COEFFS: dict[int, dict[float, np.ndarray]] = {}
 
 
 def _clock_coefficients(prof, share: float = 1.0) -> np.ndarray:
     """The step laws' coefficients at each clock level of ``prof`` at SM share ``share`` (one replica's rows of
     ``coc``; read only, cached per profile object and share as `coeffs_for` caches them: a profile is not changed
     once an engine used it)."""
-    key = (id(prof), round(float(share), 6))
-    coc = _COEFFS.get(key)
+    per = _COEFFS.get(id(prof))
+    if per is None:
+        per = _COEFFS[id(prof)] = {}
+        weakref.finalize(prof, _COEFFS.pop, id(prof), None)
+    key = round(float(share), 6)
+    coc = per.get(key)
     if coc is None:
         coc = np.zeros((len(prof.clocks), 10))
         for ci in range(len(prof.clocks)):
             c = coeffs_for(prof, ci, share)
             coc[ci] = (c.tau0, c.tau1, c.tau2, c.tau3, c.tau4, c.a, c.c1, c.c2, c.b, c.kappa)
-        if not any(k[0] == id(prof) for k in _COEFFS):
-            weakref.finalize(prof, _drop, id(prof))
-        _COEFFS[key] = coc
+        per[key] = coc
     return coc
-
-
-def _drop(pid: int) -> None:
-    for k in [k for k in _COEFFS if k[0] == pid]:
-        del _COEFFS[k]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_back, _wpush_fr
 from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4,
                                          GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, I_PLAN_N,
                                          I_PLAN_REP, LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_N,
-                                         LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS, Q_COMPUTED,
+                                         LG_GPU, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS, Q_COMPUTED,
                                          Q_FINISH, Q_FIRST, Q_GENERATED, Q_OUT, Q_OVERHEAD, Q_PREEMPT, Q_PROMPT,
                                          Q_REPLICA, Q_STARTED, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_D, R_E0, R_ENERGY,
                                          R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_GPU, R_K,
@@ -335,6 +335,7 @@ def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, rf, qi, bq, bk, si, 
     if e >= lgi.shape[0] or mo + nb > lgm.shape[0]:
         raise RuntimeError("kernel: step log full (the caller drains it before each event)")
     lgi[e, LG_REP], lgi[e, LG_STEPS], lgi[e, LG_CLOCK], lgi[e, LG_N] = rep, n_steps, ri[rep, R_SCLK], nb
+    lgi[e, LG_GPU] = ri[rep, R_GPU]
     lgf[e, LF_T0], lgf[e, LF_T1], lgf[e, LF_ENERGY], lgf[e, LF_FLOOR] = t0, t1, energy, floor_j
     lgf[e, LF_SHARE] = rf[rep, R_SSHARE]
     run = ri[rep, R_SEG] == SEG_RUN

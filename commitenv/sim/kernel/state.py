@@ -8,25 +8,27 @@ import os
 
 import numpy as np
 
-from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, set_active
+from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, move, set_active
 from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
                                          GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
-                                         G_VER, INF, N_SI, I_CAPARR, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE,
+                                         G_VER, GF_POWER, INF, N_RF, N_RI, N_SI, I_CAPARR, I_COLD, I_MIGRATED, I_NMIG, R_AFTER, R_CAP, R_DEST, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W, R_LREADY, R_LWAIT, R_MEM, R_MIGRATE, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE,
                                          I_LOG, I_N, I_PLAN_REP, I_SEQ, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT,
                                          Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BS, R_BT0,
                                          R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
                                          R_FREE, R_FT, R_GPU, R_K, R_LOCAL, R_LOGGED, R_MAXSEQ, R_MODEL, R_NEND, R_NPOS,
                                          R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1,
                                          R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_DISPATCH, S_LOG, S_NOISE)
+from commitenv.sim.kernel.heap import _upush_back
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.policies import KernelPolicies
 from commitenv.sim.kernel.reads import KernelReads
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
+from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP, STANDBY,
-                                  WAKING)
+from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_SEG, EV_WAKE, MOVING, SEG_NONE, SEG_RUN,
+                                  SEG_STEP, STANDBY, WAKING)
 
 # pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
 # (`commitenv.sim.kernel.ENABLED` reads and sets this flag)
@@ -51,26 +53,21 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
     @staticmethod
     def covers(pool) -> bool:
         """Whether the kernel can run ``pool`` from its current state: any number of models and instances per GPU
-        with any SM shares (profiles with the same clock levels), without a prefix cache or local policy, the truth
-        model, the legacy per-segment noise, a what-if copy's nominal model or no noise, any dispatch and local
-        policies (answered on the host: `KernelPolicies`), no request unrouted or migrating, no replica loading or
-        moving."""
+        with any SM shares (profiles with the same clock levels), instances moving and loading, requests migrating or
+        unrouted, the truth model, the legacy per-segment noise, a what-if copy's nominal model or no noise, any
+        dispatch and local policies (answered on the host: `KernelPolicies`); no prefix cache."""
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         noise_ok = pool.noise is pool.truth or (pool.truth is None
                                                 and isinstance(pool.noise, (NominalModel, NoiseSource)))
         levels = {tuple(p.clock_mhz) for p in pool.profiles}
-        return (noise_ok and pool._hashes is None and len(levels) == 1
-                and not pool.unrouted and not pool.transit and not pool._pending
+        return (noise_ok and pool._hashes is None and len(levels) == 1 and not pool._pending
                 and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
-                and all(e[1] in (EV_SEG, EV_WAKE, EV_CLOCK) for e in pool._heap)
                 and all(g.index == x for x, g in enumerate(gpus))
-                and all(r.index == x and r.dest is None and r in r.gpu.replicas and r.gpu is gpus[r.gpu.index]
-                        for x, r in enumerate(reps))
+                and all(r.index == x and r in r.gpu.replicas and r.gpu is gpus[r.gpu.index] for x, r in enumerate(reps))
                 and sum(len(g.replicas) for g in gpus) == len(reps)
-                and all(r.pcache is None and not r.pending_start
-                        and r.state in (ACTIVE, DRAINING, STANDBY, WAKING) for r in reps))
+                and all(r.pcache is None and not r.pending_start for r in reps))
 
     @classmethod
     def covering(cls, pool) -> "KernelState | None":
@@ -87,12 +84,12 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         results); without it every request stays, at its index, for the caller to read."""
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
-                             "profiles with the same clock levels, default router, no prefix cache, no local policy, "
-                             "nothing unrouted, migrating, loading or moving)")
+                             "profiles with the same clock levels, no prefix cache, no replica pending a start)")
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
-        live = sorted((r for rep in reps for q in (rep.running, rep.waiting) for r in q), key=lambda r: r.slot)
+        live = sorted([r for rep in reps for q in (rep.running, rep.waiting) for r in q] + list(pool.unrouted)
+                      + [r for _, r in pool.transit.values()], key=lambda r: r.slot)
         L = len(live)
         self.R = R = len(reps)
         self.G = G = len(gpus)
@@ -134,14 +131,25 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         self.run = np.zeros((R, max_seqs + 1), np.int64)
         self.bq = np.zeros((R, max_seqs + 1), np.int64)
         self.bk = np.zeros((R, max_seqs + 1), np.int64)
-        self.ri = np.zeros((R, 23), np.int64)
-        self.rf = np.zeros((R, 14))
+        self.ri = np.zeros((R, N_RI), np.int64)
+        self.rf = np.zeros((R, N_RF))
         ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
         for col, name in ((R_MODEL, "model"), (R_BUDGET, "budget"), (R_MAXSEQ, "max_seqs"), (R_BS, "bs"),
                           (R_RESERVE, "reserve_full"), (R_UNF, "unf"), (R_FREE, "free_blocks"), (R_STATE, "state"),
                           (R_VER, "version"), (R_SEG, "seg"), (R_K, "run_k")):
             ri[:, col] = [getattr(rep, name) for rep in reps]
         ri[:, R_GPU] = [rep.gpu.index for rep in reps]
+        ri[:, R_DEST] = [-1 if rep.dest is None else rep.dest.index for rep in reps]
+        ri[:, R_MIGRATE] = [MIGRATE_MODES.index(rep.migrate) for rep in reps]
+        for col, name in ((R_AFTER, "after_load"), (R_LREADY, "load_ready"), (R_LWAIT, "load_wait"),
+                          (R_CAP, "cap_blocks")):
+            ri[:, col] = [getattr(rep, name) for rep in reps]
+        rf[:, R_MEM] = [rep.mem_share for rep in reps]
+        rf[:, R_LOAD_T] = [rep.load_t for rep in reps]
+        lat = [rep.profile.latencies for rep in reps]
+        rf[:, R_LOAD_S] = [np.nan if la.load_s is None else la.load_s for la in lat]
+        rf[:, R_LOAD_W] = [np.nan if la.load_w is None else la.load_w for la in lat]
+        rf[:, R_KVB] = [rep.profile.model.kv_bytes_per_token for rep in reps]
         ri[:, R_LOCAL] = [rep.local is not None for rep in reps]
         rf[:, R_SHARE] = [rep.share for rep in reps]
         rf[:, R_SSHARE] = [rep.share if rep.seg_log is None else rep.seg_log.share for rep in reps]
@@ -176,8 +184,8 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
                 ri[x, R_BATCH_N] = len(rep.run_reqs)
                 self.bq[x, : len(rep.run_reqs)] = [index[id(r)] for r in rep.run_reqs]
         self.gi = np.zeros((G, 4), np.int64)
-        self.gf = np.zeros((G, 5))
-        self.gh = np.full((G, max([1] + [len(g.replicas) for g in gpus])), -1, np.int64)  # replicas hosted, in order
+        self.gf = np.zeros((G, 6))
+        self.gh = np.full((G, R), -1, np.int64)  # replicas hosted, in order (instances move: room for every one)
         for g, gpu in enumerate(gpus):
             self.gh[g, : len(gpu.replicas)] = [r.index for r in gpu.replicas]
         self.gi[:, G_NHOST] = [len(g.replicas) for g in gpus]
@@ -185,7 +193,9 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         # as `GPU.floor_power` does
         gprof = [g.profile if g.profile is not None else g.replicas[0].profile for g in gpus]
         self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
-                                     p.standby_w * g.power_factor] for lvl in p.clocks] for g, p in zip(gpus, gprof)])
+                                     p.standby_w * g.power_factor, lvl.active_idle_w, lvl.draining_idle_w, p.standby_w]
+                                    for lvl in p.clocks] for g, p in zip(gpus, gprof)])
+        self.gf[:, GF_POWER] = [g.power_factor for g in gpus]
         self.gf[:, GF_CLOCK_LAT] = [p.latencies.clock_change_s for p in gprof]
         self.gi[:, G_CLOCK] = [gpu.clock_idx for gpu in gpus]
         self.gi[:, G_PENDING] = [-1 if gpu.pending_clock is None else gpu.pending_clock for gpu in gpus]
@@ -214,15 +224,23 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         self.si[I_SEQ] = pool._seq
         self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
         self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
-        self.sf = np.array([pool.now, pool.now, 0.0, 0.0])
+        mig = pool.opt.migration
+        self.sf = np.array([pool.now, pool.now, pool.migration_bytes, pool.migration_j, mig.setup_s, mig.link_gbs,
+                            mig.j_per_gb])
+        self.si[I_COLD], self.si[I_MIGRATED] = pool.cold_starts, pool.migrated
+        self.si[I_NMIG] = sum(rep.state == MOVING for rep in reps)
+        for r in pool.unrouted:
+            _upush_back(self.si, self.wq, index[id(r)])
         self._ensure(pool.now)
         self.pend = np.zeros(R, np.int64)
         heap = pool._heap
-        size = max(heap_size, 2 * R + 8, 2 * len(heap)) if heap_size else 8 * R + 64 + 2 * len(heap)
+        size = max(heap_size, 4 * R + 8, 2 * len(heap)) if heap_size else 8 * R + 64 + 2 * len(heap)
         self.ht = np.zeros(size)
         self.hk, self.hs, self.hi, self.hv = (np.zeros(size, np.int64) for _ in range(4))
         self.si[I_HEAP] = len(heap)
         if heap:  # (heapq's list is a binary heap under the same order: copied as it stands)
+            slot_index = {r.slot: k for k, r in enumerate(live)}  # (a landing names its request by slot there)
+            heap = [e if e[1] != EV_LAND else (e[0], e[1], e[2], slot_index[e[3]], e[4]) for e in heap]
             cols = list(zip(*heap))
             self.ht[: len(heap)] = cols[0]
             for a, col in zip((self.hk, self.hs, self.hi, self.hv), cols[1:]):
@@ -234,7 +252,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         self._log_out: list = []
         n_ent, n_mem = (max(self.LOG_ENTRIES, R + 1), max(self.LOG_MEMBERS, (R + 1) * (max_seqs + 1))) \
             if self.sched[S_LOG] else (0, 0)
-        self.lgi, self.lgf = np.zeros((n_ent, 4), np.int64), np.zeros((n_ent, 5))
+        self.lgi, self.lgf = np.zeros((n_ent, 5), np.int64), np.zeros((n_ent, 5))
         self.lgm = np.zeros((n_mem, 4), np.int64)
 
     def _load(self, t: float) -> None:
@@ -372,7 +390,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         try:
             while code := self._advance_once(t_end, stop_captured, pool):
                 if code == ASK_HEAP:
-                    self._room(self.ht.shape[0])
+                    self._room(self.ht.shape[0] + 1)  # (doubles it)
                 elif code == ASK_NOISE:
                     self._refill()
                 elif code == ASK_LOG:
@@ -435,6 +453,23 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
             CURRENT.pop()
         self._flush_all(pool, t)
 
+    def move(self, t: float, replica: int, gpu: int, migrate: str, pool=None) -> bool:
+        """`Placement._move` of ``replica`` to ``gpu`` (checked by `Pool.move`) with migration mode ``migrate``;
+        whether it counts as a move. ``pool``: as for `advance`."""
+        if t < self.sf[F_NOW] - 1e-9:
+            raise ValueError(f"move at t={t} precedes the engine clock {self.sf[F_NOW]}")
+        self._room(5 * self.R + 8 + int(self.si[I_LIVE]))
+        self._refill()
+        CURRENT.append((self, pool))
+        try:
+            return bool(move(t, replica, gpu, MIGRATE_MODES.index(migrate), self.ri, self.rf, self.qi, self.qf,
+                             self.wq, self.run, self.bq, self.bk, self.coc, self.gi, self.gf, self.gh, self.floor_tab,
+                             self.ftab, self.fetab, self.cell, self.sched, self.sf, self.si, self.e_dyn, self.pend,
+                             self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run,
+                             *self._task_args(pool)))
+        finally:
+            CURRENT.pop()
+
     def set_local(self, replicas: list[int], on: bool) -> None:
         """Whether a local policy plans the steps of ``replicas`` from their next start on."""
         self.ri[replicas, R_LOCAL] = int(on)
@@ -476,7 +511,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         if log:
             c.lgi, c.lgf, c.lgm, c._log_out = self.lgi.copy(), self.lgf.copy(), self.lgm.copy(), list(self._log_out)
         else:  # (empty arrays, the recording off)
-            c.lgi, c.lgf, c.lgm = np.zeros((0, 4), np.int64), np.zeros((0, 4)), np.zeros((0, 4), np.int64)
+            c.lgi, c.lgf, c.lgm = np.zeros((0, 5), np.int64), np.zeros((0, 5)), np.zeros((0, 4), np.int64)
             c.stop_logging()
         return c
 
