@@ -2,8 +2,11 @@
 hourly energy commitments (ePACT sections 4.1 and C.3).
 
 Action (``Dict``): ``active`` replicas in 1..N and ``clock`` (index into the profile's clock levels),
-applied ``actuation_delay_s`` after the interval starts. The shared-GPU variant extends this dict with SM
-shares and placement keys; it never replaces these two.
+applied ``actuation_delay_s`` after the interval starts. The shared-GPU variant extends this dict (it never
+replaces these two) with per-GPU ``clocks``, ``share_weights`` (a Box the env maps onto each GPU's simplex of SM
+shares), ``gpu_request`` (per instance: stay, or a GPU, granted as far as memory allows) and ``migrate``: every
+point of that space is a legal action (`commitenv.envs.actions`, docs/env.md). Controllers may instead give exact
+``shares`` and ``placement``, which are checked and refused with an error naming the field, never mapped.
 Observation (``Box`` float32, 16 features, ``OBS_FEATURES``): a function of the controller's view alone,
 each feature's formula, scale and bounds in `commitenv.envs.observation`.
 
@@ -73,7 +76,7 @@ from commitenv.attribution.hardware import HardwareAttributor
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import arrival_hours, slo_outcome
 from commitenv.planning import quantize
-from commitenv.envs.actions import check_action, check_shared_action
+from commitenv.envs.actions import check_action, check_shared_action, memory_shares, shared_action_space
 from commitenv.envs.meters import ControllerMeter
 from commitenv.envs.observation import OBS_FEATURES, OBS_HIGH, OBS_LOW, observe  # noqa: F401  (OBS_FEATURES: re-exported)
 from commitenv.scenarios import (commitments_mj, engine_options, load_scenario, scenario_layout, scenario_profiles,
@@ -85,7 +88,6 @@ from commitenv.sim import Pool, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
 from commitenv.sim.local import LocalPolicy
-from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.workload.table import RequestTable
 
 class CommitServeEnv(gym.Env):
@@ -131,16 +133,10 @@ class CommitServeEnv(gym.Env):
         if self.shared:
             if backend is not None:
                 raise ValueError("backend: a hardware pool serves one model; shared pools run on the simulator only")
-            nl = len(self.clocks_mhz)
-            self._min_share = max(p.sm_share.min_share for p in self.profiles)
-            self.action_space = spaces.Dict({
-                "active": spaces.MultiDiscrete(list(self.replicas_per_model), start=[1] * len(self.profiles)),
-                "clock": spaces.Discrete(nl),
-                "clocks": spaces.MultiDiscrete([nl] * self.n_gpus),
-                "shares": spaces.Box(self._min_share, 1.0, (self.n_replicas,), dtype=np.float64),
-                "placement": spaces.MultiDiscrete([self.n_gpus] * self.n_replicas),
-                "migrate": spaces.Discrete(len(MIGRATE_MODES)),
-            })
+            # every point legal: share weights mapped onto each GPU's simplex, GPU requests granted as far as memory
+            # allows (`commitenv.envs.actions.shared_action_space`); exact "shares" / "placement" are also taken
+            self.action_space = shared_action_space(self.replicas_per_model, len(self.clocks_mhz), self.n_gpus,
+                                                    self.n_replicas)
         else:
             self.action_space = spaces.Dict(
                 {"active": spaces.Discrete(self.n_replicas, start=1), "clock": spaces.Discrete(len(self.clocks_mhz))}
@@ -202,6 +198,9 @@ class CommitServeEnv(gym.Env):
             self.close()
             pool = self.backend(self.profile, self.n_replicas, engine_options(sc, self.run_seed),
                                 self.clocks_mhz[self._init_clock])
+        # each instance's memory share, which a shared action's GPU requests must fit (read before the workload is
+        # attached, while the pool is not yet on the compiled loop)
+        self._mem_shares = memory_shares(pool) if self.shared else None
         if self._init_active != self.n_replicas:
             pool.set_active(0.0, self._init_active)
         tenant_model = scenario_tenant_model(sc, table)

@@ -17,10 +17,11 @@ The mapping lives in one place, an `ActionCodec` per wrapper (``wrapper.codec``)
 ``codec.encode(active, clock)``: training (the wrapper) and a trained policy run as a controller
 (`commitenv_controllers.sb3_policy`) use the same object, so they cannot disagree.
 
-A shared pool's ``Dict`` action also holds SM shares and placement, whose per-GPU sums (SMs, memory) a uniformly
-drawn action almost never respects, so the env refuses most random actions. `SharedFlatActionWrapper` exposes the
-part every draw of which is valid, ``MultiDiscrete([n_1, ..., n_M, levels x G])``: each model's active count
-(a_m + 1) and each GPU's clock level; shares and placement stay as configured.
+A shared pool's ``Dict`` action (`commitenv.envs.actions.shared_action_space`) has no invalid points: its SM share
+weights map onto each GPU's simplex and its GPU requests are granted as far as memory allows. Learners that take no
+``Dict`` action (stable-baselines3) need it flat: `SharedFlatActionWrapper` makes it one ``MultiDiscrete`` of each
+model's active count, each GPU's clock level, each instance's share weight on a grid (``share_levels``) and,
+optionally, GPU requests and the migration mode; every draw is a legal action.
 """
 
 from __future__ import annotations
@@ -263,37 +264,121 @@ ACTION_WRAPPERS: dict[str, type[_CodecWrapper]] = {
 
 
 class SharedFlatActionWrapper(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
-    """A shared pool's action as ``MultiDiscrete([n_1, ..., n_M] + [levels] * G)``: model m's active count is
-    a_m + 1, GPU g's clock level a_{M+g}; SM shares and placement are left as configured, so every draw of the
-    space is a valid action (the module docstring says why the full ``Dict`` is not)."""
+    """A shared pool's action as one ``MultiDiscrete`` whose every point is a legal action (PPO, A2C):
 
-    def __init__(self, env: gym.Env) -> None:
-        gym.utils.RecordConstructorArgs.__init__(self)  # (so that gym.make can rebuild it from the env's spec)
-        gym.ActionWrapper.__init__(self, env)
+    ========================================  ==============================================================
+    components (in this order)                env action (``action``)
+    ========================================  ==============================================================
+    ``n_m`` for each model m                  ``active[m] = a + 1``
+    ``levels`` for each GPU g                 ``clocks[g] = a`` (``clock`` = GPU 0's level)
+    ``share_levels`` for each instance i      ``share_weights[i] = a / (share_levels - 1)`` (with ``shares``)
+    ``G + 1`` for each instance i             ``gpu_request[i] = a``: 0 stays, g + 1 asks for GPU g (with
+                                              ``placement``)
+    ``len(MIGRATE_MODES)``                    ``migrate = a`` (with ``placement``)
+    ========================================  ==============================================================
+
+    The env maps the share weights onto each GPU's simplex of SM shares above the profiles' minimum shares and
+    grants GPU requests only as far as memory allows (`commitenv.envs.actions.shares_from_weights`,
+    `~commitenv.envs.actions.placement_from_request`, docs/env.md), so no draw is refused. ``shares=True`` (the
+    default) exposes the SM split: with ``share_levels`` = 11, weights 0, 0.1, ..., 1 (all 0 on a GPU: an equal
+    split). ``placement=True`` adds the moves (off by default: a move cold-starts the instance). ``shares=False``
+    is the space of earlier versions (counts and clocks only; shares and placement stay as configured).
+
+    Instances are numbered in the scenario's placement order (GPU by GPU), as in the env's ``info["shares"]``.
+    """
+
+    def __init__(self, env: gym.Env, shares: bool = True, share_levels: int = 11, placement: bool = False) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self, shares=shares, share_levels=share_levels, placement=placement)
+        gym.ActionWrapper.__init__(self, env)  # (the recorded arguments let gym.make rebuild it from the env's spec)
+        for name, flag in (("shares", shares), ("placement", placement)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"{type(self).__name__}: {name} must be True or False, got {flag!r}")
+        if isinstance(share_levels, (bool, np.bool_)) or not isinstance(share_levels, (int, np.integer)) \
+                or share_levels < 2:
+            raise ValueError(f"{type(self).__name__}: share_levels must be an integer >= 2 (weights 0..1 in that many "
+                             f"even steps), got {share_levels!r}")
         act = env.action_space
-        if not isinstance(act, spaces.Dict) or not {"active", "clocks"} <= set(act.spaces):
+        need = {"active", "clocks"} | ({"share_weights"} if shares else set()) | ({"gpu_request"} if placement else set())
+        if not isinstance(act, spaces.Dict) or not need <= set(act.spaces):
             raise TypeError(f"{type(self).__name__} expects a shared pool's Dict action (active per model, clocks "
-                            f"per GPU), got {act}")
+                            f"per GPU, share_weights and gpu_request per instance), got {act}")
+        self.shares, self.placement, self.share_levels = bool(shares), bool(placement), int(share_levels)
         self.n_models = len(act["active"].nvec)
         self.n_gpus = len(act["clocks"].nvec)
-        self.action_space = spaces.MultiDiscrete(list(act["active"].nvec) + list(act["clocks"].nvec))
+        self.n_replicas = int(act["share_weights"].shape[0]) if "share_weights" in act.spaces else 0
+        nvec = list(act["active"].nvec) + list(act["clocks"].nvec)
+        if self.shares:
+            nvec += [self.share_levels] * self.n_replicas
+        if self.placement:
+            nvec += list(act["gpu_request"].nvec) + [int(act["migrate"].n)]
+        self.action_space = spaces.MultiDiscrete(nvec)
+
+    def _parts(self, a: np.ndarray) -> dict[str, np.ndarray]:
+        m, g, n = self.n_models, self.n_gpus, self.n_replicas
+        out = {"active": a[:m], "clocks": a[m:m + g]}
+        i = m + g
+        if self.shares:
+            out["share_weights"], i = a[i:i + n], i + n
+        if self.placement:
+            out["gpu_request"], out["migrate"] = a[i:i + n], a[i + n:i + n + 1]
+        return out
 
     def action(self, action: Any) -> dict[str, Any]:
         """The env's ``Dict`` action of a flat one (integers in range, as ``MultiDiscrete`` holds them)."""
         a = np.asarray(action)
-        if a.shape != self.action_space.shape or not np.issubdtype(a.dtype, np.integer):
+        if a.shape != self.action_space.shape or a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"{type(self).__name__}: expected {self.action_space.shape[0]} integers, got {action!r}")
         bad = np.flatnonzero((a < 0) | (a >= self.action_space.nvec))
         if len(bad):
             i = int(bad[0])
             raise ValueError(f"{type(self).__name__}: element {i} is {int(a[i])}, expected 0..{self.action_space.nvec[i] - 1}")
-        active = [int(x) + 1 for x in a[: self.n_models]]
-        clocks = [int(x) for x in a[self.n_models:]]
-        return {"active": np.asarray(active, dtype=np.int64), "clock": clocks[0],
-                "clocks": np.asarray(clocks, dtype=np.int64)}
+        p = self._parts(a)
+        clocks = np.asarray(p["clocks"], dtype=np.int64)
+        out: dict[str, Any] = {"active": np.asarray(p["active"], dtype=np.int64) + 1, "clock": int(clocks[0]),
+                               "clocks": clocks}
+        if self.shares:
+            out["share_weights"] = np.asarray(p["share_weights"], dtype=np.float64) / (self.share_levels - 1)
+        if self.placement:
+            out["gpu_request"] = np.asarray(p["gpu_request"], dtype=np.int64)
+            out["migrate"] = int(p["migrate"][0])
+        return out
 
     def reverse_action(self, action: dict[str, Any]) -> np.ndarray:
-        """The flat action of an env action (its per-GPU clocks, or its one clock on every GPU)."""
-        clocks = action.get("clocks", [action["clock"]] * self.n_gpus)
-        return np.asarray([int(x) - 1 for x in action["active"]] + [int(x) for x in clocks], dtype=np.int64)
+        """The flat action of an env action: its per-GPU clocks (or its one clock on every GPU); its share weights
+        on the nearest grid point, or, given exact ``shares``, weights proportional to each share's excess over its
+        minimum on its GPU (what `shares_from_weights` maps back to those shares when they sum to 1 and the grid
+        holds the ratios; the current shares when the action has none); its ``gpu_request``, or 0 / g + 1 for an
+        exact ``placement`` (0 when absent); ``migrate`` (0 when absent)."""
+        from commitenv.envs.actions import replica_terms
 
+        clocks = action.get("clocks", [action["clock"]] * self.n_gpus)
+        parts = [int(x) - 1 for x in action["active"]] + [int(x) for x in clocks]
+        env = self.env.unwrapped
+        current = list(env.shared_cfg.gpus) if getattr(env, "shared_cfg", None) is not None \
+            else [g for g, insts in enumerate(env.layout.gpus) for _ in insts]
+        top = self.share_levels - 1
+        if self.shares:
+            if "share_weights" in action:
+                w = np.asarray(action["share_weights"], dtype=np.float64)
+            else:
+                exact = action.get("shares", env.shared_cfg.shares if getattr(env, "shared_cfg", None) is not None
+                                   else [i.share for insts in env.layout.gpus for i in insts])
+                gpus = action.get("placement", current)
+                mins, _ = replica_terms(env)
+                excess = np.maximum(np.asarray(exact, dtype=np.float64) - np.asarray(mins), 0.0)
+                w = np.zeros(self.n_replicas)
+                for g in set(int(x) for x in gpus):
+                    on = [r for r, gg in enumerate(gpus) if int(gg) == g]
+                    peak = max(excess[on])
+                    if peak > 0:
+                        w[on] = excess[on] / peak
+            parts += [int(x) for x in np.floor(np.clip(w, 0.0, 1.0) * top + 0.5)]
+        if self.placement:
+            if "gpu_request" in action:
+                parts += [int(x) for x in action["gpu_request"]]
+            elif "placement" in action:
+                parts += [0 if int(g) == c else int(g) + 1 for g, c in zip(action["placement"], current)]
+            else:
+                parts += [0] * self.n_replicas
+            parts.append(int(np.asarray(action.get("migrate", 0)).item()))
+        return np.asarray(parts, dtype=np.int64)

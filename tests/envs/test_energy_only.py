@@ -159,18 +159,20 @@ def test_the_shipped_energy_only_scenario_is_festina_shared_without_commitment()
 
 
 def test_gymnasium_checker_on_the_shipped_energy_only_scenario():
-    """gym.make by id, then gymnasium's checker on the shared pool's flat action (`SharedFlatActionWrapper`: every
-    draw valid; the full Dict's random SM shares and placements mostly break a GPU's SM or memory budget, which the
-    env refuses)."""
+    """gym.make by id, then gymnasium's checker on the raw env (its Dict has no invalid points: share weights mapped
+    onto each GPU's simplex, GPU requests granted as far as memory allows) and on the shared pool's flat action
+    (`SharedFlatActionWrapper`, with the share weights)."""
     import gymnasium as gym
     from gymnasium.utils.env_checker import check_env
 
     from commitenv.envs import SharedFlatActionWrapper
 
-    env = SharedFlatActionWrapper(gym.make("commitenv/festina-h100-shared-energy-v0", render_mode="rgb_array").unwrapped)
+    raw = gym.make("commitenv/festina-h100-shared-energy-v0", render_mode="rgb_array").unwrapped
+    env = SharedFlatActionWrapper(raw)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", message=".*different from the unwrapped version")  # the checker wraps it
+        check_env(raw)
         check_env(env)
     obs, info = env.reset(seed=100000)
     assert info["commitment_j"] == 0.0 and info["reward_offset_kwh"] == 0.0

@@ -78,7 +78,8 @@ def test_per_model_active_per_gpu_clocks_and_shares_reach_the_engine(tmp_path):
     env.reset(seed=0)
     assert env.action_space["active"].nvec.tolist() == [3, 2]
     sample = env.action_space.sample()
-    assert set(sample) == {"active", "clock", "clocks", "shares", "placement", "migrate"}
+    # the space's own form (share weights, GPU requests: every point legal); exact "shares" are taken as well
+    assert set(sample) == {"active", "clock", "clocks", "share_weights", "gpu_request", "migrate"}
     # small: 3 instances (GPU 0, 1, 2), big: 2 (GPU 0, 2); replicas in placement order: s0 b0 | s1 | b2 s2
     env.step({"active": [2, 1], "clock": 1, "clocks": [0, 1, 1], "shares": [0.3, 0.7, 1.0, 0.5, 0.5]})
     pool = env.pool
@@ -210,7 +211,7 @@ def test_fixed_config_spreads_its_count_over_the_models(tmp_path):
 def test_the_shared_flat_action_maps_counts_and_clocks_by_hand(tmp_path):
     from commitenv.envs import CommitServeEnv, SharedFlatActionWrapper
 
-    env = SharedFlatActionWrapper(CommitServeEnv(str(shared_scenario(tmp_path))))
+    env = SharedFlatActionWrapper(CommitServeEnv(str(shared_scenario(tmp_path))), shares=False)  # (counts, clocks)
     assert env.action_space.nvec.tolist() == [3, 2, 2, 2, 2]  # 3 small, 2 big instances; 2 clock levels x 3 GPUs
     act = env.action(np.array([1, 0, 1, 0, 1]))
     assert act["active"].tolist() == [2, 1] and act["clock"] == 1 and act["clocks"].tolist() == [1, 0, 1]
