@@ -159,8 +159,10 @@ def placement_from_request(request: Sequence[int], current: Sequence[int], n_gpu
 
 def memory_shares(pool: Any) -> tuple[float, ...]:
     """Every instance's memory share (the part of its GPU's usable memory it reserved when first placed; it moves
-    with the instance). Read it before the pool's workload is attached: reading the replicas afterwards hands a
-    kernel-run pool over to the Python loop."""
+    with the instance), read from the compiled loop's state when it runs the pool."""
+    ks = getattr(pool, "_ks", None)
+    if ks is not None:
+        return tuple(ks.mem_shares().tolist())
     return tuple(float(r.mem_share) for r in pool.replicas)
 
 
