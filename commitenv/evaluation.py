@@ -372,10 +372,10 @@ def _decision(env: Any, action: Any, changes: list[tuple], delay_s: float, stale
         row["active_by_model"] = " ".join(str(int(a)) for a in act.reshape(-1))
         if "clocks" in action:
             row["clocks_mhz"] = " ".join(str(env.clocks_mhz[int(c)]) for c in np.asarray(action["clocks"]))
-        if "shares" in action:
-            row["shares"] = " ".join(f"{float(x):g}" for x in np.asarray(action["shares"]))
-        if "placement" in action:
-            row["placement"] = " ".join(str(int(g)) for g in np.asarray(action["placement"]))
+        if "shares" in action or "share_weights" in action:  # (the shares applied, from either form)
+            row["shares"] = " ".join(f"{float(x):g}" for x in env.shared_cfg.shares)
+        if "placement" in action or "gpu_request" in action:  # (the placement granted)
+            row["placement"] = " ".join(str(int(g)) for g in env.shared_cfg.gpus)
         if "migrate" in action:
             row["migrate"] = MIGRATE_MODES[int(np.asarray(action["migrate"]).item())]
     return row

@@ -224,3 +224,26 @@ def test_the_shared_flat_action_maps_counts_and_clocks_by_hand(tmp_path):
         env.step(a)
         cfg = env.unwrapped.shared_cfg
         assert cfg.active == tuple(int(x) + 1 for x in a[:2]) and cfg.clocks == tuple(int(x) for x in a[2:])
+
+
+def test_decisions_csv_records_the_shares_applied_from_share_weights(tmp_path):
+    """A controller acting through ``share_weights`` (not explicit shares): decisions.csv records the shares the env
+    applied, each GPU's summing to 1 and split by the weights above the minimums."""
+    import csv
+
+    from commitenv.control import Controller
+    from commitenv.evaluation import evaluate
+
+    class Weighted(Controller):
+        name = "weighted"
+
+        def act(self, observation, info):
+            return {"active": list(self.ctx.all_active), "clock": 0, "share_weights": [0.25, 0.75, 1.0, 0.5, 0.5]}
+
+    res = evaluate(Weighted(), str(shared_scenario(tmp_path)), 0)
+    res.write(tmp_path / "out", figure=False)
+    rows = list(csv.DictReader((tmp_path / "out" / "decisions.csv").open()))
+    for r in rows:
+        s = [float(x) for x in r["shares"].split()]  # GPU 0: replicas 0, 1; GPU 1: replica 2; GPU 2: replicas 3, 4
+        assert s[0] + s[1] == pytest.approx(1.0) and s[2] == 1.0 and s[3] + s[4] == pytest.approx(1.0)
+        assert s[0] < s[1] and s[3] == pytest.approx(s[4])  # weights 1 : 3 on GPU 0, equal on GPU 2
