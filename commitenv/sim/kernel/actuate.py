@@ -11,10 +11,11 @@ from commitenv.sim.kernel.heap import _push, _task_rows, _upush_back, _wpush_bac
 from commitenv.sim.kernel.host import dispatch as _host_dispatch
 from commitenv.sim.kernel.host import plan as _host_plan
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
-                                         G_NHOST, G_PENDING, G_VER, I_PEND, I_PLAN_REP, I_UHEAD, I_ULEN, Q_MODEL, Q_REPLICA,
-                                         Q_STARTED, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_GPU, R_LOCAL, R_MODEL,
-                                         R_PENDING, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD,
-                                         R_WLEN, MIG_NONE, R_AFTER, R_DEST, R_LREADY, R_MIGRATE, S_DISPATCH, I_NMIG)
+                                         G_NHOST, G_PENDING, G_VER, I_NMIG, I_PEND, I_PLAN_REP, I_UHEAD, I_ULEN,
+                                         MIG_NONE, Q_MODEL, Q_REPLICA, Q_STARTED, R_AFTER, R_DEST, R_FLOOR_ACC,
+                                         R_FLOOR_T, R_FLOOR_W, R_GPU, R_LOCAL, R_LREADY, R_MIGRATE, R_MODEL, R_PENDING,
+                                         R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN,
+                                         S_DISPATCH)
 from commitenv.sim.kernel.lifecycle import _detach, _floor_changed, _floor_power, _migrate_out, _set_floor  # noqa: F401
 from commitenv.sim.kernel.segment import _cut, _start_segment
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, SEG_RUN,

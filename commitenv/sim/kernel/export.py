@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from commitenv.sim.kernel.heap import _live, _transit, _unrouted
-from commitenv.sim.kernel.layout import (G_NHOST, R_AFTER, R_DEST, R_GPU, R_LOAD_T, R_LREADY, R_LWAIT, R_MIGRATE, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER,
-                                         I_HEAP, I_PEND, I_SEQ, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_FINISH, Q_FIRST,
-                                         Q_GENERATED, Q_MODEL, Q_OUT, Q_PREEMPT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BATCH_N,
-                                         R_BT0, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
-                                         R_FREE, R_FT, R_K, R_LOGGED, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1,
-                                         R_UNF, R_VER)
+from commitenv.sim.kernel.layout import (GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
+                                         G_VER, I_HEAP, I_PEND, I_SEQ, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_FINISH,
+                                         Q_FIRST, Q_GENERATED, Q_MODEL, Q_OUT, Q_PREEMPT, Q_PROMPT, Q_REPLICA,
+                                         Q_STARTED, R_AFTER, R_BATCH_N, R_BT0, R_D, R_DEST, R_E0, R_ENERGY, R_F, R_FE,
+                                         R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_GPU, R_K, R_LOAD_T,
+                                         R_LOGGED, R_LREADY, R_LWAIT, R_MIGRATE, R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0,
+                                         R_T1, R_UNF, R_VER)
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.states import EV_LAND, EV_WAKE, SEG_NONE, SEG_RUN, SEG_STEP
 
@@ -32,7 +33,7 @@ class KernelExport:
         qi, qf, ri, rf, gi, gf = self.qi, self.qf, self.ri, self.rf, self.gi, self.gf
         if self.si[I_PEND]:
             raise RuntimeError("kernel: export with replicas pending a start")
-        live = _live(ri, self.wq, self.run, self.si, self.hk, self.hs, self.hi)  # (every request a queue or segment holds)
+        live = _live(ri, self.wq, self.run, self.si, self.hk, self.hs, self.hi)  # (every request the pool holds)
         reqs: dict[int, Req] = {}
         for k, slot, dl, q, f, cap in zip(live.tolist(), self.slots(live).tolist(), self.deadlines(live).tolist(),
                                           qi[live].tolist(), qf[live].tolist(), self.qc[live].tolist()):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from commitenv.sim.kernel.layout import (I_HEAP, I_SEQ, I_UHEAD, I_ULEN, I_UTAIL, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED,
+                                         Q_GENERATED, Q_OUT, Q_PROMPT, R_RUN_N, R_WHEAD, R_WLEN, R_WTAIL)
 from commitenv.sim.states import EV_LAND
-from commitenv.sim.kernel.layout import (I_HEAP, I_SEQ, I_UHEAD, I_ULEN, I_UTAIL, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_OUT, Q_PROMPT,
-                                         R_RUN_N, R_WHEAD, R_WLEN, R_WTAIL)
 
 
 @njit(cache=True)

@@ -9,11 +9,11 @@ from numba import njit
 from commitenv.sim.kernel.heap import _cdiv, _push, _wpush_back
 from commitenv.sim.kernel.layout import (C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, F_MIG_BYTES, F_MIG_GBS, F_MIG_J,
                                          F_MIG_JPG, F_MIG_SETUP, GF_E_FLOOR, GF_FLOOR_W, GF_POWER, GF_T_FLOOR, G_CLOCK,
-                                         G_NHOST, I_COLD, I_MIGRATED, I_NMIG, MIG_LATENCY, Q_BLOCKS, Q_COMPUTED, Q_GENERATED,
-                                         Q_OUT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BUDGET, R_CAP, R_DEST, R_FLOOR_ACC,
-                                         R_FLOOR_T, R_FLOOR_W, R_FREE, R_GPU, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W,
-                                         R_LREADY, R_LWAIT, R_MEM, R_MIGRATE, R_RUN_N, R_SEG, R_STATE, R_T0, R_T1,
-                                         R_UNF, R_VER, R_WHEAD, R_WLEN)
+                                         G_NHOST, I_COLD, I_MIGRATED, I_NMIG, MIG_LATENCY, Q_BLOCKS, Q_COMPUTED,
+                                         Q_GENERATED, Q_OUT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BUDGET, R_CAP, R_DEST,
+                                         R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_GPU, R_KVB, R_LOAD_S, R_LOAD_T,
+                                         R_LOAD_W, R_LREADY, R_LWAIT, R_MEM, R_MIGRATE, R_RUN_N, R_SEG, R_STATE, R_T0,
+                                         R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN)
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_LAND, EV_LOAD, LOADING, MOVING, SEG_NONE, WAKING)
 
 

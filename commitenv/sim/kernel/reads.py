@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from commitenv.sim.kernel.heap import _left, _live, _waiting
-from commitenv.sim.kernel.layout import (F_MIG_BYTES, F_MIG_J, I_COLD, I_HEAP, I_MIGRATED, I_ULEN, R_AFTER, R_DEST, R_MEM, F_NOW, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_LIVE, I_LOG, I_LOGM, I_N,
-                                         LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU, LG_N, LG_REP, LG_STEPS,
-                                         LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_COMPUTED, Q_FINISH, R_BATCH_N, R_GPU,
-                                         R_K, R_MODEL, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_WLEN,
-                                         S_CLOSED, S_LOG)
+from commitenv.sim.kernel.layout import (F_MIG_BYTES, F_MIG_J, F_NOW, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS,
+                                         I_HEAP, I_LIVE, I_LOG, I_LOGM, I_MIGRATED, I_N, I_ULEN, LF_ENERGY, LF_FLOOR,
+                                         LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
+                                         LM_DECODE, LM_NEW, LM_REQ, Q_COMPUTED, Q_FINISH, R_AFTER, R_BATCH_N, R_DEST,
+                                         R_GPU, R_K, R_MEM, R_MODEL, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE,
+                                         R_T0, R_WLEN, S_CLOSED, S_LOG)
 from commitenv.sim.kernel.loop import in_flight, meter
 from commitenv.sim.kernel.segment import _decode_flags
 from commitenv.sim.records import InFlightPart, SegmentLog, StepLogBatch

@@ -11,13 +11,13 @@ from numba import njit
 from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_back, _wpush_front
 from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4,
                                          GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, I_PLAN_N,
-                                         I_PLAN_REP, LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_N,
-                                         LG_GPU, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS, Q_COMPUTED,
-                                         Q_FINISH, Q_FIRST, Q_GENERATED, Q_OUT, Q_OVERHEAD, Q_PREEMPT, Q_PROMPT,
-                                         Q_REPLICA, Q_STARTED, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_D, R_E0, R_ENERGY,
-                                         R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_GPU, R_K,
-                                         R_LOCAL, R_LOGGED, R_MAXSEQ, R_NEND, R_NPOS, R_RESERVE, R_RUN_N, R_SCLK, R_SEG,
-                                         R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, R_WTAIL,
+                                         I_PLAN_REP, LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU,
+                                         LG_N, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS,
+                                         Q_COMPUTED, Q_FINISH, Q_FIRST, Q_GENERATED, Q_OUT, Q_OVERHEAD, Q_PREEMPT,
+                                         Q_PROMPT, Q_REPLICA, Q_STARTED, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_D, R_E0,
+                                         R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_GPU,
+                                         R_K, R_LOCAL, R_LOGGED, R_MAXSEQ, R_NEND, R_NPOS, R_RESERVE, R_RUN_N, R_SCLK,
+                                         R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, R_WTAIL,
                                          S_CELL0, S_CLOSED, S_LOG, S_NOISE)
 from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
 

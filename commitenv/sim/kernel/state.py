@@ -11,14 +11,17 @@ import numpy as np
 from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, move, set_active
 from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
-                                         GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING,
-                                         G_VER, GF_POWER, INF, N_RF, N_RI, N_SI, I_CAPARR, I_COLD, I_MIGRATED, I_NMIG, R_AFTER, R_CAP, R_DEST, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W, R_LREADY, R_LWAIT, R_MEM, R_MIGRATE, I_CAPLEFT, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE,
-                                         I_LOG, I_N, I_PLAN_REP, I_SEQ, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT,
-                                         Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BATCH_N, R_BS, R_BT0,
-                                         R_BUDGET, R_D, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
-                                         R_FREE, R_FT, R_GPU, R_K, R_LOCAL, R_LOGGED, R_MAXSEQ, R_MODEL, R_NEND, R_NPOS,
-                                         R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1,
-                                         R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_DISPATCH, S_LOG, S_NOISE)
+                                         GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_POWER, GF_T_FLOOR, G_CLOCK, G_NHOST,
+                                         G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS,
+                                         I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_NMIG, I_PLAN_REP, I_SEQ, N_RF, N_RI,
+                                         N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT,
+                                         Q_REPLICA, REQUEST_ARRAYS, R_AFTER, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_CAP,
+                                         R_D, R_DEST, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
+                                         R_FREE, R_FT, R_GPU, R_K, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W, R_LOCAL,
+                                         R_LOGGED, R_LREADY, R_LWAIT, R_MAXSEQ, R_MEM, R_MIGRATE, R_MODEL, R_NEND,
+                                         R_NPOS, R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0,
+                                         R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_DISPATCH, S_LOG,
+                                         S_NOISE)
 from commitenv.sim.kernel.heap import _upush_back
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
@@ -325,8 +328,9 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
                 self.si[I_N] = cur + hi - row_cur
         self.done0 += int(self.si[I_DONE])
         (self.qi, self.qf, self.qc, self.rejected, self.wq, self.head_deadline,
-         self.live_slots) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc, self.rejected, self.si,
-                               self.hk, self.hs, self.hi, self.head_deadline, self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
+         self.live_slots) = _compact_core(self.ri, self.wq, self.run, self.bq, self.qi, self.qf, self.qc,
+                                          self.rejected, self.si, self.hk, self.hs, self.hi, self.head_deadline,
+                                          self.live_slots, self.src.deadline, self.row0, L, self.slot_base)
         self.done_out = np.zeros(self.qi.shape[0], np.int64)
         self.plan, self.on_run = np.zeros(self.qi.shape[0], np.int64), np.zeros(self.qi.shape[0], np.int64)
         self.row0 += cur - L
