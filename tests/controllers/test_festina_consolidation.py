@@ -297,3 +297,24 @@ def test_idle_instances_make_room_or_leave_for_a_freed_gpu():
     assert consolidated_placement([[0, 3]], gpu_of, shares, mins) == [0, 1, 1, 0, 2, 2]
     # no room anywhere for an idle instance: None
     assert consolidated_placement([[0, 3]], [0, 0, 1, 1], [0.35, 0.1, 0.1, 0.6], [0.1, 0.6, 0.95, 0.1]) is None
+
+
+def test_the_time_limit_is_deterministic_so_a_busy_machine_cannot_change_the_plan(monkeypatch):
+    """The limit is CP-SAT's deterministic time (the wall clock only a far backstop): a hard packing cut short by
+    its limit comes out the same on every solve, whatever else the machine runs."""
+    from ortools.sat.python import cp_model
+
+    used = []
+    real = cp_model.CpSolver
+
+    class Recording(real):
+        def solve(self, model, *a, **k):
+            used.append((self.parameters.max_deterministic_time, self.parameters.max_time_in_seconds))
+            return super().solve(model, *a, **k)
+
+    monkeypatch.setattr(cp_model, "CpSolver", Recording)
+    rng = random.Random(3)
+    sizes = [[rng.randint(20, 50) / 100, rng.randint(10, 40)] for _ in range(60)]
+    runs = {solve_bin_packing(sizes, [0.95, 76.0], time_limit_s=0.05) for _ in range(3)}
+    assert len(runs) == 1  # the same bins and status each time
+    assert used and all(d == 0.05 and w >= 20 * 0.05 for d, w in used)

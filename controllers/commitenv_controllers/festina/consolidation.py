@@ -37,6 +37,7 @@ from typing import Literal
 from ortools.sat.python import cp_model
 
 _EPS = 1e-9  # absolute slack on float capacity checks (SM fractions, GB)
+WALL_BACKSTOP = 20.0  # a solve's wall-clock limit, in units of its deterministic limit (`solve_bin_packing`)
 
 
 # --------------------------------------------------------------------------------------------- records
@@ -276,6 +277,9 @@ def solve_bin_packing(
     """Fewest bins holding every item in every dimension (vector bin packing; one dimension = classic) via CP-SAT.
 
     ``sizes[i][k]`` is item i's size in dimension k, ``capacities[k]`` the (already effective) bin capacity.
+    ``time_limit_s`` is CP-SAT's deterministic time (about seconds on a desktop core): the same search, hence the same
+    packing, on any machine and under any load; a wall-clock limit would let a busy machine change the plan. A wall
+    limit of `WALL_BACKSTOP` times it only guards against a runaway solve.
     """
     n, dims = len(sizes), len(capacities)
     if n == 0:
@@ -322,7 +326,8 @@ def solve_bin_packing(
         m.add_hint(y[b], b < len(greedy))
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_deterministic_time = time_limit_s
+    solver.parameters.max_time_in_seconds = WALL_BACKSTOP * time_limit_s
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
     status = solver.solve(m)
