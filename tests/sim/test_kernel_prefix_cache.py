@@ -29,6 +29,7 @@ class Twin:
                                [bt for bt, _, _ in specs], free=[cap for _, _, cap in specs])
         self.reqs = [[] for _ in specs]  # per replica: dicts with ids, py (entries), blocks, path, next
         self.out = np.zeros(64, dtype=np.int64)
+        self.before_reset = [[0, 0] for _ in specs]  # evictions and hit tokens of the caches reset away
 
     # ---- one operation on both, returning both results
     def lookup(self, r, path):
@@ -68,6 +69,8 @@ class Twin:
 
     def reset(self, r, free):
         bt, bs, _ = self.specs[r]
+        self.before_reset[r][0] += self.py[r].evictions
+        self.before_reset[r][1] += self.py[r].hit_tokens
         self.py[r] = PrefixCache(bt, bs, free)
         kp.reset(self.pa.pr, self.pa.ps, self.pa.nd, self.pa.ent, self.pa.tab, r, free)
         self.reqs[r] = []
@@ -305,11 +308,11 @@ def grow_register(t, r, req, k):
 SPECS = [(4, 4, 24), (8, 4, 40), (16, 4, 64), (8, 8, 16)]
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(4))
 def test_random_operations_match_the_python_cache(seed):
     rng = np.random.default_rng(seed)
     t = Twin(SPECS)
-    for i in range(4000):
+    for i in range(10000):
         step(t, rng)
         t.compare()
         if i % 50 == 0:
@@ -319,7 +322,9 @@ def test_random_operations_match_the_python_cache(seed):
             private = sum(q["blocks"] - pe * len(q["py"]) for q in t.reqs[r])
             referenced = pe * sum(1 for e in c.entries.values() if e.ref > 0)
             assert t.free(r) + private + referenced == SPECS[r][2]
-    assert all(c.evictions > 0 and c.hit_tokens > 0 for c in t.py)  # every path was exercised
+    for c, (ev, hit) in zip(t.py, t.before_reset):  # every path was exercised
+        assert c.evictions + ev > 0 and c.hit_tokens + hit > 0
+    assert sum(ev for ev, _ in t.before_reset) > 0  # resets of caches in use
     t.pa.check()
 
 
@@ -374,3 +379,134 @@ def test_import_of_engine_like_caches_with_none():
     out, _ = pa.export([None, PrefixCache(8, 4, 0)])
     assert out[0] is None and py_queue(out[1]) == py_queue(c)
     pa.check()
+
+
+def test_node_and_entry_pools_hold_the_worst_case():
+    # cap 8, per_entry 2: 8 one-block runs fill the queue; then 4 entries (all the capacity) queued at once
+    pa = PrefixArrays([8], [2], [8])
+    for _ in range(8):
+        kp.give(pa.pr, pa.ps, pa.nd, 0, 1)
+    assert pa.queue(0) == [("r", 1)] * 8
+    kp.take(pa.pr, pa.ps, pa.nd, pa.ent, pa.tab, 0, 8)
+    ids = arr([kp.register(pa.pr, pa.ps, pa.ent, pa.tab, 0, h) for h in (1, 2, 3, 4)])
+    assert kp.release(pa.pr, pa.ps, pa.nd, pa.ent, 0, ids, 4) == 8
+    assert pa.queue(0) == [("e", 4), ("e", 3), ("e", 2), ("e", 1)]
+    kp.take(pa.pr, pa.ps, pa.nd, pa.ent, pa.tab, 0, 7)  # evicts all four, a one-block rest at the head
+    assert pa.queue(0) == [("r", 1)] and pa.entries(0) == {} and pa.pr[0, P_EVICTIONS] == 4
+    pa.check()
+
+
+# ------------------------------------------------------------------------------------------------- a real engine
+def _mirrored(pa, r):
+    """A `PrefixCache` subclass that repeats every call on replica ``r`` of ``pa`` and compares the results and
+    the whole state after it (entries found by hash: a request's entries are live)."""
+    out = np.zeros(256, dtype=np.int64)
+
+    def ids_of(entries):
+        return arr([kp.find(pa.ent, pa.tab, r, e.h) for e in entries])
+
+    class Mirror(PrefixCache):
+        __slots__ = ()
+        calls = {"lookup": 0, "acquire": 0, "register": 0, "give": 0, "release": 0, "take": 0}
+
+        def _check(self, name):
+            Mirror.calls[name] += 1
+            compare(_One(pa, r), [self])
+
+        def lookup(self, hashes):
+            hit, cost = super().lookup(hashes)
+            n, kc = kp.lookup(pa.pr, pa.ent, pa.tab, r, arr(hashes), out)
+            assert [int(pa.ent[e, E_HASH]) for e in out[:n]] == [e.h for e in hit] and kc == cost
+            self._check("lookup")
+            return hit, cost
+
+        def acquire(self, hit):
+            kp.acquire(pa.pr, pa.ps, pa.nd, pa.ent, r, ids_of(hit), len(hit))
+            super().acquire(hit)
+            self._check("acquire")
+
+        def register(self, h):
+            e = super().register(h)
+            k = kp.register(pa.pr, pa.ps, pa.ent, pa.tab, r, h)
+            assert (k < 0) == (e is None)
+            self._check("register")
+            return e
+
+        def give(self, n):
+            super().give(n)
+            kp.give(pa.pr, pa.ps, pa.nd, r, n)
+            self._check("give")
+
+        def release(self, prefix):
+            k = kp.release(pa.pr, pa.ps, pa.nd, pa.ent, r, ids_of(prefix), len(prefix))
+            f = super().release(prefix)
+            assert k == f
+            self._check("release")
+            return f
+
+        def take(self, n):
+            super().take(n)
+            kp.take(pa.pr, pa.ps, pa.nd, pa.ent, pa.tab, r, n)
+            self._check("take")
+
+    return Mirror
+
+
+class _One:
+    """Replica ``r`` of a `PrefixArrays` seen as replica 0 (for `compare`)."""
+
+    def __init__(self, pa, r):
+        self.pa, self.r = pa, r
+        self.ent, self.nd = pa.ent, pa.nd
+        self.pr = pa.pr[r:r + 1]
+
+    def queue(self, _):
+        return self.pa.queue(self.r)
+
+    def entries(self, _):
+        return self.pa.entries(self.r)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("bt,budget", [(4, 16), (8, 12), (16, 12)])
+def test_a_served_workload_replayed_on_the_arrays(bt, budget, seed):
+    # the random prefix-tree workload of test_engine_prefix_cache (tight KV: preemptions, evictions): every cache
+    # call the Python engine makes is repeated on the arrays, results and state compared after each
+    from helpers.profiles import toy_profile
+    from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+    from commitenv.workload.table import make_table
+    from sim.test_engine_prefix_cache import BIG, with_hashes
+
+    rng = np.random.default_rng(100 * seed + bt)
+    n = 120
+    arrivals = np.sort(rng.uniform(0, 1.0, n))
+    prompts = rng.integers(1, 40, n)
+    outputs = rng.integers(1, 12, n)
+    roots = [[100 * k + j for j in range(10)] for k in range(3)]
+    hashes = []
+    for p in prompts:
+        root = roots[rng.integers(3)]
+        keep = rng.integers(0, 11)
+        hs = root[:keep] + [10_000 + int(rng.integers(1 << 30)) + j for j in range(10 - keep)]
+        hashes.append(hs[: -(-int(p) // bt)])
+    sched = dict(BIG, token_budget=budget, kv_capacity_tokens=80)
+    opts = EngineOptions(noise=NoiseSpec(0, 0), log_steps=False, prefix_block_tokens=bt, closed_form=False)
+    pool = Pool(toy_profile(scheduler=sched), PoolLayout.single(1), opts)
+    pool.attach(with_hashes(make_table(arrivals, prompts, outputs), hashes))
+    rep = pool.replicas[0]
+    pa, _ = PrefixArrays.from_caches([None, rep.pcache], [0, rep.cap_blocks])  # replica 1 of two
+    mirror = _mirrored(pa, 1)
+    rep.pcache.__class__ = mirror
+    pool.run_until(1e6)
+    assert pool.completed == n
+    assert all(v > 0 for v in mirror.calls.values())
+    assert pa.pr[1, P_EVICTIONS] > 0 and pa.pr[1, P_HIT] > 0 and int(pa.pr[1, P_QBLK]) == rep.cap_blocks
+    pa.check()
+
+
+def test_lookup_refuses_a_short_out_array():
+    pa = PrefixArrays([4], [1], [4], free=[4])
+    for h in (1, 2):
+        kp.register(pa.pr, pa.ps, pa.ent, pa.tab, 0, h)
+    with pytest.raises(RuntimeError, match="too short"):
+        kp.lookup(pa.pr, pa.ent, pa.tab, 0, arr([1, 2]), np.zeros(1, dtype=np.int64))

@@ -218,6 +218,8 @@ def lookup(pr, ent, tab, r, hashes, out):
         e = find(ent, tab, r, h)
         if e < 0:
             break
+        if n >= out.shape[0]:
+            raise RuntimeError("prefix cache: lookup's out array too short")
         out[n] = e
         n += 1
         if ent[e, E_REF] == 0:
