@@ -26,10 +26,10 @@ def dispatchers() -> dict[str, object]:
     from numba.core.registry import CPUDispatcher
 
     from commitenv.sim import truth
-    from commitenv.sim.kernel import actuate, heap, lifecycle, loop, policies, segment
+    from commitenv.sim.kernel import actuate, cached, heap, lifecycle, loop, policies, prefix, segment
 
     out: dict[str, object] = {}
-    for mod in (heap, segment, lifecycle, actuate, loop, policies, truth):
+    for mod in (heap, prefix, cached, segment, lifecycle, actuate, loop, policies, truth):
         for name, obj in vars(mod).items():
             if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == mod.__name__:
                 out[f"{mod.__name__.rsplit('.', 1)[-1]}.{name}"] = obj
@@ -154,6 +154,7 @@ def warm() -> None:
     ks.take_finished()
     ks.take_log()
     _warm_policies()
+    _warm_prefix()
 
 
 def _warm_policies() -> None:
@@ -180,6 +181,39 @@ def _warm_policies() -> None:
         ks.advance(30.0 * k, False, pool)
         ks.take_finished()
 
+
+def _warm_prefix() -> None:
+    """A pool with prefix caches (the bench hour's requests given shared hash blocks) and a prefix-aware router:
+    imported with its caches, run past hits, evictions and a move, copied, handed back and imported again."""
+    import dataclasses
+
+    import numpy as np
+
+    from commitenv.sim.dispatch import PrefixAffinity
+    from commitenv.sim.kernel.prefix import free_entries, shareable
+
+    pool = _tiny_pool()
+    pool.dispatch = PrefixAffinity()  # (its views ask the caches for hits)
+    table = pool.table
+    n = len(table)
+    blocks = np.minimum(table.prompt_tokens // pool.opt.prefix_block_tokens + 1, 4)
+    offs = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
+    hashes = np.concatenate([np.arange(b) + 100 * (i % 3) for i, b in enumerate(blocks)]).astype(np.int64)
+    pool.attach(dataclasses.replace(table, prefix_offsets=offs, prefix_hashes=hashes))  # (on the kernel, caches too)
+    ks = pool._ks
+    if ks is None or n == 0:
+        raise RuntimeError("compile: the prefix warm-up pool is not on the compiled loop")
+    pool.set_active(0.0, ks.R)
+    pool.run_until(30.0)
+    ks.move(30.0, 0, (int(ks.gpu_of()[0]) + 1) % ks.G, "all", pool)  # (no cold-start check here: types only)
+    pool._sync_kernel()
+    pool.run_until(60.0)
+    ks.copy(log=False).advance(70.0, False, pool)
+    free_entries(ks.pfx[0], ks.pfx[2], ks.pfx[3], 0, np.zeros(ks.pfx[3].shape[0], np.int64))
+    pool._leave_kernel()  # (the caches handed back)
+    pool.use_kernel()  # (and imported again, with entries and a queue)
+    pool.run_until(80.0)
+    shareable(3, 10, 4)
 
 def clean() -> int:
     """Delete the engine's compiled functions from numba's cache (the folder `cache_dir` names). numba checks a

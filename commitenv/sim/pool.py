@@ -54,7 +54,7 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
     """A pool of GPUs serving one or more models with vLLM scheduling semantics.
 
     Once a workload is attached, a pool that `commitenv.sim.kernel` covers (any models, instances per GPU and SM
-    shares, dispatch and local policies, instances moving and loading, requests migrating; no prefix cache) runs its
+    shares, dispatch and local policies, instances moving and loading, requests migrating, prefix caches) runs its
     event loop there;
     the first use of anything the kernel does not hold (replicas, GPUs, the heap, a new step-log hook, a snapshot)
     writes the kernel's state back into these objects and the Python loop below continues, with identical results."""

@@ -9,7 +9,8 @@ everything else (tests/sim/test_engine_kernel.py and test_engine_kernel_shared.p
 results).
 
 The package, by concern: `layout` (the state arrays' columns), `heap` (the event heap and the waiting queues),
-`segment` (scheduling, KV admission, a segment's start and end), `lifecycle` (the idle floor, instances leaving and
+`segment` (scheduling, KV admission, a segment's start and end), `prefix` and `cached` (the prefix cache on arrays
+and the KV blocks through it), `prefix_state` (its import and hand-back), `lifecycle` (the idle floor, instances leaving and
 cold-starting, migration), `actuate` (routing, redistribution, `set_active`, clocks, shares, moves), `loop` (`advance`, `settle`, the meters, compaction), `rows` (coefficients and workload
 rows), `state` (`KernelState`) and `export` (its hand-back to the Python loop). Every name is importable from here.
 """

@@ -36,26 +36,27 @@ def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
 
 @njit(cache=True)
 def _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
-            pred_out):
+            pred_out, pfx):
     """The first part of `Pool._start` for a moving replica: its requests that migrate leave, and left without work it
     leaves its GPU (returns True: nothing to start)."""
     if ri[rep, R_MIGRATE] != MIG_NONE:
         _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
-                     pred_out)
+                     pred_out, pfx)
     if ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
-        _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
+        _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx)
         return True
     return False
 
 
 @njit(cache=True)
 def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
-           hs, hi, hv, plan, on_run):
+           hs, hi, hv, plan, on_run, pfx):
     """`Pool._start` after `_depart`: start ``rep``'s next segment at ``t`` (its local plan, if it has a policy,
     already written by the host), or send a draining replica left without work to standby."""
     if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         return
-    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run):
+    if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run,
+                      pfx):
         ri[rep, R_VER] += 1
         _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
     elif ri[rep, R_STATE] == DRAINING and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
@@ -188,7 +189,7 @@ def _take_unrouted(model, si, wq, qi):
 
 
 @njit(cache=True)
-def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
+def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx):
     """The last part of `Pool._redistribute`: ``model``'s draining replicas left without work go to standby, its
     moving ones leave their GPUs."""
     for x in range(ri.shape[0]):
@@ -197,11 +198,11 @@ def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, h
                 ri[x, R_STATE] = STANDBY
                 _floor_changed(t, ri[x, R_GPU], ri, rf, gi, gf, gh, floor_tab)
             elif ri[x, R_STATE] == MOVING:
-                _detach(t, x, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
+                _detach(t, x, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx)
 
 
 @njit(cache=True)
-def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched):
+def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched, pfx):
     """`Pool._redistribute`: every queued request of ``model`` that has not started, and every unrouted one, is routed
     again in arrival order (by the default router, in one pass, or one by one through the dispatch policy); its
     draining replicas left without work go to standby."""
@@ -219,12 +220,12 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
         else:
             for r in moved:
                 _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
-    _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
+    _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx)
 
 
 @njit(cache=True)
 def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
-           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
+           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx):
     """Start the replicas that received work at ``t`` (`Pool._flush`: the pending list as it stands, in the order
     they received work; those that receive work meanwhile wait for the next flush); a moving one first sends off what
     migrates (`_depart`), and one whose local policy plans its steps has the host write its plan (`host.plan`, called
@@ -239,7 +240,7 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
         if ri[rep, R_SEG] != SEG_NONE:
             continue
         if ri[rep, R_STATE] == MOVING and _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab, sf, si,
-                                                  e_dyn, ht, hk, hs, hi, hv, tvi, live_slots, pred_out):
+                                                  e_dyn, ht, hk, hs, hi, hv, tvi, live_slots, pred_out, pfx):
             continue
         if ri[rep, R_LOCAL] and si[I_PLAN_REP] != rep and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0):
             ints, flts = _task_rows(rep, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out,
@@ -247,13 +248,13 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
             with objmode():
                 _host_plan(rep, t, ints, flts)
         _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
-               hs, hi, hv, plan, on_run)
+               hs, hi, hv, plan, on_run, pfx)
 
 
 @njit(cache=True)
 def _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
             e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
-            vis_dl):
+            vis_dl, pfx):
     """`Placement._loaded`: ``rep``'s cold start is over; it serves (or stands by) once the SMs of its share are free
     beside the GPU's other instances (else it waits, loaded); active, its model's queues are routed again and the
     replicas that received work start."""
@@ -273,9 +274,9 @@ def _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab,
     ri[rep, R_LREADY] = 0
     _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
     if ri[rep, R_STATE] == ACTIVE:
-        _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched)
+        _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched, pfx)
         _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
-               pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl)
+               pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx)
 
 
 @njit(cache=True)
@@ -348,7 +349,7 @@ def _set_share(t, rep, share, coef, ri, rf, coc, si, ht, hk, hs, hi, hv):
 @njit(cache=True)
 def move(t, rep, dest, mode, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf,
          si, e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
-         vis_dl):
+         vis_dl, pfx):
     """`Placement._move` of replica ``rep`` to GPU ``dest`` with migration mode ``mode`` (checked by the host):
     a moving one called back serves on where it is, one loading goes on to its new GPU, any other stops taking requests
     (its queued ones are routed anew), sends off what migrates and leaves once idle. Returns whether it counts as a
@@ -363,17 +364,17 @@ def move(t, rep, dest, mode, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, f
             si[I_NMIG] -= 1
             _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
             _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab,
-                          sched)
+                          sched, pfx)
             _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
                    e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
-                   pred_out, vis_dl)
+                   pred_out, vis_dl, pfx)
         else:
             ri[rep, R_DEST] = dest
             ri[rep, R_MIGRATE] = mode
         return True
     if st == LOADING:  # the load so far is lost
         ri[rep, R_DEST] = dest
-        _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
+        _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx)
         return True
     if st == WAKING:
         ri[rep, R_VER] += 1  # (cancels the wake)
@@ -386,11 +387,11 @@ def move(t, rep, dest, mode, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, f
     if ri[rep, R_SEG] == SEG_NONE:
         if mode != MIG_NONE:
             _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
-                         pred_out)
+                         pred_out, pfx)
     elif mode != MIG_NONE and ri[rep, R_SEG] == SEG_RUN and _cut(rf, ri, rep, t):  # (leaves at the next step end)
         ri[rep, R_VER] += 1
         _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
-    _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched)
+    _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched, pfx)
     _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
-           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl)
+           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx)
     return True

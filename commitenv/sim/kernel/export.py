@@ -83,6 +83,7 @@ class KernelExport:
             gpu.pending_t, gpu.version = float(gf[g, GF_PENDING_T]), int(gi[g, G_VER])
             gpu.floor_w, gpu.t_floor, gpu.e_floor = (float(gf[g, c]) for c in (GF_FLOOR_W, GF_T_FLOOR, GF_E_FLOOR))
             gpu.e_dyn = float(self.e_dyn[g])
+        self._export_prefix(pool, reqs)
         pool.unrouted = [req(i) for i in _unrouted(self.si, self.wq).tolist()]
         pool.transit = {}
         for k in _transit(self.si, self.hk, self.hs, self.hi).tolist():  # (in the order they left)

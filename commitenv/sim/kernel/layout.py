@@ -46,7 +46,12 @@ N_RI = 29
 # model it serves; R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE: its model's scheduler limits (token budget, max sequences,
 # KV block size, whether a full sequence is reserved at admission); R_LOCAL: a local policy plans its steps
 # per-request int64 columns (``qi``)
-Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA, Q_MODEL = range(9)
+(Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA, Q_MODEL, Q_HOFF, Q_NH,
+ Q_PFXN) = range(12)
+N_QI = 12
+# Q_HOFF, Q_NH: where its shareable prefix hash blocks start in the prefix arrays' hash list (``pfx``: `cached`) and how
+# many it has (0: none, or none any more after a migration); Q_PFXN: how many of them its admission and steps have
+# considered (`Req.pfx_next`)
 # per-request float64 columns (``qf``)
 Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
 # per-GPU int64 columns (``gi``; G_NHOST: how many replicas it hosts, listed in ``gh``) and float64 columns (``gf``;

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from numba import njit
 
+from commitenv.sim.kernel.cached import kv_release
 from commitenv.sim.kernel.heap import _cdiv, _push, _wpush_back
+from commitenv.sim.kernel.layout import Q_NH
+from commitenv.sim.kernel.prefix import reset
 from commitenv.sim.kernel.layout import (C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, F_MIG_BYTES, F_MIG_GBS, F_MIG_J,
                                          F_MIG_JPG, F_MIG_SETUP, GF_E_FLOOR, GF_FLOOR_W, GF_POWER, GF_T_FLOOR, G_CLOCK,
                                          G_NHOST, I_COLD, I_MIGRATED, I_NMIG, MIG_LATENCY, Q_BLOCKS, Q_COMPUTED,
@@ -90,7 +93,7 @@ def _start_load(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
+def _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx):
     """`Placement._detach`: take ``rep`` (idle) off its GPU and cold-start it on its destination with a fresh KV
     cache; instances on the GPU it left waiting for its memory begin their loads, and loaded ones waiting for its SMs
     check again at ``t`` (a load event each)."""
@@ -110,6 +113,9 @@ def _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
     gh[dest, gi[dest, G_NHOST]] = rep
     gi[dest, G_NHOST] += 1
     ri[rep, R_FREE] = ri[rep, R_CAP]
+    if pfx[0].shape[0] != 0:  # (a fresh KV cache: an empty prefix cache)
+        pr, ps, nd, ent, tab = pfx[0], pfx[1], pfx[2], pfx[3], pfx[4]
+        reset(pr, ps, nd, ent, tab, rep, ri[rep, R_CAP])
     ri[rep, R_STATE] = LOADING
     ri[rep, R_LREADY] = 0
     ri[rep, R_LWAIT] = 1
@@ -127,7 +133,7 @@ def _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots, pred_out):
+def _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots, pred_out, pfx):
     """`Placement._migrate_out`: ``rep``'s running requests its migration mode moves (all, or with ``latency_aware``
     those whose predicted remaining time exceeds the transfer time) and its started waiting ones leave with their KV
     for the link, each landing (an `EV_LAND` event) after its transfer to be routed anew; the link's energy is booked
@@ -179,8 +185,8 @@ def _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs
     for j in range(nm + len(started)):
         r = moved[j] if j < nm else started[j - nm]
         nbytes = qi[r, Q_COMPUTED] * kvb
-        ri[rep, R_FREE] += qi[r, Q_BLOCKS]  # (`Replica._release`)
-        qi[r, Q_BLOCKS] = 0
+        kv_release(rep, r, ri, qi, pfx)
+        qi[r, Q_NH] = 0  # (its KV arrives as private blocks)
         qi[r, Q_REPLICA] = -1
         if nbytes:
             e = nbytes / 1e9 * jpg

@@ -33,7 +33,7 @@ def _noise_low(ri):
 @njit(cache=True)
 def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
             coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm, plan, on_run, tvi,
-            live_slots, head_deadline, row_deadline, pred_out, vis_dl):
+            live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx):
     """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
     ``stop_captured``, stop at the segment end that finishes the last captured request. Returns `DONE`, or a
     question for the host (`ASK_HEAP`, `ASK_NOISE`, `ASK_LOG`, see `layout`), asked before anything it depends on is
@@ -59,7 +59,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
             _flush(last, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
                    e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
-                   pred_out, vis_dl)
+                   pred_out, vis_dl, pfx)
             continue
         if th == INF and ta == INF:
             break
@@ -89,7 +89,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                     continue
                 _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched,
                         sf, si, e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline,
-                        row_deadline, pred_out, vis_dl)
+                        row_deadline, pred_out, vis_dl, pfx)
                 continue
             if kind == EV_LAND:  # (``rep``: the request)
                 _route(t, rep, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
@@ -100,11 +100,11 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                 ri[rep, R_STATE] = ACTIVE
                 _floor_changed(t, ri[rep, R_GPU], ri, rf, gi, gf, gh, floor_tab)
                 _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab,
-                              sched)
+                              sched, pfx)
                 continue
             if ri[rep, R_VER] != ver:
                 continue
-            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm)
+            _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm, pfx)
             if stop_captured and si[I_CAPLEFT] == 0:
                 sf[F_NOW] = t
                 return DONE
@@ -117,9 +117,9 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
                     si[I_PEND] += 1
             elif not (ri[rep, R_STATE] == MOVING and _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab,
                                                               sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
-                                                              pred_out)):
+                                                              pred_out, pfx)):
                 _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si,
-                       ht, hk, hs, hi, hv, plan, on_run)
+                       ht, hk, hs, hi, hv, plan, on_run, pfx)
         else:
             if ta > t_end:
                 break
@@ -141,7 +141,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
 
 
 @njit(cache=True)
-def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf, lgm):
+def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf, lgm, pfx):
     """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter, and log) the steps
     that ended before, leaving one step in flight (replica ``g`` here, its GPU's meter ``e_dyn[ri[g, R_GPU]]``)."""
     for g in range(ri.shape[0]):
@@ -161,7 +161,7 @@ def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf
         floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
         if sched[S_LOG] and ri[g, R_LOGGED]:
             _log_segment(g, rf[g, R_T0], t_mid, m, de, floor_j, ri, rf, qi, bq, bk, si, lgi, lgf, lgm)
-        _decode(ri, qi, bq, g, m, ri[g, R_BS])
+        _decode(ri, qi, bq, g, m, ri[g, R_BS], pfx)
         rf[g, R_BT0] += rf[g, R_D] * m
         rf[g, R_E0] += rf[g, R_F] * m
         ri[g, R_K] -= m

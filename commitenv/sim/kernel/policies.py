@@ -13,6 +13,8 @@ from commitenv.sim.dispatch import ArrivalView, CandidateView
 from commitenv.sim.kernel.actuate import _flush, _set_clock
 from commitenv.sim.kernel.heap import _waiting
 from commitenv.sim.kernel.host import CURRENT
+from commitenv.sim.kernel.layout import Q_HOFF, Q_NH
+from commitenv.sim.kernel.prefix import hit_count
 from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_N, I_PLAN_REP, Q_COMPUTED, Q_GENERATED, Q_MODEL,
                                          Q_OUT, Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N,
                                          R_SHARE, R_STATE, R_UNF, R_WLEN, S_DISPATCH)
@@ -68,13 +70,16 @@ class KernelPolicies:
         c0 = time.perf_counter()
         pol = pool.dispatch
         pred, dl = self._seen(pool, np.array([r]))
+        nh = int(qi[r, Q_NH])
         req = ArrivalView(int(self.slots(np.array([r]))[0]), t, int(qi[r, Q_PROMPT]), int(pred[0]), float(dl[0]),
-                          model, 0)
+                          model, nh)
+        hashes = self.pfx[5][qi[r, Q_HOFF]: qi[r, Q_HOFF] + nh] if pol.wants_prefix and nh else None
         load = pol.wants_load
         views = tuple(
             CandidateView(int(x), int(ri[x, R_GPU]), int(ri[x, R_UNF]), int(ri[x, R_RUN_N]), int(ri[x, R_WLEN]),
                           int(ri[x, R_FREE]), int(self.cap_blocks[x]), int(self._mhz[self.gi[ri[x, R_GPU], G_CLOCK]]),
-                          float(self.rf[x, R_SHARE]), 0, int(ri[x, R_BS]),
+                          float(self.rf[x, R_SHARE]),
+                          0 if hashes is None else hit_count(self.pfx[3], self.pfx[4], x, hashes), int(ri[x, R_BS]),
                           *(_token_loads(x, ri, qi, self.wq, self.run) if load else (0, 0)))
             for x in cands.tolist())
         pick = pol.choose(req, views)
@@ -140,7 +145,7 @@ class KernelPolicies:
             _flush(t, self.ri, self.rf, self.qi, self.qf, self.wq, self.run, self.bq, self.bk, self.coc, self.gi,
                    self.gf, self.gh, self.floor_tab, self.ftab, self.fetab, self.cell, self.sched, self.sf, self.si,
                    self.e_dyn, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run,
-                   *self._task_args(pool))
+                   *self._task_args(pool), self.pfx)
         finally:
             CURRENT.pop()
 

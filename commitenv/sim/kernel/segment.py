@@ -8,6 +8,9 @@ import math
 import numpy as np
 from numba import njit
 
+from commitenv.sim.kernel.cached import (admit_hit, has_blocks_to_register, kv_register, kv_release, kv_room,  # noqa: F401
+                                         kv_take, prefix_hit)
+
 from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_back, _wpush_front
 from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4,
                                          GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, I_PLAN_N,
@@ -68,8 +71,8 @@ def _cut(rf, ri, rep, t):
 
 @njit(cache=True)
 def _batch_add(ri, qi, bq, bk, rep, nb, r, k, need):
-    """Give ``r`` its ``need`` new KV blocks and a place in the batch with ``k`` tokens; the new batch length."""
-    ri[rep, R_FREE] -= need
+    """Give ``r`` its ``need`` new KV blocks (taken from the free ones by `kv_take`) and a place in the batch with ``k``
+    tokens; the new batch length."""
     qi[r, Q_BLOCKS] += need
     bq[rep, nb] = r
     bk[rep, nb] = k
@@ -77,7 +80,7 @@ def _batch_add(ri, qi, bq, bk, rep, nb, r, k, need):
 
 
 @njit(cache=True)
-def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
+def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full, pfx):
     """vLLM V1: running first (preempting the newest on a KV shortage), then waiting in order when nothing was
     preempted. Fills bq/bk; returns (batch length, preempted)."""
     nb = 0
@@ -95,8 +98,7 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
         while need > ri[rep, R_FREE]:
             ri[rep, R_RUN_N] -= 1
             victim = run[rep, ri[rep, R_RUN_N]]
-            ri[rep, R_FREE] += qi[victim, Q_BLOCKS]
-            qi[victim, Q_BLOCKS] = 0
+            kv_release(rep, victim, ri, qi, pfx)  # (vLLM's recompute preemption)
             qi[victim, Q_COMPUTED] = 0
             qi[victim, Q_PREEMPT] += 1
             _wpush_front(ri, wq, rep, victim)
@@ -106,7 +108,10 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
                 break
         if not scheduled:
             break
+        kv_take(rep, need, ri, pfx)
         nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+        if has_blocks_to_register(r, qi):
+            kv_register(rep, r, qi[r, Q_COMPUTED] + k, qi, pfx)
         budget -= k
         i += 1
     if preempted:
@@ -116,24 +121,41 @@ def _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full):
         r = ri[rep, R_WHEAD]
         if draining and qi[r, Q_STARTED] == 0:
             break  # a draining replica admits no new work (queued ones were moved away)
-        left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
-        k = left if left < budget else budget
-        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
-        if need > ri[rep, R_FREE]:
+        n, cost, k, need = prefix_hit(rep, r, budget, bs, reserve_full, ri, qi, pfx)
+        if n == -1:
             break
-        if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
-            break
+        if n == -2:
+            left = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+            k = left if left < budget else budget
+            need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
+            if need > ri[rep, R_FREE]:
+                break
+            if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
+                break
         _wpop_front(ri, wq, rep)
-        run[rep, ri[rep, R_RUN_N]] = r
-        ri[rep, R_RUN_N] += 1
-        qi[r, Q_STARTED] = 1
-        nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+        nb = _admit(rep, r, n, cost, k, need, nb, ri, qi, run, bq, bk, pfx)
         budget -= k
     return nb, False
 
 
 @njit(cache=True)
-def _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan, on_run):  # noqa: C901
+def _admit(rep, r, n, cost, k, need, nb, ri, qi, run, bq, bk, pfx):
+    """`Replica._admit` of waiting request ``r`` (out of the queue): its prefix hit (``n`` >= 0: the prefix path),
+    its place in the running list and the batch with ``k`` tokens and ``need`` new blocks, the blocks those tokens
+    complete registered. Returns the new batch length."""
+    admit_hit(rep, r, n, cost, ri, qi, pfx)
+    run[rep, ri[rep, R_RUN_N]] = r
+    ri[rep, R_RUN_N] += 1
+    qi[r, Q_STARTED] = 1
+    kv_take(rep, need, ri, pfx)
+    nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+    if n >= 0 and has_blocks_to_register(r, qi):
+        kv_register(rep, r, qi[r, Q_COMPUTED] + k, qi, pfx)
+    return nb
+
+
+@njit(cache=True)
+def _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan, on_run, pfx):  # noqa: C901
     """`Replica.schedule_ordered`: the next step's batch from a local policy's plan (kernel indices, highest priority
     first; ``on_run[p]``: ``plan[p]`` is running, else waiting; checked by the host): each takes ``min(tokens left,
     budget left)`` tokens if its KV blocks (and, waiting, the sequence cap and draining rule) allow, else it is
@@ -147,25 +169,36 @@ def _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan, on_run):  # noqa: C901
         if budget <= 0:
             break
         r = plan[p]
-        k = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
-        if k > budget:
-            k = budget
-        need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
         if on_run[p]:
+            k = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+            if k > budget:
+                k = budget
+            need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
             if need > ri[rep, R_FREE]:
                 continue
-        else:
-            if ri[rep, R_RUN_N] >= ri[rep, R_MAXSEQ] or (draining and qi[r, Q_STARTED] == 0):
-                continue
+            kv_take(rep, need, ri, pfx)
+            nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+            if has_blocks_to_register(r, qi):
+                kv_register(rep, r, qi[r, Q_COMPUTED] + k, qi, pfx)
+            budget -= k
+            continue
+        if ri[rep, R_RUN_N] >= ri[rep, R_MAXSEQ] or (draining and qi[r, Q_STARTED] == 0):
+            continue
+        n, cost, k, need = prefix_hit(rep, r, budget, bs, reserve_full, ri, qi, pfx)
+        if n == -1:
+            continue
+        if n == -2:
+            k = qi[r, Q_PROMPT] + qi[r, Q_GENERATED] - qi[r, Q_COMPUTED]
+            if k > budget:
+                k = budget
+            need = _cdiv(qi[r, Q_COMPUTED] + k, bs) - qi[r, Q_BLOCKS]
             if need > ri[rep, R_FREE]:
                 continue
             if reserve_full and _cdiv(qi[r, Q_PROMPT] + qi[r, Q_GENERATED], bs) - qi[r, Q_BLOCKS] > ri[rep, R_FREE]:
                 continue
-            run[rep, ri[rep, R_RUN_N]] = r
-            ri[rep, R_RUN_N] += 1
-            qi[r, Q_STARTED] = 2  # (admitted now: leaves the waiting queue below, then 1)
-            admitted += 1
-        nb = _batch_add(ri, qi, bq, bk, rep, nb, r, k, need)
+        nb = _admit(rep, r, n, cost, k, need, nb, ri, qi, run, bq, bk, pfx)
+        qi[r, Q_STARTED] = 2  # (admitted now: leaves the waiting queue below, then 1)
+        admitted += 1
         budget -= k
     if admitted:
         n = ri[rep, R_WLEN]
@@ -183,8 +216,8 @@ def _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan, on_run):  # noqa: C901
 
 
 @njit(cache=True)
-def _kv_steps(ri, qi, bq, rep, nb, kmax, bs):
-    cap = ri[rep, R_FREE]
+def _kv_steps(ri, qi, bq, rep, nb, kmax, bs, pfx):
+    cap = kv_room(rep, ri, qi, ri[rep, R_WHEAD], ri[rep, R_WLEN], pfx)
     for j in range(nb):
         cap += qi[bq[rep, j], Q_BLOCKS]
 
@@ -225,7 +258,7 @@ def _decode_flags(qi, members, new):
 
 
 @njit(cache=True)
-def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run):
+def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run, pfx):
     """`Replica.start`: schedule (from the local plan the host wrote for ``rep``, when it fills anything; else the vLLM
     scheduler), then a closed-form decode run (unless the pool runs step by step or a local policy plans the
     replica's steps) or a single step."""
@@ -236,9 +269,9 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
     if si[I_PLAN_REP] == rep:
         si[I_PLAN_REP] = -1
         if si[I_PLAN_N] > 0:
-            nb = _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan[: si[I_PLAN_N]], on_run[: si[I_PLAN_N]])
+            nb = _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan[: si[I_PLAN_N]], on_run[: si[I_PLAN_N]], pfx)
     if nb == 0:
-        nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full)
+        nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full, pfx)
     ri[rep, R_BATCH_N] = nb
     if nb == 0:
         ri[rep, R_SEG] = SEG_NONE
@@ -288,7 +321,7 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
             if x < kmax:
                 kmax = x
         if kmax >= 2:
-            kmax = _kv_steps(ri, qi, bq, rep, nb, kmax, bs)
+            kmax = _kv_steps(ri, qi, bq, rep, nb, kmax, bs, pfx)
         if kmax >= 2:
             ri[rep, R_SEG] = SEG_RUN
             ri[rep, R_K] = kmax
@@ -312,7 +345,7 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
 
 
 @njit(cache=True)
-def _decode(ri, qi, bq, rep, m, bs):
+def _decode(ri, qi, bq, rep, m, bs, pfx):
     """Every member of ``rep``'s decode run adds ``m`` tokens and KV blocks to hold them; returns how many are done."""
     ndone = 0
     for j in range(ri[rep, R_BATCH_N]):
@@ -320,7 +353,7 @@ def _decode(ri, qi, bq, rep, m, bs):
         qi[r, Q_COMPUTED] += m
         qi[r, Q_GENERATED] += m
         nbk = _cdiv(qi[r, Q_COMPUTED], bs)
-        ri[rep, R_FREE] -= nbk - qi[r, Q_BLOCKS]
+        kv_take(rep, nbk - qi[r, Q_BLOCKS], ri, pfx)
         qi[r, Q_BLOCKS] = nbk
         if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
             ndone += 1
@@ -348,7 +381,7 @@ def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, rf, qi, bq, bk, si, 
 
 
 @njit(cache=True)
-def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm):
+def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_out, si, lgi, lgf, lgm, pfx):
     """Book the segment's energy above its floor (and its step log entry), apply its progress, complete finished
     requests."""
     bs = ri[rep, R_BS]
@@ -370,15 +403,18 @@ def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_
                 if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
                     ndone += 1
     elif seg == SEG_RUN:
-        ndone = _decode(ri, qi, bq, rep, ri[rep, R_K], bs)
+        ndone = _decode(ri, qi, bq, rep, ri[rep, R_K], bs, pfx)
+    if ndone:  # (their KV released in the batch's order, as `Replica.finish`)
+        for j in range(ri[rep, R_BATCH_N]):
+            r = bq[rep, j]
+            if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
+                kv_release(rep, r, ri, qi, pfx)
     ri[rep, R_BATCH_N] = 0
     if ndone:
         w = 0
         for i in range(ri[rep, R_RUN_N]):
             r = run[rep, i]
             if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
-                ri[rep, R_FREE] += qi[r, Q_BLOCKS]
-                qi[r, Q_BLOCKS] = 0
                 si[I_LIVE] -= 1
                 si[I_DONE] += 1
                 qf[r, Q_FINISH] = t + qf[r, Q_OVERHEAD]

@@ -13,8 +13,8 @@ from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
                                          GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_POWER, GF_T_FLOOR, G_CLOCK, G_NHOST,
                                          G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS,
-                                         I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_NMIG, I_PLAN_REP, I_SEQ, N_RF, N_RI,
-                                         N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT,
+                                         I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_NMIG, I_PLAN_REP, I_SEQ, N_QI, N_RF, N_RI,
+                                         N_SI, Q_ARRIVAL, Q_HOFF, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT,
                                          Q_REPLICA, REQUEST_ARRAYS, R_AFTER, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_CAP,
                                          R_D, R_DEST, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
                                          R_FREE, R_FT, R_GPU, R_K, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W, R_LOCAL,
@@ -26,6 +26,7 @@ from commitenv.sim.kernel.heap import _upush_back
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.policies import KernelPolicies
+from commitenv.sim.kernel.prefix_state import KernelPrefix
 from commitenv.sim.kernel.reads import KernelReads
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.migration import MIGRATE_MODES
@@ -41,7 +42,7 @@ ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
 LOCAL_ON_KERNEL = True
 
 
-class KernelState(KernelExport, KernelPolicies, KernelReads):
+class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix):
     """The arrays `advance` works on, imported from a `Pool`'s state: its live requests, segments in flight and pending
     events when it has served already (a what-if copy, say), and its workload's rows as the clock nears them.
 
@@ -58,19 +59,21 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         """Whether the kernel can run ``pool`` from its current state: any number of models and instances per GPU
         with any SM shares (profiles with the same clock levels), instances moving and loading, requests migrating or
         unrouted, the truth model, the legacy per-segment noise, a what-if copy's nominal model or no noise, any
-        dispatch and local policies (answered on the host: `KernelPolicies`); no prefix cache."""
+        dispatch and local policies (answered on the host: `KernelPolicies`), prefix caches (on every replica or
+        none)."""
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         noise_ok = pool.noise is pool.truth or (pool.truth is None
                                                 and isinstance(pool.noise, (NominalModel, NoiseSource)))
         levels = {tuple(p.clock_mhz) for p in pool.profiles}
-        return (noise_ok and pool._hashes is None and len(levels) == 1 and not pool._pending
+        return (noise_ok and len(levels) == 1 and not pool._pending
                 and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
                 and all(g.index == x for x, g in enumerate(gpus))
                 and all(r.index == x and r in r.gpu.replicas and r.gpu is gpus[r.gpu.index] for x, r in enumerate(reps))
                 and sum(len(g.replicas) for g in gpus) == len(reps)
-                and all(r.pcache is None and not r.pending_start for r in reps))
+                and all(not r.pending_start for r in reps)
+                and len({r.pcache is None for r in reps}) <= 1)
 
     @classmethod
     def covering(cls, pool) -> "KernelState | None":
@@ -87,7 +90,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         results); without it every request stays, at its index, for the caller to read."""
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
-                             "profiles with the same clock levels, no prefix cache, no replica pending a start)")
+                             "profiles with the same clock levels, no replica pending a start)")
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
@@ -110,7 +113,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         self.taken = 0  # completions handed out by `take_finished`
         self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
         cap = L + 64
-        self.qi = np.zeros((cap, 9), np.int64)
+        self.qi = np.zeros((cap, N_QI), np.int64)
         self.qf = np.zeros((cap, 4))
         self.qc = np.zeros(cap, np.uint8)  # captured (a what-if run reports its finish)
         self.rejected = np.zeros(cap, np.bool_)
@@ -120,11 +123,12 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         index = {}
         for k, r in enumerate(live):
             index[id(r)] = k
-            self.qi[k] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions, r.replica,
-                          r.model)
+            self.qi[k, :Q_HOFF] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions,
+                                   r.replica, r.model)  # (the prefix columns: `_import_prefix`)
             self.qf[k] = (r.arrival, r.first_t, np.nan,
                           oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
             self.qc[k] = r.captured
+        self._import_prefix(pool, live)
         prof = pool.profiles[0]
         self.profiles = pool.profiles
         self.clock_mhz = tuple(prof.clock_mhz)  # (every profile's: `covers`)
@@ -286,6 +290,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         self.qc[a:b] = 0
         self.rejected[a:b] = src.rejected[lo:hi]
         self.wq[a:b] = -1
+        self._prefix_rows(lo, hi, a, b)
         self.row_end = hi
         self.si[I_N] = b
 
@@ -300,7 +305,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         if need <= cap:
             return
         new = max(2 * cap, need)
-        self.qi = np.concatenate([self.qi, np.zeros((new - cap, 9), np.int64)])
+        self.qi = np.concatenate([self.qi, np.zeros((new - cap, N_QI), np.int64)])
         self.qf = np.concatenate([self.qf, np.zeros((new - cap, 4))])
         self.qc = np.concatenate([self.qc, np.zeros(new - cap, np.uint8)])
         self.rejected = np.concatenate([self.rejected, np.zeros(new - cap, np.bool_)])
@@ -410,7 +415,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
                        self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
                        self.hi, self.hv, self.coc, self.gi, self.gf, self.gh, self.floor_tab, self.ftab, self.fetab,
                        self.cell, self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm, self.plan,
-                       self.on_run, *self._task_args(pool))
+                       self.on_run, *self._task_args(pool), self.pfx)
 
     def advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
         """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
@@ -452,7 +457,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         CURRENT.append((self, pool))
         try:
             _redistribute(t, model, self.ri, self.rf, self.qi, self.wq, self.si, self.pend, self.ht, self.hk, self.hs,
-                          self.hi, self.hv, self.gi, self.gf, self.gh, self.floor_tab, self.sched)
+                          self.hi, self.hv, self.gi, self.gf, self.gh, self.floor_tab, self.sched, self.pfx)
         finally:
             CURRENT.pop()
         self._flush_all(pool, t)
@@ -470,7 +475,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
                              self.wq, self.run, self.bq, self.bk, self.coc, self.gi, self.gf, self.gh, self.floor_tab,
                              self.ftab, self.fetab, self.cell, self.sched, self.sf, self.si, self.e_dyn, self.pend,
                              self.ht, self.hk, self.hs, self.hi, self.hv, self.plan, self.on_run,
-                             *self._task_args(pool)))
+                             *self._task_args(pool), self.pfx))
         finally:
             CURRENT.pop()
 
@@ -517,6 +522,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
         else:  # (empty arrays, the recording off)
             c.lgi, c.lgf, c.lgm = np.zeros((0, 5), np.int64), np.zeros((0, 5)), np.zeros((0, 4), np.int64)
             c.stop_logging()
+        self._copy_prefix(c)
         return c
 
     @property
@@ -532,5 +538,5 @@ class KernelState(KernelExport, KernelPolicies, KernelReads):
     def settle(self, t: float) -> None:
         self._room(self.R)
         settle(t, self.ri, self.rf, self.qi, self.bk, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk,
-               self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm)  # (room for R entries: drained after each call)
+               self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm, self.pfx)  # (room for R entries: drained after each call)
         self._drain_log()

@@ -1,0 +1,91 @@
+"""A `KernelState`'s prefix caches (mixed into it): the ``pfx`` tuple `commitenv.sim.kernel.cached` works on, built from
+a pool's `PrefixCache` objects and its requests' hash blocks and prefix lists, the workload rows' hash blocks as they
+are loaded, and the hand-back into those objects."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commitenv.sim.kernel.layout import Q_HOFF, Q_NH, Q_PFXN, Q_PROMPT
+from commitenv.sim.kernel.prefix import N_ENT, N_ND, N_PR, N_PS, PrefixArrays
+
+_I64 = np.int64
+
+
+def _no_cache() -> tuple:
+    """``pfx`` of a pool without a prefix cache (no replica rows: the blocks are plain counts)."""
+    return (np.zeros((0, N_PR), _I64), np.zeros(N_PS, _I64), np.zeros((1, N_ND), _I64), np.zeros((1, N_ENT), _I64),
+            np.full(2, -1, _I64), np.zeros(0, _I64), np.zeros(0, _I64), np.zeros(1, _I64))
+
+
+class KernelPrefix:
+    """`KernelState`'s prefix caches: ``self.pfx`` (always set; no replica rows without a cache), ``self._pa`` (the
+    `PrefixArrays`, or None), the table's hash blocks (``_row_hoff``, ``_hh0``: where they start in ``hh``)."""
+
+    def _import_prefix(self, pool, live: list) -> None:
+        """The caches of ``pool``'s replicas and the hash blocks of its live requests (``live``, at their indices) and
+        of its workload rows (when it has them)."""
+        caches = [rep.pcache for rep in pool._replicas]
+        self._pa = None
+        self._row_hoff = None
+        if all(c is None for c in caches):
+            self.pfx = _no_cache()
+            return
+        if any(c is None for c in caches):
+            raise ValueError("kernel: some replicas have a prefix cache and some do not")
+        pa, ids = PrefixArrays.from_caches(caches, [rep.cap_blocks for rep in pool._replicas])
+        head: list[int] = []
+        pe_head: list[int] = []
+        for k, r in enumerate(live):
+            hashes = tuple(r.hashes)
+            self.qi[k, Q_HOFF], self.qi[k, Q_NH], self.qi[k, Q_PFXN] = len(head), len(hashes), r.pfx_next
+            pos = {h: j for j, h in enumerate(hashes)}
+            ent = [-1] * len(hashes)
+            for e in r.prefix:  # (entries of the replica holding it)
+                ent[pos[e.h]] = ids[r.replica][e.h]
+            head.extend(hashes)
+            pe_head.extend(ent)
+        self._hh0 = len(head)
+        longest = max([1] + [len(r.hashes) for r in live])
+        rows = np.zeros(0, _I64)
+        if pool._hashes is not None:
+            rows = np.asarray(pool._hashes, _I64)
+            self._row_hoff = np.asarray(pool._hoff, _I64)
+            self._bt = int(pool.opt.prefix_block_tokens)
+            longest = max(longest, int(np.diff(self._row_hoff).max(initial=0)))
+        hh = np.concatenate([np.asarray(head, _I64), rows])
+        pe = np.concatenate([np.asarray(pe_head, _I64), np.full(len(rows), -1, _I64)])
+        self._pa = pa
+        self.pfx = (pa.pr, pa.ps, pa.nd, pa.ent, pa.tab, hh, pe, np.zeros(longest, _I64))
+
+    def _prefix_rows(self, lo: int, hi: int, a: int, b: int) -> None:
+        """The hash blocks of workload rows ``lo:hi`` (at indices ``a:b``): where they start and how many are
+        shareable (`PrefixCache.shareable`, as `Pool._arrive` takes them)."""
+        if self._row_hoff is None:
+            return
+        off = self._row_hoff
+        self.qi[a:b, Q_HOFF] = self._hh0 + off[lo:hi]
+        self.qi[a:b, Q_NH] = np.maximum(np.minimum(off[lo + 1: hi + 1] - off[lo:hi],
+                                                   (self.qi[a:b, Q_PROMPT] - 1) // self._bt), 0)
+
+    def _export_prefix(self, pool, reqs: dict) -> None:
+        """The caches back into the replicas' `PrefixCache` objects; each live request's (``reqs``: index -> `Req`)
+        hash blocks, prefix list and ``pfx_next``."""
+        if self._pa is None:
+            return
+        _, maps = self._pa.export([rep.pcache for rep in pool._replicas])
+        hh, pe = self.pfx[5], self.pfx[6]
+        for k, r in reqs.items():
+            base, nh = int(self.qi[k, Q_HOFF]), int(self.qi[k, Q_NH])
+            r.hashes = tuple(hh[base: base + nh].tolist())
+            r.pfx_next = int(self.qi[k, Q_PFXN])
+            ids = pe[base: base + r.pfx_next].tolist() if nh else []
+            r.prefix = [maps[r.replica][e] for e in ids if e >= 0]
+
+    def _copy_prefix(self, c) -> None:
+        """Give the copy ``c`` its own caches and prefix lists (the hash blocks are read only, shared)."""
+        if self._pa is None:
+            return
+        c._pa = self._pa.copy()
+        pr, ps, nd, ent, tab, hh, pe, hout = self.pfx
+        c.pfx = (c._pa.pr, c._pa.ps, c._pa.nd, c._pa.ent, c._pa.tab, hh, pe.copy(), hout.copy())
