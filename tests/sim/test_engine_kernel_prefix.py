@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from helpers.prefix import tree_hashes, with_hashes
 from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, kernel
@@ -36,18 +37,8 @@ def _workload(seed: int, n: int, bt: int):
     arrivals = np.sort(rng.uniform(0, 12.0, n))
     prompts = rng.integers(1, 80, n)
     outputs = rng.integers(1, 40, n)
-    roots = [[100 * k + j for j in range(20)] for k in range(3)]
-    hashes = []
-    for p in prompts:
-        root = roots[rng.integers(3)]
-        keep = int(rng.integers(0, 21))
-        hs = root[:keep] + [10_000 + int(rng.integers(1 << 30)) + j for j in range(20 - keep)]
-        hashes.append(hs[: -(-int(p) // bt)])
-    table = make_table(arrivals, prompts, outputs)
-    offs = np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64)
-    flat = np.asarray([x for h in hashes for x in h], dtype=np.int64)
-    return dataclasses.replace(table, prefix_offsets=offs, prefix_hashes=flat,
-                               tenant=rng.integers(0, 2, n).astype(np.int32), tenant_names=("a", "b"))
+    table = with_hashes(make_table(arrivals, prompts, outputs), tree_hashes(rng, prompts, bt, depth=20))
+    return dataclasses.replace(table, tenant=rng.integers(0, 2, n).astype(np.int32), tenant_names=("a", "b"))
 
 
 def _run(monkeypatch, on_kernel: bool, seed: int, mode: str, hand_back: bool = False) -> dict:

@@ -5,25 +5,19 @@ and invariants on random workloads with preemption."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
 
+from helpers.prefix import SMALL_SCHED, tree_hashes, with_hashes
 from helpers.profiles import attn_toy_profile, toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.loaders import load_mooncake_jsonl
 from commitenv.workload.table import WorkloadError, make_table
 
-BIG = dict(token_budget=32, max_seqs=4, context_limit=64, block_size=4, kv_capacity_tokens=64)
-
-
-def with_hashes(table, hashes):
-    offs = np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64)
-    flat = np.asarray([x for h in hashes for x in h], dtype=np.int64)
-    return dataclasses.replace(table, prefix_offsets=offs, prefix_hashes=flat)
+BIG = SMALL_SCHED
 
 
 def serve(arrivals, prompts, outputs, hashes, *, bt=4, caching=True, sched=BIG, closed_form=True, t_end=100.0,
@@ -159,13 +153,7 @@ def test_random_prefix_trees_keep_kv_invariants_and_match_step_by_step(seed, bt,
     arrivals = np.sort(rng.uniform(0, 1.0, n))
     prompts = rng.integers(1, 40, n)
     outputs = rng.integers(1, 12, n)
-    roots = [[100 * k + j for j in range(10)] for k in range(3)]  # three prefix trees, ids name prefixes
-    hashes = []
-    for p in prompts:
-        root = roots[rng.integers(3)]
-        keep = rng.integers(0, 11)
-        hs = root[:keep] + [10_000 + int(rng.integers(1 << 30)) + j for j in range(10 - keep)]
-        hashes.append(hs[: -(-int(p) // bt)])
+    hashes = tree_hashes(rng, prompts, bt)  # three prefix trees, ids name prefixes
     sched = dict(BIG, token_budget=budget, kv_capacity_tokens=80)
     runs = []
     for cf in (True, False):

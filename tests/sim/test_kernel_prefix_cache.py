@@ -475,20 +475,15 @@ def test_a_served_workload_replayed_on_the_arrays(bt, budget, seed):
     from helpers.profiles import toy_profile
     from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
     from commitenv.workload.table import make_table
-    from sim.test_engine_prefix_cache import BIG, with_hashes
+    from helpers.prefix import SMALL_SCHED as BIG
+    from helpers.prefix import tree_hashes, with_hashes
 
     rng = np.random.default_rng(100 * seed + bt)
     n = 120
     arrivals = np.sort(rng.uniform(0, 1.0, n))
     prompts = rng.integers(1, 40, n)
     outputs = rng.integers(1, 12, n)
-    roots = [[100 * k + j for j in range(10)] for k in range(3)]
-    hashes = []
-    for p in prompts:
-        root = roots[rng.integers(3)]
-        keep = rng.integers(0, 11)
-        hs = root[:keep] + [10_000 + int(rng.integers(1 << 30)) + j for j in range(10 - keep)]
-        hashes.append(hs[: -(-int(p) // bt)])
+    hashes = tree_hashes(rng, prompts, bt)
     sched = dict(BIG, token_budget=budget, kv_capacity_tokens=80)
     opts = EngineOptions(noise=NoiseSpec(0, 0), log_steps=False, prefix_block_tokens=bt, closed_form=False)
     pool = Pool(toy_profile(scheduler=sched), PoolLayout.single(1), opts)
