@@ -276,10 +276,7 @@ def check_shared_action(env: Any, action: Any) -> SharedConfig:
                 raise ValueError(f"action['gpu_request'][{r}]: expected 0 (stay) or 1..{n_gpus} (GPU index + 1), "
                                  f"got {q}")
         need = mins if weights is not None else exact if exact is not None else env.shared_cfg.shares
-        mem = getattr(env, "_mem_shares", None)
-        if mem is None or len(mem) != n:
-            mem = memory_shares(env.pool)
-        gpus = placement_from_request(request, current, n_gpus, mem, need, movable)
+        gpus = placement_from_request(request, current, n_gpus, memory_shares(env.pool), need, movable)
     shares = list(env.shared_cfg.shares)
     if exact is not None:
         shares = exact

@@ -76,7 +76,7 @@ from commitenv.attribution.hardware import HardwareAttributor
 from commitenv.attribution.online import PeriodSplit, PoolAttributor
 from commitenv.metrics import arrival_hours, slo_outcome
 from commitenv.planning import quantize
-from commitenv.envs.actions import check_action, check_shared_action, memory_shares, shared_action_space
+from commitenv.envs.actions import check_action, check_shared_action, shared_action_space
 from commitenv.envs.meters import ControllerMeter
 from commitenv.envs.observation import OBS_FEATURES, OBS_HIGH, OBS_LOW, observe  # noqa: F401  (OBS_FEATURES: re-exported)
 from commitenv.scenarios import (commitments_mj, engine_options, load_scenario, scenario_layout, scenario_profiles,
@@ -198,9 +198,6 @@ class CommitServeEnv(gym.Env):
             self.close()
             pool = self.backend(self.profile, self.n_replicas, engine_options(sc, self.run_seed),
                                 self.clocks_mhz[self._init_clock])
-        # each instance's memory share, which a shared action's GPU requests must fit (read before the workload is
-        # attached, while the pool is not yet on the compiled loop)
-        self._mem_shares = memory_shares(pool) if self.shared else None
         if self._init_active != self.n_replicas:
             pool.set_active(0.0, self._init_active)
         tenant_model = scenario_tenant_model(sc, table)

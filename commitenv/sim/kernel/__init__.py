@@ -26,9 +26,9 @@ from commitenv.sim.kernel.heap import (_cdiv, _left, _less, _live, _pop, _push, 
 from commitenv.sim.kernel.segment import (_batch_add, _cut, _decode, _decode_flags, _finish_segment,  # noqa: F401
                                           _is_decode, _kv_steps, _log_segment, _run_energy,
                                           _run_steps_done_by, _run_time, _schedule, _start_segment)
-from commitenv.sim.kernel.actuate import (_floor_changed, _floor_power, _flush, _poke, _redistribute, _route,  # noqa: F401
-                                          _route_in_order, _set_clock, _set_floor, _set_share, _sift_down, _start,
-                                          set_active)
+from commitenv.sim.kernel.lifecycle import _floor_changed, _floor_power, _set_floor  # noqa: F401
+from commitenv.sim.kernel.actuate import (_flush, _poke, _redistribute, _route, _route_in_order, _set_clock,  # noqa: F401
+                                          _set_share, _sift_down, _start, set_active)
 from commitenv.sim.kernel.loop import (_compact_core, _energy_until, _floor_until, _noise_low, advance,  # noqa: F401
                                        in_flight, meter, settle)
 from commitenv.sim.kernel.rows import _COEFFS, _Rows, _clock_coefficients  # noqa: F401

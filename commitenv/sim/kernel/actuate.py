@@ -10,13 +10,11 @@ from numba import njit, objmode
 from commitenv.sim.kernel.heap import _push, _task_rows, _upush_back, _wpush_back
 from commitenv.sim.kernel.host import dispatch as _host_dispatch
 from commitenv.sim.kernel.host import plan as _host_plan
-from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_T_FLOOR, G_CLOCK,
-                                         G_NHOST, G_PENDING, G_VER, I_NMIG, I_PEND, I_PLAN_REP, I_UHEAD, I_ULEN,
-                                         MIG_NONE, Q_MODEL, Q_REPLICA, Q_STARTED, R_AFTER, R_DEST, R_FLOOR_ACC,
-                                         R_FLOOR_T, R_FLOOR_W, R_GPU, R_LOCAL, R_LREADY, R_MIGRATE, R_MODEL, R_PENDING,
-                                         R_RUN_N, R_SEG, R_SHARE, R_STATE, R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN,
-                                         S_DISPATCH)
-from commitenv.sim.kernel.lifecycle import _detach, _floor_changed, _floor_power, _migrate_out, _set_floor  # noqa: F401
+from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_PENDING_T, G_CLOCK, G_NHOST, G_PENDING, G_VER, I_NMIG, I_PEND,
+                                         I_PLAN_REP, I_UHEAD, I_ULEN, MIG_NONE, Q_MODEL, Q_REPLICA, Q_STARTED, R_AFTER,
+                                         R_DEST, R_GPU, R_LOCAL, R_LREADY, R_MIGRATE, R_MODEL, R_PENDING, R_RUN_N,
+                                         R_SEG, R_SHARE, R_STATE, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, S_DISPATCH)
+from commitenv.sim.kernel.lifecycle import _detach, _floor_changed, _migrate_out
 from commitenv.sim.kernel.segment import _cut, _start_segment
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, SEG_RUN,
                                   STANDBY, WAKING)
@@ -233,9 +231,8 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
     n = si[I_PEND]
     if n == 0:
         return
-    todo = pend[:n].copy()
-    si[I_PEND] = 0
-    for rep in todo:
+    for i in range(n):  # (a replica that received work meanwhile is appended after pend[n - 1]: it stays pending)
+        rep = pend[i]
         ri[rep, R_PENDING] = 0
         if ri[rep, R_SEG] != SEG_NONE:
             continue
@@ -249,6 +246,10 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
                 _host_plan(rep, t, ints, flts)
         _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
                hs, hi, hv, plan, on_run, pfx)
+    k = si[I_PEND] - n
+    if k:
+        pend[:k] = pend[n: n + k].copy()
+    si[I_PEND] = k
 
 
 @njit(cache=True)

@@ -14,7 +14,8 @@ from numba import njit
 
 from commitenv.sim.kernel.heap import _cdiv
 from commitenv.sim.kernel.layout import Q_BLOCKS, Q_COMPUTED, Q_GENERATED, Q_HOFF, Q_NH, Q_PFXN, Q_PROMPT, R_FREE
-from commitenv.sim.kernel.prefix import P_BT, P_EVICT, P_PE, acquire, give, head_free, lookup, register, release, take
+from commitenv.sim.kernel.prefix import (P_BT, P_EVICT, P_PE, acquire, give, head_free, lookup, register, release,
+                                         reset, take)
 
 
 @njit(cache=True)
@@ -121,3 +122,12 @@ def kv_room(rep, ri, qi, wq_head, wlen, pfx):
     if pr.shape[0] != 0 and pr[rep, P_EVICT] and wlen > 0 and qi[wq_head, Q_NH] > 0:
         return head_free(pr, nd, rep)
     return ri[rep, R_FREE]
+
+
+@njit(cache=True)
+def kv_reset(rep, free_blocks, pfx):
+    """A fresh KV cache for replica ``rep`` (an instance loading on another GPU): its prefix cache emptied, with
+    ``free_blocks`` free."""
+    pr, ps, nd, ent, tab, hh, pe, hout = pfx
+    if pr.shape[0] != 0:
+        reset(pr, ps, nd, ent, tab, rep, free_blocks)

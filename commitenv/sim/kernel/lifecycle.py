@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from numba import njit
 
-from commitenv.sim.kernel.cached import kv_release
+from commitenv.sim.kernel.cached import kv_release, kv_reset
 from commitenv.sim.kernel.heap import _cdiv, _push, _wpush_back
-from commitenv.sim.kernel.layout import Q_NH
-from commitenv.sim.kernel.prefix import reset
 from commitenv.sim.kernel.layout import (C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4, F_MIG_BYTES, F_MIG_GBS, F_MIG_J,
                                          F_MIG_JPG, F_MIG_SETUP, GF_E_FLOOR, GF_FLOOR_W, GF_POWER, GF_T_FLOOR, G_CLOCK,
-                                         G_NHOST, I_COLD, I_MIGRATED, I_NMIG, MIG_LATENCY, Q_BLOCKS, Q_COMPUTED,
-                                         Q_GENERATED, Q_OUT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BUDGET, R_CAP, R_DEST,
+                                         G_NHOST, I_COLD, I_MIGRATED, I_NMIG, MIG_LATENCY, Q_COMPUTED, Q_GENERATED,
+                                         Q_NH, Q_OUT, Q_PROMPT, Q_REPLICA, Q_STARTED, R_BUDGET, R_CAP, R_DEST,
                                          R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_GPU, R_KVB, R_LOAD_S, R_LOAD_T,
                                          R_LOAD_W, R_LREADY, R_LWAIT, R_MEM, R_MIGRATE, R_RUN_N, R_SEG, R_STATE, R_T0,
                                          R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN)
@@ -113,9 +111,7 @@ def _detach(t, rep, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx):
     gh[dest, gi[dest, G_NHOST]] = rep
     gi[dest, G_NHOST] += 1
     ri[rep, R_FREE] = ri[rep, R_CAP]
-    if pfx[0].shape[0] != 0:  # (a fresh KV cache: an empty prefix cache)
-        pr, ps, nd, ent, tab = pfx[0], pfx[1], pfx[2], pfx[3], pfx[4]
-        reset(pr, ps, nd, ent, tab, rep, ri[rep, R_CAP])
+    kv_reset(rep, ri[rep, R_CAP], pfx)
     ri[rep, R_STATE] = LOADING
     ri[rep, R_LREADY] = 0
     ri[rep, R_LWAIT] = 1

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from commitenv.sim.kernel.actuate import (_depart, _floor_changed, _floor_power, _flush, _loaded, _redistribute, _route,
-                                          _set_floor, _start)
+from commitenv.sim.kernel.actuate import _depart, _flush, _loaded, _redistribute, _route, _start
 from commitenv.sim.kernel.heap import _live, _pop, _push, _upush_back, _wpush_back
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, DONE, F_LAST, F_NOW, GF_E_FLOOR, GF_FLOOR_W,
                                          GF_T_FLOOR, G_CLOCK, G_NHOST, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT,
@@ -16,6 +15,7 @@ from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, DONE, F_L
                                          R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FT, R_GPU, R_K,
                                          R_LOCAL, R_LOGGED, R_MODEL, R_NEND, R_NPOS, R_PENDING, R_RUN_N, R_SEG, R_STATE,
                                          R_T0, R_T1, R_VER, R_WHEAD, R_WLEN, S_LOG, S_MAX_SEQS, S_NOISE)
+from commitenv.sim.kernel.lifecycle import _floor_changed, _floor_power, _set_floor
 from commitenv.sim.kernel.segment import (_cut, _decode, _finish_segment, _log_segment, _run_energy, _run_steps_done_by,
                                           _run_time)
 from commitenv.sim.states import (ACTIVE, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, SEG_RUN,

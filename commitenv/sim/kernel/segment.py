@@ -8,7 +8,7 @@ import math
 import numpy as np
 from numba import njit
 
-from commitenv.sim.kernel.cached import (admit_hit, has_blocks_to_register, kv_register, kv_release, kv_room,  # noqa: F401
+from commitenv.sim.kernel.cached import (admit_hit, has_blocks_to_register, kv_register, kv_release, kv_room,
                                          kv_take, prefix_hit)
 
 from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_back, _wpush_front
@@ -20,8 +20,8 @@ from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, 
                                          Q_PROMPT, Q_REPLICA, Q_STARTED, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_D, R_E0,
                                          R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_GPU,
                                          R_K, R_LOCAL, R_LOGGED, R_MAXSEQ, R_NEND, R_NPOS, R_RESERVE, R_RUN_N, R_SCLK,
-                                         R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, R_WTAIL,
-                                         S_CELL0, S_CLOSED, S_LOG, S_NOISE)
+                                         R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1, R_UNF, R_WHEAD, R_WLEN, S_CELL0,
+                                         S_CLOSED, S_LOG, S_NOISE)
 from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
 
 

@@ -13,14 +13,14 @@ from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
                                          GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_POWER, GF_T_FLOOR, G_CLOCK, G_NHOST,
                                          G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS,
-                                         I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_NMIG, I_PLAN_REP, I_SEQ, N_QI, N_RF, N_RI,
-                                         N_SI, Q_ARRIVAL, Q_HOFF, Q_FINISH, Q_FIRST, Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT,
-                                         Q_REPLICA, REQUEST_ARRAYS, R_AFTER, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_CAP,
-                                         R_D, R_DEST, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
-                                         R_FREE, R_FT, R_GPU, R_K, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W, R_LOCAL,
-                                         R_LOGGED, R_LREADY, R_LWAIT, R_MAXSEQ, R_MEM, R_MIGRATE, R_MODEL, R_NEND,
-                                         R_NPOS, R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0,
-                                         R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_DISPATCH, S_LOG,
+                                         I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_NMIG, I_PLAN_REP, I_SEQ, N_QI, N_RF,
+                                         N_RI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_HOFF, Q_MODEL, Q_OUT, Q_OVERHEAD,
+                                         Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_AFTER, R_BATCH_N, R_BS, R_BT0, R_BUDGET,
+                                         R_CAP, R_D, R_DEST, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T,
+                                         R_FLOOR_W, R_FREE, R_FT, R_GPU, R_K, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W,
+                                         R_LOCAL, R_LOGGED, R_LREADY, R_LWAIT, R_MAXSEQ, R_MEM, R_MIGRATE, R_MODEL,
+                                         R_NEND, R_NPOS, R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE,
+                                         R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_DISPATCH, S_LOG,
                                          S_NOISE)
 from commitenv.sim.kernel.heap import _upush_back
 from commitenv.sim.kernel.host import CURRENT
@@ -31,8 +31,7 @@ from commitenv.sim.kernel.reads import KernelReads
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_SEG, EV_WAKE, MOVING, SEG_NONE, SEG_RUN,
-                                  SEG_STEP, STANDBY, WAKING)
+from commitenv.sim.states import EV_LAND, MOVING, SEG_NONE, SEG_RUN, SEG_STEP
 
 # pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
 # (`commitenv.sim.kernel.ENABLED` reads and sets this flag)
