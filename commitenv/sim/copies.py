@@ -4,12 +4,14 @@ or a hand-back from the kernel makes (`copy_devices`), captured requests and rep
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Self
 
 import numpy as np
 
 from commitenv.sim.gpu import GPU
+from commitenv.sim.kernel.layout import G_CLOCK, R_CAP, R_GPU, R_MEM, R_MODEL, R_SHARE
+from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.replica import Replica
 from commitenv.sim.request import Req
 from commitenv.sim.states import ACTIVE, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, WAKING
@@ -18,6 +20,14 @@ from commitenv.sim.truth import NominalModel
 from commitenv.workload.table import RequestTable
 
 REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival in a what-if copy: base + i
+
+
+def _kernel_on() -> bool:
+    """Whether the compiled loop is switched on (`commitenv.sim.kernel.ENABLED`): off, copies are made as the Python loop
+    makes them."""
+    from commitenv.sim.kernel import state
+
+    return state.ENABLED
 
 
 def copy_devices(gpus: list[GPU], replicas: list[Replica], c: "Copies", cr) -> dict[int, Replica]:
@@ -49,6 +59,16 @@ def copy_devices(gpus: list[GPU], replicas: list[Replica], c: "Copies", cr) -> d
     return rmap
 
 
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What a what-if copy made on the kernel needs to build its device objects (`Copies.build_devices`): the model
+    whose profile sets each GPU's idle floor, each replica's local policy, the copy's power factor."""
+
+    gpu_model: tuple[int, ...]
+    local: tuple
+    energy_factor: float
+
+
 class Copies:
     """`Pool`'s copies and what-if replay (mixed into `Pool`)."""
 
@@ -60,6 +80,7 @@ class Copies:
         step in flight runs at nominal speed and power, and the GPUs draw the profile's idle power. With
         ``own_profiles`` (a controller's snapshot) the copy gets deep copies of the profiles, so nothing written
         into them can reach the truth or the process-wide profile cache."""
+        ks = self._ks
         c = type(self).__new__(type(self))
         c.profiles = [p.model_copy(deep=True) for p in self.profiles] if own_profiles else list(self.profiles)
         c.layout, c.n_models = self.layout, self.n_models
@@ -78,6 +99,9 @@ class Copies:
         c.done_slots = None
         c.log = None
         c.on_step = None
+        if ks is not None and ks.can_clone() and _kernel_on():
+            self._clone_on_kernel(c, ks, hide_lengths, nominal)
+            return c
         c.gpus, c.replicas = [], []
         for g in self.gpus:
             ng = GPU(g.index, g.clock_idx, c.profiles[self.profiles.index(g.profile)])
@@ -140,19 +164,68 @@ class Copies:
         c.captured_left, c.captured_finish = 0, {}
         return c
 
-    def capture_all(self) -> list[Req]:
-        """Mark every live request as captured (what-if runs report their completion times)."""
+    def _clone_on_kernel(self, c: Self, ks, hide_lengths: bool, nominal: bool) -> None:
+        """`clone`'s state made from the kernel's arrays (`KernelState.whatif_copy`): the copy runs on the compiled loop
+        from the start and shares no object with this pool; its replica and GPU objects are built from its arrays only
+        if it ever hands back to the Python loop (`build_devices`)."""
+        ef = c.noise.energy_factor if isinstance(c.noise, NominalModel) else 1.0
+        hide = (self.pred_out, self.visible_deadline, self._n_results) if hide_lengths and self._n_results else None
+        c._ks = ks.whatif_copy(hide=hide, nominal=nominal, energy_factor=ef, profiles=c.profiles)
+        own = self.__dict__.get("_devices_shared")
+        if isinstance(own, DeviceSpec):  # (a copy of a copy made on the kernel, which has no device objects)
+            gpu_model, local = own.gpu_model, own.local
+        else:
+            gpu_model = tuple(next(m for m, p in enumerate(self.profiles) if p is g.profile) for g in self._gpus)
+            local = tuple(r.local for r in self._replicas)
+        c._devices_shared = DeviceSpec(gpu_model, local, ef)
+        c.routable = [[] for _ in range(c.n_models)]
+        c.unrouted, c.transit = [], {}
+        c.moves, c.cold_starts, c.migrated = 0, 0, 0
+        c.migration_bytes = c.migration_j = 0.0
+        c._pending = []
+        c._arr, c._cursor, c._n = [], 0, 0
+        c._hashes = None
+        c.table = None
+        c.pred_out = None
+        c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
+        c.local_s, c.local_calls = 0.0, 0
+        c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
+        c.captured_left, c.captured_finish = 0, {}
+        c.sync_from_kernel(c._ks)  # (clock and counters)
+
+    def build_devices(self, ks, spec: "DeviceSpec") -> None:
+        """A what-if copy made on the kernel, handing back: its GPU and replica objects, new, as `clone` makes them
+        (the hand-back writes their state)."""
+        gpus = [GPU(g, int(ks.gi[g, G_CLOCK]), self.profiles[m]) for g, m in enumerate(spec.gpu_model)]
+        reps = []
+        for x in range(ks.R):
+            model = int(ks.ri[x, R_MODEL])
+            rep = Replica(x, gpus[int(ks.ri[x, R_GPU])], self.profiles[model], model, float(ks.rf[x, R_SHARE]))
+            rep.cap_blocks, rep.mem_share, rep.local = int(ks.ri[x, R_CAP]), float(ks.rf[x, R_MEM]), spec.local[x]
+            if ks._pa is not None:  # (filled by the hand-back)
+                rep.pcache = PrefixCache.__new__(PrefixCache)
+                rep.pcache.entries = {}
+            reps.append(rep)
+        for g in gpus:
+            g.power_factor = spec.energy_factor
+        self._gpus, self._replicas = gpus, reps
+
+    def capture_all(self, *, arrivals: bool = False) -> None:
+        """Mark every live request as captured (what-if runs report their completion times); with ``arrivals`` the
+        requests arriving from now on too."""
+        self.captured_finish = {}
+        self._capture_arrivals = arrivals
+        if self._ks is not None:
+            self._ks.capture_live(arrivals)
+            self.captured_left = self._ks.captured_left
+            return
         reqs = self.live_requests()
         for r in reqs:
             r.captured = True
         self.captured_left = len(reqs)
-        self.captured_finish = {}
-        return reqs
 
     def attach_replay(self, table: RequestTable) -> None:
         """Add hypothetical arrivals (absolute times >= now, lengths as the controller assumes them)."""
-        if self._ks is not None:
-            self._leave_kernel()
         if len(table) and table.arrival_s[0] < self.now - 1e-9:
             raise ValueError(f"replay arrivals start at {table.arrival_s[0]} before the snapshot time {self.now}")
         n = len(table)
@@ -171,3 +244,7 @@ class Copies:
         out, lref = _capped_lref(self.profiles, table, model_of, table.output_tokens)
         self._out = out.tolist()
         self._deadline = (table.arrival_s + self.opt.alpha * lref).tolist()
+        if self._ks is not None:
+            from commitenv.sim.kernel.rows import _Rows
+
+            self._ks.attach_rows(_Rows.of(self), REPLAY_SLOT_BASE)

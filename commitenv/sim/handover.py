@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from commitenv.sim.copies import copy_devices
+from commitenv.sim.copies import DeviceSpec, copy_devices
 
 INF = math.inf
 
@@ -61,6 +61,15 @@ class _KernelPolicy(_PythonLoopState):
 class KernelHandover:
     """`Pool`'s side of the kernel hand-over (mixed into `Pool`)."""
 
+    def __getattr__(self, name: str):
+        """A what-if copy made on the kernel has no device objects: the first read of them builds them from its arrays
+        (idle objects, as a fork's shared ones are, until a hand-back writes their state)."""
+        d = self.__dict__
+        if name in ("_replicas", "_gpus") and d.get("_ks") is not None and isinstance(d.get("_devices_shared"), DeviceSpec):
+            self.build_devices(d["_ks"], d["_devices_shared"])
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def _enter_kernel(self) -> None:
         """Run this pool's event loop in the kernel from here on if the kernel covers it (see `Pool`'s docstring)."""
         from commitenv.sim.kernel import KernelState
@@ -70,9 +79,12 @@ class KernelHandover:
     def _leave_kernel(self) -> None:
         """Write the kernel's state back into the replicas, GPUs and heap; the Python loop continues from there."""
         ks, self._ks = self._ks, None
-        if self.__dict__.pop("_devices_shared", False):  # (a fork shares its original's idle objects until now)
+        shared = self.__dict__.pop("_devices_shared", False)
+        if shared is True:  # (a fork shares its original's idle objects until now)
             rmap = copy_devices(self._gpus, self._replicas, self, None)
             self.routable = [[rmap[id(r)] for r in lst] for lst in self.routable]
+        elif shared is not False:  # (a what-if copy made on the kernel has none: `Copies.build_devices`)
+            self.build_devices(ks, shared)
         ks.export_to(self)
 
     def use_kernel(self) -> bool:

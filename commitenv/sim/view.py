@@ -121,6 +121,8 @@ def _check_simulate_args(active: object, horizon_s: object, max_tail_s: object) 
 def take_snapshot(pool: Pool, model: int = 0, meter_j: float | None = None) -> Snapshot:
     """Capture the causal state of ``pool`` at its current time (after `Pool.settle`)."""
     clone = pool.clone(hide_lengths=not pool.opt.oracle_lengths, own_profiles=True)
+    if clone._ks is not None:
+        return _snapshot_of_arrays(pool.now, clone, model, meter_j)
     reqs, where, running = [], [], []
     for i, rep in enumerate(clone.replicas):
         for queue, is_running in ((rep.running, True), (rep.waiting, False)):
@@ -158,3 +160,16 @@ def take_snapshot(pool: Pool, model: int = 0, meter_j: float | None = None) -> S
     active = clone.active_count(model)
     clock = clone.profiles[0].clocks[clone.gpus[0].clock_idx].mhz
     return Snapshot(pool.now, active, clock, requests, replicas, meter_j, clone)
+
+
+def _snapshot_of_arrays(t: float, clone: Pool, model: int, meter_j: float | None) -> Snapshot:
+    """`take_snapshot` of a copy on the compiled loop: the views read off its arrays (the same records)."""
+    ks = clone._ks
+    rows = ks.view_rows()
+    requests = RequestView(**{k: _frozen(v, v.dtype) for k, v in rows.items()})
+    reps = ks.view_replicas()
+    state = tuple(STATE_NAMES[s] for s in reps.pop("state").tolist())
+    replicas = ReplicaView(state, **{k: _frozen(v, np.float64 if k in ("share", "memory_share") else np.int64)
+                                     for k, v in reps.items()})
+    clock = int(ks.gpu_clock_mhz()[0])
+    return Snapshot(t, clone.active_count(model), clock, requests, replicas, meter_j, clone)

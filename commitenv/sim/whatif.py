@@ -81,8 +81,7 @@ def simulate(
     """
     pool = snap._engine.clone(hide_lengths=False)
     t = snap.t
-    pool.capture_all()
-    pool._capture_arrivals = track_arrivals
+    pool.capture_all(arrivals=track_arrivals)
     if isinstance(active, (tuple, list)):
         if len(active) != pool.n_models:
             raise ValueError(f"what-if: expected {pool.n_models} active counts (one per model), got {active!r}")

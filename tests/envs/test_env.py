@@ -21,8 +21,12 @@ from pydantic import BaseModel
 import commitenv  # noqa: F401  (registers the scenario ids)
 from commitenv.envs import OBS_FEATURES, CommitServeEnv, FlatActionWrapper
 from commitenv.metrics import J_PER_KWH
+from commitenv.sim.gpu import GPU
+from commitenv.sim.noise import NoiseSource
 from commitenv.sim.pool import Pool
+from commitenv.sim.replica import Replica
 from commitenv.sim.request import Req
+from commitenv.sim.truth import TruthSource
 from commitenv.workload.table import RequestTable
 from helpers.episodes import hand_cost_kwh, run_episode, varied_policy
 from helpers.scenarios import HOUR_SCENARIO, toy_miss, toy_three_hour, write_scenario, write_trace
@@ -216,27 +220,32 @@ def busy_env():
 
 
 def test_snapshot_holds_only_arrived_requests_with_predicted_lengths(busy_env):
+    """The snapshot's engine copy is made on the compiled loop from the pool's arrays: nothing reachable from it is a
+    request object, a replica or GPU of the pool, the truth, the noise, the trace or an array as long as the trace;
+    the copy itself holds the arrived requests with predicted lengths and visible deadlines."""
     env = busy_env
     pool = env.pool
     snap = env.snapshot()
     assert snap.t == pool.now == pytest.approx(600.0)
+    assert snap.n_requests > 100, "expected a loaded pool"
     found = _walk(snap)
-    reqs = found[Req]
-    assert len(reqs) > 100, "expected a loaded pool"
-    # the view's arrays hold the live requests or the replicas, never a trace-long array
-    sizes = {a.size for a in found[np.ndarray]}
-    assert sizes <= {snap.n_requests, len(snap.replicas)} and max(sizes) < len(env.table), sizes
-    assert not found[RequestTable]
+    for leak in (Req, RequestTable, TruthSource, NoiseSource, Replica, GPU):
+        assert not found[leak], leak.__name__
+    assert all(p is not pool for p in found[Pool])
+    lengths = [a.shape[0] if a.ndim else 1 for a in found[np.ndarray]]
+    assert max(lengths) < len(env.table) // 10, "an array near the trace's length is reachable"
+    assert all(len(x) < len(env.table) // 10 for x in found[list])
     assert snap._engine.table is None
-    for r in reqs:
-        assert r.arrival <= pool.now
-        assert 0 <= r.slot < pool.arrived
-        # hidden length: the prediction (at least one more token than generated), never the truth
-        assert r.out == max(int(pool.pred_out[r.slot]), r.generated + 1)
-    assert set(snap.deadlines) <= {r.slot for r in reqs}
-    assert sum(r.out != pool.out_tokens[r.slot] for r in reqs) > len(reqs) // 2
-    # no list reachable from the snapshot is as long as the trace (e.g. the engine's arrival list)
-    assert all(len(x) < len(env.table) for x in found[list])
+    req = snap.requests
+    assert np.all(req.arrival_s <= pool.now) and np.all((0 <= req.slot) & (req.slot < pool.arrived))
+    # hidden lengths: the prediction (at least one more token than generated), never the truth
+    hidden = np.maximum(pool.pred_out[req.slot], req.generated_tokens + 1)
+    assert np.array_equal(req.output_tokens, hidden)
+    assert np.count_nonzero(hidden != pool.out_tokens[req.slot]) > len(req) // 2
+    assert np.array_equal(req.deadline_s, pool.visible_deadline[req.slot])
+    rows = snap._engine._ks.view_rows()  # (what the copy runs to: the same)
+    assert np.array_equal(rows["slot"], req.slot) and np.array_equal(rows["output_tokens"], hidden)
+    assert np.array_equal(rows["deadline_s"], req.deadline_s)
 
 
 def test_recent_arrivals_are_causal_and_predicted(busy_env):
@@ -274,17 +283,16 @@ def test_snapshot_lengths_follow_observation_setting(scen_dir, lengths):
     env.reset(seed=0)
     env.step({"active": 1, "clock": 0})
     snap = env.snapshot()
-    reqs = _walk(snap)[Req]
-    assert len(reqs) >= 10 and snap.n_requests == len(reqs)
+    rows = snap._engine._ks.view_rows()  # (the lengths the engine copy runs to)
+    slot, out, gen = rows["slot"], rows["output_tokens"], rows["generated_tokens"]
+    assert len(slot) >= 10 and snap.n_requests == len(slot) and np.array_equal(snap.requests.output_tokens, out)
     pool = env.pool
-    for r in reqs:
-        assert r.arrival <= pool.now and r.slot < pool.arrived
-        if lengths == "oracle":
-            assert r.out == pool.out_tokens[r.slot] == 30
-        else:
-            assert r.out == max(int(pool.pred_out[r.slot]), r.generated + 1)
-    if lengths == "predicted":
-        assert any(r.out != 30 for r in reqs)
+    assert np.all(rows["arrival_s"] <= pool.now) and np.all(slot < pool.arrived)
+    if lengths == "oracle":
+        assert np.all(out == pool.out_tokens[slot]) and np.all(out == 30)
+    else:
+        assert np.array_equal(out, np.maximum(pool.pred_out[slot], gen + 1))
+        assert np.any(out != 30)
     rec = env.recent_arrivals(600.0)
     np.testing.assert_array_equal(rec.request_id, np.arange(pool.arrived))  # a trace file: ids are rows
     truth = pool.out_tokens[rec.request_id]

@@ -520,7 +520,7 @@ def test_a_fork_on_the_python_loop_and_its_original_do_not_share_objects(monkeyp
         e.step({"active": 20, "clock": 1})
     left, twin = fork_pool(envs[0].pool), fork_pool(envs[0].pool)
     left.replicas  # hands this fork over to the Python loop
-    envs[0].snapshot()  # and the original (a controller's snapshot)
+    envs[0].pool.replicas  # and the original
     assert left._ks is None and twin._ks is not None and envs[0].pool._ks is None
     for k in range(2, 12):
         for p in (left, twin):

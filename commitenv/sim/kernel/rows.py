@@ -48,6 +48,12 @@ class _Rows:
     overhead: np.ndarray | None  # serving overhead added to the finish time (None: none)
 
     @classmethod
+    def empty(cls) -> "_Rows":
+        """No rows (a what-if copy's workload)."""
+        e = np.zeros(0)
+        return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(np.bool_), e, e.astype(np.int64), None)
+
+    @classmethod
     def of(cls, pool) -> "_Rows":
         n = pool._n
         if n and pool.table is not None and pool._slot_base == 0 and len(pool.table) == n:
@@ -55,8 +61,7 @@ class _Rows:
                        np.asarray(pool.rejected, np.bool_), np.asarray(pool.deadline, np.float64),
                        np.asarray(pool.model_of, np.int64), pool.overhead_s)
         if not n:
-            e = np.zeros(0)
-            return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(np.bool_), e, e.astype(np.int64), None)
+            return cls.empty()
         oh = pool.overhead_s if pool._slot_base == 0 else None
         return cls(np.asarray(pool._arr[:n], np.float64), np.asarray(pool._prompt[:n], np.int64),
                    np.asarray(pool._out[:n], np.int64), np.asarray(pool.rejected[:n], np.bool_),

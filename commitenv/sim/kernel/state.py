@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, move, set_active
+from commitenv.sim.kernel.clone import KernelClone
 from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
                                          GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_POWER, GF_T_FLOOR, G_CLOCK, G_NHOST,
@@ -41,7 +42,7 @@ ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
 LOCAL_ON_KERNEL = True
 
 
-class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix):
+class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, KernelClone):
     """The arrays `advance` works on, imported from a `Pool`'s state: its live requests, segments in flight and pending
     events when it has served already (a what-if copy, say), and its workload's rows as the clock nears them.
 
