@@ -38,7 +38,8 @@ def whatif_wall(prof, table, gpus: int, t_snap: float, candidates: int, horizon:
                 copies_on_kernel: bool = True) -> tuple[float, int, int, int, float, float]:
     """Serve ``table`` to ``t_snap`` (60-s boundaries), snapshot, and time ``candidates`` what-if runs of
     ``horizon`` s replaying the last ``horizon`` s of arrivals, after one untimed warm-up run (the compiled kernel's
-    first call loads or compiles it): (wall s, candidates, live, replayed, warm-up s, snapshot s). Without
+    first call loads or compiles it): (wall s, candidates, live, replayed, warm-up s, snapshot s: one decision's
+    snapshot, with the pool's return to the compiled loop where it was handed back). Without
     ``copies_on_kernel`` the snapshot and every candidate's copy are made as `Pool.clone` makes them from the Python
     loop's objects (the pool handed back first), the way before the copies were made from the kernel's arrays."""
     from commitenv.sim import Pool, PoolLayout
@@ -53,9 +54,12 @@ def whatif_wall(prof, table, gpus: int, t_snap: float, candidates: int, horizon:
         for k in range(1, int(t_snap // 60) + 1):
             pool.run_until(60.0 * k)
             pool.settle(60.0 * k)
+        snap = take_snapshot(pool)  # (untimed: the first call loads the copy's compiled helpers)
         ts = time.perf_counter()
-        snap = take_snapshot(pool)
-        snap_s = time.perf_counter() - ts
+        for _ in range(5):  # (the Python loop's copies: the pool handed back, taken back by the next interval)
+            pool.use_kernel()
+            snap = take_snapshot(pool)
+        snap_s = (time.perf_counter() - ts) / 5
         replay = observed_arrivals(pool, horizon)
         reps = np.unique(np.linspace(1, gpus, 8).round().astype(int))
         cands = [(int(r), int(c)) for r in reps for c in prof.clock_mhz][:candidates]
