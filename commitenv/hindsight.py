@@ -36,7 +36,6 @@ from commitenv.settlement import tail_cost_kwh
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.interval import SharedConfig, per_model_counts, run_interval, run_shared_interval
 from commitenv.sim.pool import Pool, copy_devices
-from commitenv.sim.request import Req
 from commitenv.sim.truth import TruthSource
 from commitenv.workload.table import RequestTable
 
@@ -91,81 +90,27 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
     return memo
 
 
-_POOL_ATTRS = frozenset({
-    "_arr", "_capture_arrivals", "_cursor", "_deadline", "_devices_shared", "_dispatch", "_gpus", "_hashes", "_heap",
-    "_hoff", "_ks", "_model", "_n", "_n_results", "_on_step", "_out", "_pending", "_prompt", "_replicas", "_seq",
-    "_slot_base", "captured_finish", "captured_left", "cold_starts", "completed", "deadline", "dispatch_calls",
-    "dispatch_s", "done_slots", "events", "finish_t", "first_t", "late_done", "layout", "live", "local_calls",
-    "local_s", "_log", "lref", "migrated", "migration_bytes", "migration_j", "model_of", "moves", "n_models", "noise",
-    "now", "opt", "out_tokens", "overhead_s", "pred_out", "preemptions", "profiles", "rejected", "replica_of",
-    "routable", "table", "tenant_model", "transit", "truth", "unrouted", "visible_deadline"})
-_GPU_ATTRS = frozenset({"clock_idx", "e_dyn", "e_floor", "floor_w", "index", "pending_clock", "pending_t",
-                        "power_factor", "profile", "replicas", "t_floor", "version"})
-_REPLICA_ATTRS = frozenset({
-    "D", "E0", "F", "T0", "_coeffs", "after_load", "batch", "bs", "budget", "cap_blocks", "clock_levels", "dest", "fe",
-    "free_blocks", "ft", "gpu", "index", "load_ready", "load_t", "load_wait", "local", "max_seqs", "mem_share",
-    "migrate", "model", "pcache", "pending_start", "profile", "reserve_full", "run_k", "run_reqs", "running", "seg",
-    "seg_energy", "seg_floor_acc", "seg_floor_t", "seg_floor_w", "seg_log", "share", "state", "t0", "t1", "unf",
-    "version", "waiting", "wake_t"})
-_REQ_SLOTS = ("slot", "arrival", "prompt", "out", "computed", "generated", "blocks", "replica", "started", "deadline",
-              "first_t", "preemptions", "model", "captured", "hashes", "prefix", "pfx_next")
-
-
-def _fast_forkable(pool: Pool) -> bool:
-    """Whether `_fast_fork` knows every attribute of this engine (else the generic deep copy is used). Policies
-    installed in the engine (a dispatch or local policy) may hold state: those pools take the deep copy."""
-    if set(vars(pool)) - _POOL_ATTRS or Req.__slots__ != _REQ_SLOTS or pool.dispatch is not None:
-        return False
-    # (reading `gpus` below hands a pool the kernel runs back to the Python loop: the copy rebuilds its objects)
-    if any(set(vars(g)) - _GPU_ATTRS for g in pool.gpus):
-        return False
-    return all(not (set(vars(r)) - _REPLICA_ATTRS) and r.pcache is None and r.local is None for r in pool.replicas)
-
-
-def _fast_fork(pool: Pool) -> Pool:
-    """The deep copy of `fork_pool`, written out for the engine's known attributes (about 10x faster than
-    ``copy.deepcopy``): scalars, tuples and the read-only parts are shared, every mutable container is rebuilt."""
-    c = Pool.__new__(Pool)
-    c.__dict__.update(pool.__dict__)
-    reqs: dict[int, Req] = {}
-
-    def cr(r: Req) -> Req:
-        x = reqs.get(id(r))
-        if x is None:
-            x = reqs[id(r)] = r.copy()
-        return x
-
-    rmap = copy_devices(pool.gpus, pool.replicas, c, cr)
-    c.routable = [[rmap[id(r)] for r in lst] for lst in pool.routable]
-    c.unrouted = [cr(r) for r in pool.unrouted]
-    c._pending = [rmap[id(r)] for r in pool._pending]
-    c.heap = list(pool.heap)  # entries are tuples of numbers
-    for name in ("finish_t", "first_t", "replica_of", "preemptions", "late_done"):
-        if getattr(pool, name, None) is not None:
-            setattr(c, name, getattr(pool, name).copy())
-    c.captured_finish = dict(pool.captured_finish)
-    c.transit = {slot: (land, cr(r)) for slot, (land, r) in pool.transit.items()}
-    c.tenant_model = dict(pool.tenant_model)
-    if isinstance(pool.noise, NoiseSource):
-        c.noise = pool.noise.copy()
-    return c
-
-
-# Largest kernel state copied per fork (a search holds many forks; a compacted state holds the live requests and an
-# hour of rows, a few MiB on the benchmark days); larger pools hand over to the Python loop, whose forks copy live
-# requests only.
-_KERNEL_FORK_BYTES = 32 << 20
-
-
-def _kernel_fork(pool: Pool, results: bool) -> Pool:
+def _kernel_fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool:
     """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
     GPU objects shared until a hand-over to the Python loop gives it its own (`Pool._leave_kernel`), every other
-    mutable part rebuilt, the read-only parts shared. Without ``results`` the copy records no per-request results,
-    only how many requests end late (`Pool.late_done`): it copies nothing in proportion to the workload."""
+    mutable part rebuilt, the read-only parts shared. Dispatch and local policies (they may hold state) are deep
+    copies of the original's, the local ones on replica objects of the fork's own. Without ``results`` the copy
+    records no per-request results, only how many requests end late (`Pool.late_done`): it copies nothing in
+    proportion to the workload."""
     c = Pool.__new__(Pool)
     d = pool.__dict__
     c.__dict__.update(d)
-    c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)
+    if pool.has_policies():
+        m = dict(memo if memo is not None else _read_only_parts(pool))
+        c.__dict__.pop("_devices_shared", None)
+        copy_devices(pool._gpus, pool._replicas, c, None)  # (idle objects of its own, for its own local policies)
+        c.routable = [[] for _ in range(pool.n_models)]  # (a hand-back refreshes them)
+        for rep in c._replicas:
+            if rep.local is not None:
+                rep.local = copy.deepcopy(rep.local, m)
+        c.__dict__["_dispatch"] = copy.deepcopy(pool.dispatch, m)
+    else:
+        c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)
     c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
     if pool.late_done is not None:
         c.late_done = pool.late_done.copy()
@@ -190,11 +135,9 @@ def fork_pool(pool: Pool, memo: dict[int, Any] | None = None, *, results: bool =
     Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared.
     ``results=False`` lets a copy on the compiled kernel keep counts instead of per-request results
     (`Pool.late_done`), as `TruthRun` needs; other copies keep results either way."""
-    if pool._ks is not None and pool._ks.nbytes <= _KERNEL_FORK_BYTES and not pool.has_policies():
-        c = _kernel_fork(pool, results)
-    elif _fast_forkable(pool):
-        c = _fast_fork(pool)
-    else:
+    if pool._ks is not None:
+        c = _kernel_fork(pool, results, memo)
+    else:  # (a pool on the Python loop: the kernel switched off, or a pool it does not cover)
         m = dict(memo if memo is not None else _read_only_parts(pool))
         if isinstance(pool.noise, NoiseSource) and id(pool.noise) not in m:
             m[id(pool.noise)] = pool.noise.copy()

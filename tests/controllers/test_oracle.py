@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from commitenv import hindsight
 from commitenv.control import Controller, ControllerContext
 from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import evaluate, refuses_hindsight, run_episode
@@ -181,20 +180,22 @@ def test_table_dp_rejects_bad_tables():
 
 # ------------------------------------------------------------------------------------------ ground-truth forks
 @pytest.mark.parametrize("realism", ["paper", "ideal"])
-@pytest.mark.parametrize("generic", [False, True])
-def test_forks_meter_what_the_environment_meters(tiny, realism, generic, monkeypatch):
+@pytest.mark.parametrize("on_kernel", [True, False], ids=["kernel", "python-loop"])
+def test_forks_meter_what_the_environment_meters(tiny, realism, on_kernel, monkeypatch):
     """A fork stepped with the actions the environment then receives settles the same joules and misses the same
     requests, bit for bit: at realism paper (truth factors, overheads, predicted deadlines) and ideal (the legacy,
-    order-dependent per-segment noise), by the written-out copy and by the generic deep copy it falls back to."""
-    if generic:
-        monkeypatch.setattr(hindsight, "_fast_forkable", lambda pool: False)
+    order-dependent per-segment noise), a copy of the kernel's arrays and, with the kernel off, the deep copy of the
+    Python loop's objects."""
+    from commitenv.sim import kernel
+
+    monkeypatch.setattr(kernel, "ENABLED", on_kernel)
     path = tiny if realism == "paper" else tiny.with_name("toy-oracle-ideal.yaml")
     if realism == "ideal":
         path.write_text(tiny.read_text().replace("realism: paper", "realism: ideal").replace("name: toy-oracle",
                                                                                             "name: toy-oracle-ideal"))
     env, access = _access(path, seed=5)
     assert isinstance(env.pool.noise, TruthSource if realism == "paper" else NoiseSource)
-    assert hindsight._fast_forkable(env.pool) is not generic  # the written-out copy knows every engine attribute
+    assert (env.pool._ks is not None) == on_kernel
     run = access.fork()
     blob = access.dumps(run)  # what parallel planning ships between processes
     rng = np.random.default_rng(0)
@@ -220,7 +221,6 @@ def test_fork_is_exact_on_the_benchmark_pool():
     """Ten intervals of the 32-GPU H200 benchmark hour: the fork's energy equals the environment's."""
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)
-    assert hindsight._fast_forkable(env.pool)
     run = ControllerContext.from_env(env, hindsight=True).hindsight.fork()
     for k in range(10):
         a, c = (32, 1710) if k % 3 == 0 else (19 + k, 1380)

@@ -15,6 +15,7 @@ from commitenv.envs import CommitServeEnv
 from commitenv.scenarios.build import engine_options
 from commitenv.sim import kernel
 from commitenv.sim.kernel import KernelState
+from commitenv.sim.local import FcfsLocal
 from commitenv.sim.pool import EngineOptions, Pool, PoolLayout
 
 
@@ -533,19 +534,46 @@ def test_a_fork_on_the_python_loop_and_its_original_do_not_share_objects(monkeyp
     assert left.events == twin.events and left.completed == twin.completed
 
 
-def test_a_large_pool_forks_on_the_python_loop(monkeypatch):
-    """A fork copies a kernel state only up to a size (a day's, about 100 MB, would be copied per search node):
-    above it the pool hands over and the fork copies live requests only."""
+class _CountingFcfs(FcfsLocal):
+    """A local policy with state: the plans it made."""
+
+    def __init__(self) -> None:
+        self.plans = 0
+
+    def plan(self, view):
+        self.plans += 1
+        return super().plan(view)
+
+
+def test_a_pool_with_policies_forks_on_the_kernel_with_its_own_policies(monkeypatch):
+    """A pool with a dispatch and a local policy forks on the kernel: the fork's policies are copies (its plans leave
+    the original's count alone), and the fork stepped on equals the original stepped the same way, as does a deep
+    copy of the pool on the Python loop."""
     from commitenv import hindsight
+    from commitenv.sim.dispatch import LeastUnfinished
 
     monkeypatch.setattr(kernel, "ENABLED", True)
-    env = CommitServeEnv("bench-h200-hour-fixed-a30")
-    env.reset(seed=100000)
-    env.step({"active": env.n_replicas, "clock": env.profile.reference_clock_index})
-    assert 0 < env.pool._ks.nbytes <= hindsight._KERNEL_FORK_BYTES
-    monkeypatch.setattr(hindsight, "_KERNEL_FORK_BYTES", env.pool._ks.nbytes - 1)
-    c = hindsight.fork_pool(env.pool)
-    assert c._ks is None and env.pool._ks is None
+    pool = _pool("bench-h200-hour-fixed-a30", 100002, 3, 0, None)
+    pool.dispatch = LeastUnfinished()
+    pool.set_local_policy(_CountingFcfs())
+    assert pool.use_kernel()
+    pool.run_until(30.0)
+    policy = pool._replicas[0].local
+    made = policy.plans
+    fork = hindsight.fork_pool(pool)
+    assert fork._ks is not None and pool._ks is not None  # (neither handed back)
+    assert fork.dispatch is not pool.dispatch and fork._replicas[0].local is not policy
+    fork.run_until(90.0)
+    assert policy.plans == made and fork._replicas[0].local.plans > made
+    monkeypatch.setattr(kernel, "ENABLED", False)
+    pool.replicas  # (the original handed back to the Python loop: its fork is a deep copy of its objects)
+    ref = hindsight.fork_pool(pool)
+    assert ref._ks is None and pool._ks is None
+    ref.run_until(90.0)
+    pool.run_until(90.0)
+    for p in (fork, ref):
+        assert (p.events, p.completed, p.energy_j(90.0)) == (pool.events, pool.completed, pool.energy_j(90.0))
+        assert np.array_equal(p.finish_t, pool.finish_t, equal_nan=True)
 
 
 @pytest.mark.parametrize("case", ["h20-hour-8gpu-lowest-clock", "h200-hour-3gpu-kv-pressure"])
