@@ -94,6 +94,10 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         if self.opt.alpha <= 0:
             raise ValueError(f"alpha: expected a positive SLO scale, got {self.opt.alpha}")
         p0 = self.profiles[0]
+        levels = {tuple(p.clock_mhz) for p in self.profiles}
+        if len(levels) > 1:  # (a clock index means one level on every GPU; scenarios refuse such pools too)
+            raise ValueError(f"profiles {[p.name for p in self.profiles]}: different clock levels "
+                             f"{sorted(levels)}; a pool's profiles must share one set of clock levels")
         cidx = p0.reference_clock_index if clock_mhz is None else p0.clock_index(clock_mhz)
         self.gpus: list[GPU] = []
         self.replicas: list[Replica] = []

@@ -80,6 +80,10 @@ def test_layout_errors():
         PoolLayout.single(0)
     with pytest.raises(ValueError, match="no profile"):
         Pool(toy_profile(), PoolLayout(((Instance(1),),)), exact())
+    one = toy_profile()
+    one = one.model_copy(update={"name": "toy-one-clock", "clocks": one.clocks[1:]})
+    with pytest.raises(ValueError, match=r"different clock levels \[\(500, 1000\), \(1000,\)\]"):
+        Pool([toy_profile(), one], PoolLayout(((Instance(0, 0.5), Instance(1, 0.5)),)), exact())
 
 
 def test_option_errors():

@@ -57,7 +57,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
     @staticmethod
     def covers(pool) -> bool:
         """Whether the kernel can run ``pool`` from its current state: any number of models and instances per GPU
-        with any SM shares (profiles with the same clock levels), instances moving and loading, requests migrating or
+        with any SM shares, instances moving and loading, requests migrating or
         unrouted, the truth model, the legacy per-segment noise, a what-if copy's nominal model or no noise, any
         dispatch and local policies (answered on the host: `KernelPolicies`), prefix caches (on every replica or
         none)."""
@@ -66,8 +66,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         reps, gpus = pool._replicas, pool._gpus
         noise_ok = pool.noise is pool.truth or (pool.truth is None
                                                 and isinstance(pool.noise, (NominalModel, NoiseSource)))
-        levels = {tuple(p.clock_mhz) for p in pool.profiles}
-        return (noise_ok and len(levels) == 1 and not pool._pending
+        return (noise_ok and not pool._pending
                 and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
                 and all(g.index == x for x, g in enumerate(gpus))
                 and all(r.index == x and r in r.gpu.replicas and r.gpu is gpus[r.gpu.index] for x, r in enumerate(reps))
@@ -90,7 +89,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         results); without it every request stays, at its index, for the caller to read."""
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
-                             "profiles with the same clock levels, no replica pending a start)")
+                             "no replica pending a start)")
         from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
@@ -131,7 +130,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         self._import_prefix(pool, live)
         prof = pool.profiles[0]
         self.profiles = pool.profiles
-        self.clock_mhz = tuple(prof.clock_mhz)  # (every profile's: `covers`)
+        self.clock_mhz = tuple(prof.clock_mhz)  # (every profile's: `Pool` refuses others)
         self.coc = np.stack([_clock_coefficients(rep.profile, rep.share) for rep in reps])
         self.sched = np.array([max_seqs, 0, 0, int(pool.log is not None or pool.on_step is not None),
                                int(pool.opt.closed_form), int(pool.dispatch is not None)], np.int64)
