@@ -236,7 +236,7 @@ SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-ho
                   # one clone per pool over every public hour family of its pool (dev's and the held-out ones)
                   "bc-mpc-h200-public": "bench-h200-hour-fixed-a25", "bc-mpc-h20-public": "bench-h20-hour-fixed-a25",
                   # a day's clone of ePACT+ with its miss margin (the expert's arguments in its bc.yaml)
-                  "bc-epactplus-h200-day": "bench-h200-day"}
+                  "bc-epactplus-h200-day": "bench-h200-day", "bc-epactplus-h20-day": "bench-h20-day"}
 
 
 def test_every_shipped_baseline_is_listed():
