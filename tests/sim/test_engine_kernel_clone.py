@@ -17,7 +17,7 @@ from helpers.profiles import toy_profile
 from commitenv.envs import CommitServeEnv
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, kernel, observed_arrivals, simulate, take_snapshot
 from commitenv.sim.dispatch import LeastUnfinished
-from commitenv.sim.kernel import KernelState
+from commitenv.sim.kernel import I_HEAP, KernelState
 from commitenv.sim.local import FcfsLocal
 from commitenv.sim.pool import Instance, PoolLayout
 from commitenv.workload.table import make_table
@@ -93,6 +93,24 @@ def _views_equal(a, b) -> None:
                 assert not x.flags.writeable
 
 
+def _heaps_equal(a: Pool, b: Pool, monkeypatch) -> None:
+    """A copy's event heap made from the kernel's arrays holds the entries (time, kind, sequence number, index,
+    version) that the Python loop's copy pushes, imported: ties at one time are broken the same way."""
+    ca = a.clone(hide_lengths=False)
+    with monkeypatch.context() as m:
+        m.setattr(KernelState, "can_clone", lambda self: False)
+        cb = b.clone(hide_lengths=False)
+    b.use_kernel()
+    assert cb.use_kernel()
+    ka, kb = ca._ks, cb._ks
+
+    def entries(k):
+        n = int(k.si[I_HEAP])
+        return sorted(zip(k.ht[:n].tolist(), k.hk[:n].tolist(), k.hs[:n].tolist(), k.hi[:n].tolist(), k.hv[:n].tolist()))
+
+    assert entries(ka) and entries(ka) == entries(kb)
+
+
 def _candidates(pool: Pool) -> list:
     mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
     if pool.n_models > 1:
@@ -113,6 +131,7 @@ def _compare(twins: tuple[Pool, Pool], monkeypatch) -> int:
     assert b._ks is None  # (the Python clone reads the objects)
     b.use_kernel()
     _views_equal(snap_a, snap_b)
+    _heaps_equal(a, b, monkeypatch)
     replay = observed_arrivals(a, 30.0)
     checked = 0
     for active, mhz in _candidates(a):
