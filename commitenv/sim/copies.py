@@ -23,8 +23,8 @@ REPLAY_SLOT_BASE = 1 << 40  # slot of the i-th replayed (hypothetical) arrival i
 
 
 def _kernel_on() -> bool:
-    """Whether the compiled loop is switched on (`commitenv.sim.kernel.ENABLED`): off, copies are made as the Python loop
-    makes them."""
+    """Whether the compiled loop is switched on (`commitenv.sim.kernel.ENABLED`): off, copies are made as the Python
+    loop makes them."""
     from commitenv.sim.kernel import state
 
     return state.ENABLED

@@ -65,8 +65,9 @@ class KernelHandover:
         """A what-if copy made on the kernel has no device objects: the first read of them builds them from its arrays
         (idle objects, as a fork's shared ones are, until a hand-back writes their state)."""
         d = self.__dict__
-        if name in ("_replicas", "_gpus") and d.get("_ks") is not None and isinstance(d.get("_devices_shared"), DeviceSpec):
-            self.build_devices(d["_ks"], d["_devices_shared"])
+        spec = d.get("_devices_shared")
+        if name in ("_replicas", "_gpus") and d.get("_ks") is not None and isinstance(spec, DeviceSpec):
+            self.build_devices(d["_ks"], spec)
             return d[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

@@ -106,7 +106,7 @@ def _heaps_equal(a: Pool, b: Pool, monkeypatch) -> None:
 
     def entries(k):
         n = int(k.si[I_HEAP])
-        return sorted(zip(k.ht[:n].tolist(), k.hk[:n].tolist(), k.hs[:n].tolist(), k.hi[:n].tolist(), k.hv[:n].tolist()))
+        return sorted(zip(*(a[:n].tolist() for a in (k.ht, k.hk, k.hs, k.hi, k.hv))))
 
     assert entries(ka) and entries(ka) == entries(kb)
 

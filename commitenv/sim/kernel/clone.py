@@ -9,14 +9,14 @@ import copy
 import numpy as np
 
 from commitenv.sim.kernel.heap import _live, _transit
-from commitenv.sim.kernel.layout import (GF_E_FLOOR, GF_FLOOR_W, GF_POWER, GF_T_FLOOR, G_PENDING, G_VER, I_CAPARR,
-                                         I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
-                                         I_MIGRATED, I_PEND, I_PLAN_REP, I_SEQ, F_LAST, F_MIG_BYTES, F_MIG_J,
-                                         F_NOW, GF_PENDING_T, INF, Q_GENERATED, Q_OUT, R_ENERGY, R_FE, R_FLOOR_ACC,
-                                         R_FLOOR_T, R_FLOOR_W, R_FT, R_GPU, R_LOAD_T, R_LOGGED, R_LREADY, R_LWAIT,
-                                         R_PENDING, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1, R_VER,
-                                         S_CELL0, S_NOISE, G_CLOCK, Q_ARRIVAL, Q_COMPUTED, Q_HOFF, Q_NH, Q_OVERHEAD, Q_PROMPT,
-                                         R_CAP, R_FREE, R_MEM, R_MODEL, R_RUN_N, R_WLEN)
+from commitenv.sim.kernel.layout import (F_LAST, F_MIG_BYTES, F_MIG_J, F_NOW, GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T,
+                                         GF_POWER, GF_T_FLOOR, G_CLOCK, G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT,
+                                         I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_PEND,
+                                         I_PLAN_REP, I_SEQ, Q_ARRIVAL, Q_COMPUTED, Q_GENERATED, Q_HOFF, Q_NH, Q_OUT,
+                                         Q_OVERHEAD, Q_PROMPT, R_CAP, R_ENERGY, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W,
+                                         R_FREE, R_FT, R_GPU, R_LOAD_T, R_LOGGED, R_LREADY, R_LWAIT, R_MEM, R_MODEL,
+                                         R_PENDING, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE, R_T0, R_T1,
+                                         R_VER, R_WLEN, S_CELL0, S_NOISE)
 from commitenv.sim.kernel.lifecycle import _floor_power
 from commitenv.sim.kernel.rows import _Rows
 from commitenv.sim.states import EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, SEG_NONE, WAKING
