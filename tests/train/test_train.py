@@ -229,7 +229,7 @@ def test_controller_acts_exactly_as_the_sb3_policy(run_dir):
 
 SHIPPED_POLICIES = {"ppo-h200-hour": SCENARIO, "ppo-h20-hour": "bench-h20-hour-fixed-a30",
                     "ppo-h200-day": "bench-h200-day", "ppo-h20-day": "bench-h20-day"}
-# behaviour cloning (commitenv.train.bc), docs/training.md
+# behaviour cloning (commitenv.train.bc), docs/results/learners.md
 SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-hour-fixed-a30",
                   # one clone per pool over its six dev-family hours (the record's scenario: the first of them)
                   "bc-mpc-h200-family": "bench-h200-hour-fixed-a25", "bc-mpc-h20-family": "bench-h20-hour-fixed-a25",
