@@ -99,6 +99,19 @@ class Copies:
         c.done_slots = None
         c.log = None
         c.on_step = None
+        # no workload, counters from zero, the pool's policies (the copy's requests carry the lengths and deadlines
+        # it runs to)
+        c.moves = c.cold_starts = c.migrated = 0
+        c.migration_bytes = c.migration_j = 0.0
+        c._pending = []
+        c._arr, c._cursor, c._n = [], 0, 0
+        c._hashes = None
+        c.table = None
+        c.pred_out = None
+        c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
+        c.local_s, c.local_calls = 0.0, 0
+        c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
+        c.captured_left, c.captured_finish = 0, {}
         if ks is not None and ks.can_clone() and _kernel_on():
             self._clone_on_kernel(c, ks, hide_lengths, nominal)
             return c
@@ -139,8 +152,6 @@ class Copies:
         for slot, (land, r) in self.transit.items():
             c.transit[slot] = (land, reqmap[slot])
             c._push(land, EV_LAND, slot, 0)
-        c.moves = c.cold_starts = c.migrated = 0
-        c.migration_bytes = c.migration_j = 0.0
         for g in c.gpus:
             if g.pending_clock is not None:
                 c._push(g.pending_t, EV_CLOCK, g.index, g.version)
@@ -153,15 +164,6 @@ class Copies:
         c.routable = [[r for r in c.replicas if r.model == m and r.state == ACTIVE] for m in range(c.n_models)]
         c.unrouted = [reqmap[r.slot] for r in self.unrouted]
         c.live, c.completed, c.events = len(reqmap), 0, 0
-        c._pending = []
-        c._arr, c._cursor, c._n = [], 0, 0
-        c._hashes = None
-        c.table = None
-        c.pred_out = None  # the copy's requests carry the lengths and deadlines it runs to
-        c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
-        c.local_s, c.local_calls = 0.0, 0
-        c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
-        c.captured_left, c.captured_finish = 0, {}
         return c
 
     def _clone_on_kernel(self, c: Self, ks, hide_lengths: bool, nominal: bool) -> None:
@@ -180,17 +182,6 @@ class Copies:
         c._devices_shared = DeviceSpec(gpu_model, local, ef)
         c.routable = [[] for _ in range(c.n_models)]
         c.unrouted, c.transit = [], {}
-        c.moves, c.cold_starts, c.migrated = 0, 0, 0
-        c.migration_bytes = c.migration_j = 0.0
-        c._pending = []
-        c._arr, c._cursor, c._n = [], 0, 0
-        c._hashes = None
-        c.table = None
-        c.pred_out = None
-        c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
-        c.local_s, c.local_calls = 0.0, 0
-        c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
-        c.captured_left, c.captured_finish = 0, {}
         c.sync_from_kernel(c._ks)  # (clock and counters)
 
     def build_devices(self, ks, spec: "DeviceSpec") -> None:

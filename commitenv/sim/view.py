@@ -169,7 +169,6 @@ def _snapshot_of_arrays(t: float, clone: Pool, model: int, meter_j: float | None
     requests = RequestView(**{k: _frozen(v, v.dtype) for k, v in rows.items()})
     reps = ks.view_replicas()
     state = tuple(STATE_NAMES[s] for s in reps.pop("state").tolist())
-    replicas = ReplicaView(state, **{k: _frozen(v, np.float64 if k in ("share", "memory_share") else np.int64)
-                                     for k, v in reps.items()})
+    replicas = ReplicaView(state, **{k: _frozen(v, v.dtype) for k, v in reps.items()})
     clock = int(ks.gpu_clock_mhz()[0])
     return Snapshot(t, clone.active_count(model), clock, requests, replicas, meter_j, clone)

@@ -46,8 +46,7 @@ class KernelClone:
         c.src, c.row0, c.row_end, c._stopped, c.slot_base = _Rows.empty(), 0, 0, True, 0
         c._row_hoff = None  # (replayed arrivals carry no prefix blocks)
         c.done0 = c.taken = 0
-        c.lgi, c.lgf, c.lgm = np.zeros((0, 5), np.int64), np.zeros((0, 5)), np.zeros((0, 4), np.int64)
-        c.stop_logging()
+        c.drop_log()
         self._copy_prefix(c)
         if c._pa is not None:
             c._own_hashes()
@@ -93,7 +92,7 @@ class KernelClone:
         ri[:, R_SCLK] = gi[ri[:, R_GPU], G_CLOCK]
         self._rebuild_heap(c, seg)
         si = c.si
-        si[I_LIVE] = len(_live(ri, c.wq, c.run, si, c.hk, c.hs, c.hi))
+        si[I_LIVE] = c.n_live  # (the head holds the live requests only)
         si[I_EVENTS] = si[I_DONE] = si[I_COLD] = si[I_MIGRATED] = si[I_CAPLEFT] = si[I_CAPARR] = 0
         si[I_PLAN_REP] = -1
         c.sf[F_LAST] = now

@@ -66,6 +66,11 @@ class KernelReads:
         self.si[I_LOG] = self.si[I_LOGM] = 0
         self._log_out = []
 
+    def drop_log(self) -> None:
+        """No step log from here on, and no arrays for one (a fork or a what-if copy keeps none)."""
+        self.lgi, self.lgf, self.lgm = np.zeros((0, 5), np.int64), np.zeros((0, 5)), np.zeros((0, 4), np.int64)
+        self.stop_logging()
+
     def _seg_log(self, x: int) -> SegmentLog:
         """`Replica.seg_log` of replica ``x``'s segment in flight, as the Python loop records it at its start (a run's
         computed tokens advanced by the steps already booked, as `Pool.settle` advances them)."""

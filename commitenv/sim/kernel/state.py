@@ -518,9 +518,8 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
                 setattr(c, name, getattr(self, name).copy())
         if log:
             c.lgi, c.lgf, c.lgm, c._log_out = self.lgi.copy(), self.lgf.copy(), self.lgm.copy(), list(self._log_out)
-        else:  # (empty arrays, the recording off)
-            c.lgi, c.lgf, c.lgm = np.zeros((0, 5), np.int64), np.zeros((0, 5)), np.zeros((0, 4), np.int64)
-            c.stop_logging()
+        else:
+            c.drop_log()
         self._copy_prefix(c)
         return c
 
