@@ -64,10 +64,17 @@ class BCSpec:
     config: str | Path | None = None  # the YAML the options came from (recorded in the command)
     commitment_scale: tuple[float, float] = (1.0, 1.0)
     expert_args: dict[str, Any] = field(default_factory=dict)  # the expert's constructor arguments (validated)
+    # per scenario, a teacher other than ``expert``: {scenario: {"expert": spec, "args": {...}}} (validated)
+    experts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def scenarios(self) -> list[str]:
         return [self.scenario] if isinstance(self.scenario, str) else list(self.scenario)
+
+    def teachers(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Each scenario's teacher: (controller spec, constructor arguments); ``experts`` overrides ``expert``."""
+        return {n: ((self.experts[n]["expert"], dict(self.experts[n].get("args", {}))) if n in self.experts
+                    else (self.expert, dict(self.expert_args))) for n in self.scenarios}
 
     def command(self) -> str:
         parts = ["python", "-m", "commitenv.train.bc", *self.scenarios, "--expert", self.expert, "--demo-episodes",
@@ -77,6 +84,8 @@ class BCSpec:
                  ",".join(map(str, self.net_arch)), "--out", str(self.out)]
         for k, v in self.expert_args.items():
             parts += ["--expert-arg", f"{k}={json.dumps(v)}"]
+        for n, t in self.experts.items():
+            parts += ["--teacher", f"{n}={json.dumps(t, sort_keys=True, separators=(',', ':'))}"]
         if tuple(self.commitment_scale) != (1.0, 1.0):
             parts += ["--commitment-scale", *(str(x) for x in self.commitment_scale)]
         if self.demos is not None:
@@ -117,9 +126,11 @@ def demo_episodes(scenarios: list[str], first: int, count: int, scale: tuple[flo
 
 
 def collect(episodes: list[DemoEpisode], expert: str, learner: Callable[[np.ndarray], Any] | None = None,
-            progress: bool = False, expert_args: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+            progress: bool = False, expert_args: dict[str, Any] | None = None,
+            teachers: dict[str, tuple[str, dict[str, Any]]] | None = None) -> dict[str, np.ndarray]:
     """Observations and the expert's flat actions on ``episodes``; with ``learner`` (raw observation -> flat action)
-    the learner's action is executed and the expert only labels (DAgger). Returns ``obs`` (n, F) float32, ``act``
+    the learner's action is executed and the expert only labels (DAgger). ``teachers`` gives some scenarios another
+    expert (spec, arguments) than ``expert``/``expert_args``. Returns ``obs`` (n, F) float32, ``act``
     (n, 2) int64, ``seed`` (n,), ``episode`` (n,: the index in ``episodes``) and, per episode, the return of whoever
     acted (minus the settlement cost plus the scenario's constant ``reward_offset_kwh``) in ``episode_return``."""
     from commitenv.control import ControllerContext
@@ -129,16 +140,16 @@ def collect(episodes: list[DemoEpisode], expert: str, learner: Callable[[np.ndar
     from commitenv.scenarios.build import derived_seed
     from commitenv.scenarios.loader import scaled_commitment
 
-    spec = resolve(expert)
     obs_l, act_l, seed_l, ep_l, costs = [], [], [], [], []
     for i, ep in enumerate(episodes):
         s = ep.seed
-        ctrl = spec.make(**(expert_args or {}))
+        name, kwargs = (teachers or {}).get(ep.scenario, (expert, expert_args or {}))
+        ctrl = resolve(name).make(**kwargs)
         env = CommitServeEnv(scaled_commitment(ep.scenario, ep.commitment_scale))
         obs, info = env.reset(seed=int(s))
         ctrl.reset(ControllerContext.from_env(env), derived_seed(int(s), "controller"))
         if ctrl.dispatch_policy() is not None or ctrl.local_policy() is not None:
-            raise ValueError(f"expert {expert}: sets a dispatch or local policy, which a learned policy cannot")
+            raise ValueError(f"expert {name}: sets a dispatch or local policy, which a learned policy cannot")
         codec = codec_for("flat", env.n_replicas, len(env.clocks_mhz), 1, tuple(env.clocks_mhz))
         terminated, ret = False, 0.0
         try:
@@ -252,13 +263,15 @@ def _demos(spec: BCSpec, episodes: list[DemoEpisode], progress: bool) -> dict[st
         key = {"expert": spec.expert, "episodes": [asdict(e) for e in episodes]}
     if spec.expert_args:  # (a key without them stays as before, so earlier demonstration files still match)
         key["expert_args"] = spec.expert_args
+    if spec.experts:
+        key["experts"] = {n: spec.experts[n] for n in sorted(spec.experts)}
     key = json.dumps(key)
     if path is not None and path.is_file():
         with np.load(path, allow_pickle=False) as z:
             if str(z["key"]) == key:
                 return {k: z[k] for k in ("obs", "act", "seed", "episode_return")}
         raise ValueError(f"--demos {path}: holds other demonstrations (not {key}); give another file")
-    data = collect(episodes, spec.expert, progress=progress, expert_args=spec.expert_args)
+    data = collect(episodes, spec.expert, progress=progress, expert_args=spec.expert_args, teachers=spec.teachers())
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(path, key=key, **data)
@@ -322,7 +335,8 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
             a, _ = model.predict(norm.normalize_obs(np.asarray(o, dtype=np.float32)[None]), deterministic=True)
             return a[0]
 
-        new = collect(eps, spec.expert, learner=learner, progress=progress, expert_args=spec.expert_args)
+        new = collect(eps, spec.expert, learner=learner, progress=progress, expert_args=spec.expert_args,
+                      teachers=spec.teachers())
         rounds[-1]["dagger_episodes"] = [asdict(e) for e in eps]
         rounds[-1]["learner_episode_return"] = float(np.mean(new["episode_return"])) if eps else None
         data = _concat(data, new)
@@ -353,7 +367,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
 # ================================================================================================ CLI
 CONFIG_KEYS = {"expert": str, "demo_episodes": int, "dagger_rounds": int, "dagger_episodes": int, "epochs": int,
                "batch_size": int, "learning_rate": (float, int, str), "net_arch": list, "commitment_scale": list,
-               "expert_args": dict}
+               "expert_args": dict, "experts": dict}
 
 
 def load_options(path: str | Path) -> dict[str, Any]:
@@ -392,6 +406,45 @@ def _expert_args(expert: str, from_config: dict[str, Any], items: list[str] | No
     return check_kwargs(resolve(expert), kwargs, raw) if kwargs else {}
 
 
+def _teachers(scenarios: list[str], from_config: dict[str, Any], items: list[str] | None) -> dict[str, dict[str, Any]]:
+    """Per-scenario teachers: the config file's ``experts`` mapping (scenario -> spec, or -> {expert, args}), then
+    ``--teacher SCENARIO=SPEC`` / ``SCENARIO={"expert": SPEC, "args": {...}}`` items (which win); each scenario one of
+    those trained on, each spec resolvable, each argument declared by it. ValueError naming the entry."""
+    from commitenv.controller_config import check_kwargs
+    from commitenv.registry import resolve
+
+    given: dict[str, Any] = dict(from_config)
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--teacher {item}: expected SCENARIO=SPEC or SCENARIO={{\"expert\": SPEC, \"args\": ...}}")
+        try:
+            given[key] = json.loads(value)
+        except json.JSONDecodeError:
+            given[key] = value
+    out: dict[str, dict[str, Any]] = {}
+    for name, t in given.items():
+        where = f"experts: {name}"
+        if name not in scenarios:
+            raise ValueError(f"{where}: not one of the scenarios trained on ({', '.join(scenarios)})")
+        if isinstance(t, str):
+            t = {"expert": t}
+        if not isinstance(t, dict) or not isinstance(t.get("expert"), str) or set(t) - {"expert", "args"} \
+                or not isinstance(t.get("args", {}), dict):
+            raise ValueError(f"{where}: expected a controller spec or a mapping {{expert: SPEC, args: {{...}}}}, "
+                             f"got {t!r}")
+        try:
+            ctrl = resolve(t["expert"])
+        except (KeyError, ValueError, ImportError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        try:
+            args = check_kwargs(ctrl, dict(t["args"])) if t.get("args") else {}
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        out[name] = {"expert": t["expert"], "args": args} if args else {"expert": t["expert"]}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m commitenv.train.bc", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", nargs="+", help="one scenario, or several of one pool (played in turn)")
@@ -399,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expert", default="mpc")
     p.add_argument("--expert-arg", action="append", default=None, metavar="KEY=VALUE",
                    help="the expert's constructor argument (repeatable); VALUE is read as JSON when it is valid JSON")
+    p.add_argument("--teacher", action="append", default=None, metavar="SCENARIO=SPEC",
+                   help="another expert for one scenario (repeatable): SPEC, or JSON {\"expert\": SPEC, \"args\": {...}}")
     p.add_argument("--demo-episodes", type=int, default=40)
     p.add_argument("--dagger-rounds", type=int, default=0)
     p.add_argument("--dagger-episodes", type=int, default=10)
@@ -425,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         expert_args = _expert_args(a.expert, dict(getattr(a, "expert_args", None) or {}), a.expert_arg)
         spec = BCSpec(a.scenario[0] if len(a.scenario) == 1 else list(a.scenario), a.out, a.expert, a.demo_episodes,
                       a.dagger_rounds, a.dagger_episodes, a.seed, a.epochs, a.batch_size, float(a.learning_rate), arch,
-                      a.demos, a.torch_threads, a.config, tuple(a.commitment_scale), expert_args)
+                      a.demos, a.torch_threads, a.config, tuple(a.commitment_scale), expert_args,
+                      _teachers(list(a.scenario), dict(getattr(a, "experts", None) or {}), a.teacher))
         rec = train_bc(spec)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

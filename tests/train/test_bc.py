@@ -3,6 +3,8 @@ vLLM's constant configuration, saved as a run folder, runs as ``sb3:DIR`` and ac
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -148,3 +150,52 @@ def test_expert_arguments_reach_the_expert_and_key_its_demonstrations(tmp_path, 
                            demos=demos, expert_args={"active": 20})
     with pytest.raises(ValueError, match="--demos"):
         bc._demos(configured, eps, progress=False)
+
+
+def test_a_scenario_can_have_its_own_teacher(tmp_path, monkeypatch):
+    """Per-scenario teachers (``experts`` / ``--teacher``): each episode is labelled by its scenario's teacher, the
+    demonstration file is keyed by them, and a bad entry is one error naming it, nothing written."""
+    from commitenv.train import bc
+
+    h200 = ["bench-h200-hour-fixed-a30", "bench-h200-hour-decreasing-a30"]
+    eps = [bc.DemoEpisode(h200[0], 0), bc.DemoEpisode(h200[1], 0)]
+    spec = bc.BCSpec(h200, tmp_path / "a", expert="fixed_config", expert_args={"active": 20, "clock_mhz": 1035},
+                     experts={h200[1]: {"expert": "fixed_config", "args": {"active": 7, "clock_mhz": 1710}}})
+    data = bc.collect(eps, spec.expert, expert_args=spec.expert_args, teachers=spec.teachers())
+    from commitenv.envs import CommitServeEnv
+
+    clocks = list(CommitServeEnv(h200[0]).clocks_mhz)
+    first, second = data["act"][data["episode"] == 0], data["act"][data["episode"] == 1]
+    assert first.tolist() == [[19, clocks.index(1035)]] * 60
+    assert second.tolist() == [[6, clocks.index(1710)]] * 60
+    # the command line and config give the same teachers; the command records them
+    seen = {}
+    monkeypatch.setattr(bc, "train_bc", lambda s: seen.setdefault("spec", s) and {"wall_s": 0, "bc": {"rounds": []}})
+    cfg = tmp_path / "bc.yaml"
+    cfg.write_text(f"expert: mpc\nexperts:\n  {h200[1]}: epact_plus\n")
+    assert bc.main([*h200, "--config", str(cfg), "--out", str(tmp_path / "o")]) == 0
+    assert seen.pop("spec").teachers() == {h200[0]: ("mpc", {}), h200[1]: ("epact_plus", {})}
+    assert bc.main([*h200, "--teacher", f'{h200[0]}={{"expert": "fixed_config", "args": {{"active": 3}}}}',
+                    "--out", str(tmp_path / "o")]) == 0
+    got = seen.pop("spec")
+    assert got.teachers()[h200[0]] == ("fixed_config", {"active": 3})
+    import shlex
+
+    assert bc.main(shlex.split(got.command())[3:]) == 0  # the recorded command gives the same teachers back
+    assert seen.pop("spec").teachers() == got.teachers()
+    # a demonstration file made with other teachers is refused
+    demos = tmp_path / "d.npz"
+    bc._demos(bc.BCSpec(h200, tmp_path / "b", expert="vllm", demos=demos), eps[:1], progress=False)
+    with pytest.raises(ValueError, match="--demos"):
+        bc._demos(bc.BCSpec(h200, tmp_path / "c", expert="vllm", demos=demos, experts={h200[1]: {"expert": "mpc"}}),
+                  eps[:1], progress=False)
+    # bad entries: a scenario not trained on, an unknown controller, an undeclared argument, a malformed value
+    for item, msg in [("bench-h20-hour-fixed-a30=mpc", "not one of the scenarios trained on"),
+                      (f"{h200[0]}=no_such_controller", f"experts: {h200[0]}"),
+                      (f'{h200[0]}={{"expert": "fixed_config", "args": {{"actve": 3}}}}', "actve"),
+                      (f'{h200[0]}={{"expert": "mpc", "extra": 1}}', "expected a controller spec")]:
+        buf = io.StringIO()
+        with contextlib.redirect_stderr(buf):
+            assert bc.main([*h200, "--teacher", item, "--out", str(tmp_path / "bad")]) == 2
+        assert msg in buf.getvalue(), (item, buf.getvalue())
+        assert not (tmp_path / "bad").exists()
