@@ -35,6 +35,7 @@ import numpy as np
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.coeffs import StepCoeffs, coeffs_for
+from commitenv.sim.devices import device_state
 from commitenv.sim.pool import StepLogBatch
 
 SharedFn = Callable[[int], float]
@@ -77,10 +78,11 @@ class StepLaw:
     def from_pool(cls, pool, clock_mhz: int | None = None, shared_fn: SharedFn | None = None) -> "StepLaw":
         """The law of ``pool``'s replicas at ``clock_mhz`` (default: each GPU's clock *now*) and their current
         SM shares. Right for a run that never changed clock or shares; otherwise only the ratios matter."""
-        out = []
-        for rep in pool.replicas:
-            cidx = rep.gpu.clock_idx if clock_mhz is None else rep.profile.clock_index(clock_mhz)
-            out.append(coeffs_for(rep.profile, cidx, rep.share))
+        dev, out = device_state(pool), []
+        for gpu, model, share in zip(dev.replica_gpu.tolist(), dev.replica_model.tolist(), dev.replica_share.tolist()):
+            prof = pool.profiles[model]
+            cidx = int(dev.gpu_clock_idx[gpu]) if clock_mhz is None else prof.clock_index(clock_mhz)
+            out.append(coeffs_for(prof, cidx, share))
         return cls(out, shared_fn)
 
     def coeffs(self, replica: int) -> StepCoeffs:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from commitenv.attribution.law import OwnTracker, StepLaw, member_terms
+from commitenv.sim.devices import device_state
+from commitenv.sim.states import SEG_NONE
 
 INF = math.inf
 
@@ -108,11 +110,9 @@ def _dense(values) -> np.ndarray | None:
 def ledger_horizon(pool) -> float:
     """Time before which every step of ``pool`` has been logged: the earliest start of a segment still in
     flight, or the pool's clock when none is."""
-    t = pool.now
-    for rep in pool.replicas:
-        if rep.seg and rep.t0 < t:
-            t = rep.t0
-    return t
+    dev = device_state(pool)
+    started = dev.replica_segment_t0[dev.replica_segment != SEG_NONE]
+    return float(min(pool.now, started.min())) if len(started) else float(pool.now)
 
 
 @dataclass
@@ -336,7 +336,7 @@ class Ledger:
         meter = pool.gpu_energy_j(t_end)
         prev = self._meter_prev if self._meter_prev is not None else np.zeros(len(meter))
         self._meter_prev = meter
-        self.close_window(t_end, meter - prev, np.array([g.floor_w for g in pool.gpus]))
+        self.close_window(t_end, meter - prev, device_state(pool).gpu_floor_w)
 
     def settle(self, complete_before: float = INF) -> list[WindowSettlement]:
         """Settle every closed window ending at or before ``complete_before`` (a time before which every step

@@ -42,6 +42,7 @@ import numpy as np
 
 from commitenv.attribution.law import batch_member_terms
 from commitenv.sim.coeffs import coeffs_for
+from commitenv.sim.devices import device_state
 from commitenv.sim.pool import StepLogBatch, StepLogEntry
 from commitenv.sim.states import SEG_NONE
 
@@ -76,15 +77,16 @@ class PoolAttributor:
             raise ValueError("PoolAttributor: attach the pool to its workload first (pool.attach(table))")
         if pool.on_step is not None:
             raise ValueError("PoolAttributor: pool.on_step is already in use")
-        if any(r.seg != SEG_NONE for r in pool.replicas):
+        dev = device_state(pool)
+        if np.any(dev.replica_segment != SEG_NONE):
             raise ValueError("PoolAttributor: attach before the pool runs a step (a running segment is not logged)")
         self._init_bills(pool, tenant, n_tenants)
-        self._rep_gpu = np.array([r.gpu.index for r in pool.replicas], dtype=np.int64)
-        self._rep_model = np.array([r.model for r in pool.replicas], dtype=np.int64)
-        self.n_gpus = len(pool.gpus)
+        self._rep_gpu = dev.replica_gpu
+        self._rep_model = dev.replica_model
+        self.n_gpus = dev.n_gpus
         self._coef: dict[tuple[int, int, float], tuple[float, float, float, float, float]] = {}
         self._carry: dict[int, tuple[float, float, float]] = {}  # replica -> (t0 in flight, J and floor J attributed)
-        self._gpu_shared = np.array([len(g.replicas) > 1 for g in pool.gpus])
+        self._gpu_shared = dev.gpu_hosts > 1
         self._colocated = bool(self._gpu_shared.any())
         self._new_buffers()
         self._start = pool.now

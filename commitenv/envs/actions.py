@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 from gymnasium import spaces
 
+from commitenv.sim.devices import device_state
 from commitenv.sim.interval import SharedConfig
 from commitenv.sim.migration import MIGRATE_MODES
 
@@ -160,10 +161,7 @@ def placement_from_request(request: Sequence[int], current: Sequence[int], n_gpu
 def memory_shares(pool: Any) -> tuple[float, ...]:
     """Every instance's memory share (the part of its GPU's usable memory it reserved when first placed; it moves
     with the instance), read from the compiled loop's state when it runs the pool."""
-    ks = getattr(pool, "_ks", None)
-    if ks is not None:
-        return tuple(ks.mem_shares().tolist())
-    return tuple(float(r.mem_share) for r in pool.replicas)
+    return tuple(device_state(pool).replica_mem_share.tolist())
 
 
 def replica_terms(env: Any) -> tuple[tuple[float, ...], tuple[bool, ...]]:

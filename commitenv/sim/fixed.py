@@ -61,7 +61,7 @@ def run_fixed(
         from tqdm import tqdm
 
         name = profile.name if isinstance(profile, Profile) else "+".join(p.name for p in profile)
-        bar = tqdm(total=steps, unit="interval", desc=f"{name} x{len(pool.gpus)}", leave=False)
+        bar = tqdm(total=steps, unit="interval", desc=f"{name} x{len(pool.layout.gpus)}", leave=False)
     per_hour = int(round(3600.0 / interval_s))
     book = HourlySettlement(np.ones(H), intervals_per_hour=per_hour)  # hourly energies only: no commitment yet
     for k in range(1, steps + 1):

@@ -31,18 +31,20 @@ class _PythonLoopState:
 
 
 class _StepSink(_PythonLoopState):
-    """The step log or hook: a new sink makes a pool the kernel runs hand over to the Python loop (segments started
-    from then on are recorded); removing the last one stops the kernel's recording."""
+    """The step log or hook: a new sink starts the kernel's recording (segments started from then on are recorded, as
+    on the Python loop); removing the last one stops it."""
 
     def __get__(self, pool: "KernelHandover | None", owner: type | None = None):
         return self if pool is None else pool.__dict__[self.key]
 
     def __set__(self, pool: "KernelHandover", value) -> None:
-        ks = pool._ks
-        if ks is not None and value is not None:
-            pool._leave_kernel()
         pool.__dict__[self.key] = value
-        if ks is not None and pool._ks is not None and ks.logging and pool.log is None and pool.on_step is None:
+        ks = pool._ks
+        if ks is None:
+            return
+        if value is not None:
+            ks.start_logging()
+        elif ks.logging and pool.log is None and pool.on_step is None:
             ks.stop_logging()
 
 

@@ -11,7 +11,7 @@ from commitenv.sim.kernel.layout import (F_MIG_BYTES, F_MIG_J, F_NOW, I_CAPLEFT,
                                          LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
                                          LM_DECODE, LM_NEW, LM_REQ, Q_COMPUTED, Q_FINISH, R_AFTER, R_BATCH_N, R_DEST,
                                          R_GPU, R_K, R_MEM, R_MODEL, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE,
-                                         R_T0, R_WLEN, S_CLOSED, S_LOG)
+                                         R_T0, R_WLEN, S_CLOSED, S_LOG, S_MAX_SEQS)
 from commitenv.sim.kernel.loop import in_flight, meter
 from commitenv.sim.kernel.segment import _decode_flags
 from commitenv.sim.records import InFlightPart, SegmentLog, StepLogBatch
@@ -59,6 +59,25 @@ class KernelReads:
         out, self._log_out = self._log_out, []
         return StepLogBatch.join(out) if out else None
 
+    def _new_log_arrays(self, on: bool) -> None:
+        """Empty step log arrays: room for a drain's worth of entries and members when ``on``, none otherwise."""
+        R, max_seqs = self.R, int(self.sched[S_MAX_SEQS])
+        n_ent, n_mem = (max(self.LOG_ENTRIES, R + 1), max(self.LOG_MEMBERS, (R + 1) * (max_seqs + 1))) if on \
+            else (0, 0)
+        self.lgi, self.lgf = np.zeros((n_ent, 5), np.int64), np.zeros((n_ent, 5))
+        self.lgm = np.zeros((n_mem, 4), np.int64)
+
+    def start_logging(self) -> None:
+        """Write the step log from here on: the segments that start from now are logged (those in flight are not, as
+        on the Python loop, whose segments carry their log record from their start)."""
+        if self.logging:
+            return
+        self._new_log_arrays(True)
+        self.sched = self.sched.copy()  # (copies share it)
+        self.sched[S_LOG] = 1
+        self.si[I_LOG] = self.si[I_LOGM] = 0
+        self._log_out = []
+
     def stop_logging(self) -> None:
         """Write no step log from here on (a fork keeps none); entries not taken are dropped."""
         self.sched = self.sched.copy()  # (copies share it)
@@ -68,7 +87,7 @@ class KernelReads:
 
     def drop_log(self) -> None:
         """No step log from here on, and no arrays for one (a fork or a what-if copy keeps none)."""
-        self.lgi, self.lgf, self.lgm = np.zeros((0, 5), np.int64), np.zeros((0, 5)), np.zeros((0, 4), np.int64)
+        self._new_log_arrays(False)
         self.stop_logging()
 
     def _seg_log(self, x: int) -> SegmentLog:

@@ -256,10 +256,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         # every call (`take_log`)
         self._mhz = np.array(self.clock_mhz, np.int64)
         self._log_out: list = []
-        n_ent, n_mem = (max(self.LOG_ENTRIES, R + 1), max(self.LOG_MEMBERS, (R + 1) * (max_seqs + 1))) \
-            if self.sched[S_LOG] else (0, 0)
-        self.lgi, self.lgf = np.zeros((n_ent, 5), np.int64), np.zeros((n_ent, 5))
-        self.lgm = np.zeros((n_mem, 4), np.int64)
+        self._new_log_arrays(bool(self.sched[S_LOG]))
 
     def _load(self, t: float) -> None:
         """Load the workload rows arriving at or before ``t`` (and those of ``lookahead_s`` after, so that loads are
