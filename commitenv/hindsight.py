@@ -109,8 +109,9 @@ def _kernel_fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool
             if rep.local is not None:
                 rep.local = copy.deepcopy(rep.local, m)
         c.__dict__["_dispatch"] = copy.deepcopy(pool.dispatch, m)
-    else:
+    elif "_replicas" in c.__dict__:
         c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)
+    # (else a pool without device objects: the fork builds its own from its arrays if it ever needs them)
     c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
     if pool.late_done is not None:
         c.late_done = pool.late_done.copy()

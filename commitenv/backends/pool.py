@@ -43,6 +43,7 @@ from commitenv.profiles.schema import Profile
 from commitenv.sim import states as sim_states
 from commitenv.sim.noise import NoiseSpec
 from commitenv.sim.coeffs import coeffs_for
+from commitenv.sim.kernel.fresh import placement_caps
 from commitenv.sim.pool import EngineOptions, Pool, PoolLayout, StepLogEntry, request_terms
 from commitenv.sim.request import Req, live_state
 from commitenv.workload.table import RequestTable
@@ -471,26 +472,23 @@ class HardwarePool:
         mirror.pred_out, mirror.visible_deadline = self.pred_out, self.visible_deadline
         mirror._n_results = len(self.out_tokens)
         states = {ACTIVE: sim_states.ACTIVE, DRAINING: sim_states.DRAINING, STANDBY: sim_states.STANDBY}
-        bs = prof.scheduler.block_size
-        for w, rep in zip(self.workers, mirror.replicas):
-            rep.state = states[w.state]
+        bs, max_seqs = prof.scheduler.block_size, prof.scheduler.max_seqs
+        running, waiting = [], []
+        for w, free in zip(self.workers, placement_caps([prof], mirror.layout)):
             reqs = sorted((r.copy() for r in list(w.live.values())), key=lambda q: q.slot)
-            evicted = []
+            run, evicted = [], []
             for c in reqs:  # started ones keep their KV while it fits (the last report may predate a preemption)
                 need = -(-c.computed // bs) if c.started else 0
-                if c.started and need <= rep.free_blocks and len(rep.running) < rep.max_seqs:
+                if c.started and need <= free and len(run) < max_seqs:
                     c.blocks = need
-                    rep.free_blocks -= need
-                    rep.running.append(c)
+                    free -= need
+                    run.append(c)
                 elif c.started:
                     c.computed, c.blocks = 0, 0  # as the engine would have preempted it: recompute from scratch
                     evicted.append(c)
-            rep.waiting.extend(evicted + [c for c in reqs if not c.started])
-            rep.unf = len(rep.running) + len(rep.waiting)
-            rep.gpu.floor_w = rep.gpu.floor_power()
-        mirror.unrouted = [r.copy() for r in self.unrouted]
-        mirror.live = sum(rep.unf for rep in mirror.replicas) + len(mirror.unrouted)
-        mirror.routable = [[r for r in mirror.replicas if r.state == sim_states.ACTIVE]]
+            running.append(run)
+            waiting.append(evicted + [c for c in reqs if not c.started])
+        mirror.place(running, waiting, [r.copy() for r in self.unrouted], [states[w.state] for w in self.workers])
         copy = mirror.clone(hide_lengths=hide_lengths, own_profiles=own_profiles)
         copy.resume(copy.now)
         return copy

@@ -10,7 +10,7 @@ from typing import Self
 import numpy as np
 
 from commitenv.sim.gpu import GPU
-from commitenv.sim.kernel.layout import G_CLOCK, R_CAP, R_GPU, R_MEM, R_MODEL, R_SHARE
+from commitenv.sim.kernel.layout import G_CLOCK, G_NHOST, R_CAP, R_GPU, R_MEM, R_MODEL, R_SHARE
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.replica import Replica
 from commitenv.sim.request import Req
@@ -61,12 +61,13 @@ def copy_devices(gpus: list[GPU], replicas: list[Replica], c: "Copies", cr) -> d
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """What a what-if copy made on the kernel needs to build its device objects (`Copies.build_devices`): the model
-    whose profile sets each GPU's idle floor, each replica's local policy, the copy's power factor."""
+    """What a pool the kernel runs from the start (a new pool, a what-if copy made on the kernel) needs to build device
+    objects if anything asks for them (`Copies.build_devices`): the model whose profile sets each GPU's idle floor,
+    each replica's local policy, each GPU's power factor."""
 
     gpu_model: tuple[int, ...]
     local: tuple
-    energy_factor: float
+    power: tuple[float, ...]
 
 
 class Copies:
@@ -83,7 +84,7 @@ class Copies:
         ks = self._ks
         c = type(self).__new__(type(self))
         c.profiles = [p.model_copy(deep=True) for p in self.profiles] if own_profiles else list(self.profiles)
-        c.layout, c.n_models = self.layout, self.n_models
+        c.layout, c.n_models, c.replica_models = self.layout, self.n_models, self.replica_models
         c.tenant_model = dict(self.tenant_model)
         c.opt = replace(self.opt, log_steps=False, truth=None, seed=0)  # the run seed would regenerate the trace
         nominal = self.truth is not None
@@ -174,19 +175,27 @@ class Copies:
         hide = (self.pred_out, self.visible_deadline, self._n_results) if hide_lengths and self._n_results else None
         c._ks = ks.whatif_copy(hide=hide, nominal=nominal, energy_factor=ef, profiles=c.profiles)
         own = self.__dict__.get("_devices_shared")
-        if isinstance(own, DeviceSpec):  # (a copy of a copy made on the kernel, which has no device objects)
-            gpu_model, local = own.gpu_model, own.local
-        else:
+        if "_replicas" in self.__dict__ or not isinstance(own, DeviceSpec):
             gpu_model = tuple(next(m for m, p in enumerate(self.profiles) if p is g.profile) for g in self._gpus)
             local = tuple(r.local for r in self._replicas)
-        c._devices_shared = DeviceSpec(gpu_model, local, ef)
+        else:  # (a pool without device objects: a new one, or a copy made on the kernel)
+            gpu_model, local = own.gpu_model, own.local
+        c._devices_shared = DeviceSpec(gpu_model, local, (ef,) * len(gpu_model))
         c.routable = [[] for _ in range(c.n_models)]
         c.unrouted, c.transit = [], {}
         c.sync_from_kernel(c._ks)  # (clock and counters)
 
     def build_devices(self, ks, spec: "DeviceSpec") -> None:
-        """A what-if copy made on the kernel, handing back: its GPU and replica objects, new, as `clone` makes them
-        (the hand-back writes their state)."""
+        """A pool without device objects (a new pool, a what-if copy made on the kernel): its GPU and replica objects,
+        new and idle (a hand-back writes their state), unless built already; a prefix cache on each when the kernel
+        keeps them."""
+        if "_replicas" in self.__dict__:
+            if ks._pa is not None:
+                for rep in self._replicas:
+                    if rep.pcache is None:
+                        rep.pcache = PrefixCache.__new__(PrefixCache)
+                        rep.pcache.entries = {}
+            return
         gpus = [GPU(g, int(ks.gi[g, G_CLOCK]), self.profiles[m]) for g, m in enumerate(spec.gpu_model)]
         reps = []
         for x in range(ks.R):
@@ -197,9 +206,31 @@ class Copies:
                 rep.pcache = PrefixCache.__new__(PrefixCache)
                 rep.pcache.entries = {}
             reps.append(rep)
-        for g in gpus:
-            g.power_factor = spec.energy_factor
+        for g, f in zip(gpus, spec.power):
+            g.power_factor = f
+            g.replicas = [reps[x] for x in ks.gh[g.index, : ks.gi[g.index, G_NHOST]].tolist()]
         self._gpus, self._replicas = gpus, reps
+
+    def place(self, running: list[list[Req]], waiting: list[list[Req]], unrouted: list[Req], states: list[int]) -> None:
+        """A serving state assembled outside the engine (a hardware pool's mirror) written into this new pool at its
+        clock: per replica its lifecycle state (ACTIVE, DRAINING or STANDBY), running requests (holding their KV
+        blocks) and waiting ones, in order; the requests no replica took. `resume` then starts what has work."""
+        if self._ks is not None:
+            from commitenv.sim.kernel.fresh import place_requests
+
+            place_requests(self._ks, self, running, waiting, unrouted, states)
+            self.sync_from_kernel(self._ks)
+            return
+        for rep, run, wait, state in zip(self.replicas, running, waiting, states):
+            rep.state = state
+            rep.running = list(run)
+            rep.waiting.extend(wait)
+            rep.free_blocks -= sum(r.blocks for r in run)
+            rep.unf = len(rep.running) + len(rep.waiting)
+            rep.gpu.floor_w = rep.gpu.floor_power()
+        self.unrouted = list(unrouted)
+        self.live = sum(rep.unf for rep in self.replicas) + len(self.unrouted)
+        self.routable = [[r for r in self.replicas if r.state == ACTIVE and r.model == m] for m in range(self.n_models)]
 
     def capture_all(self, *, arrivals: bool = False) -> None:
         """Mark every live request as captured (what-if runs report their completion times); with ``arrivals`` the

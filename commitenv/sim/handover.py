@@ -64,8 +64,9 @@ class KernelHandover:
     """`Pool`'s side of the kernel hand-over (mixed into `Pool`)."""
 
     def __getattr__(self, name: str):
-        """A what-if copy made on the kernel has no device objects: the first read of them builds them from its arrays
-        (idle objects, as a fork's shared ones are, until a hand-back writes their state)."""
+        """A pool the kernel runs from the start (a new pool, a what-if copy made on the kernel) has no device objects:
+        the first read of them builds them from its arrays (idle objects, as a fork's shared ones are, until a
+        hand-back writes their state)."""
         d = self.__dict__
         spec = d.get("_devices_shared")
         if name in ("_replicas", "_gpus") and d.get("_ks") is not None and isinstance(spec, DeviceSpec):

@@ -68,7 +68,11 @@ class PolicyHooks:
 
     def has_policies(self) -> bool:
         """Whether a dispatch or local policy is installed (policies may hold state: a fork deep-copies them)."""
-        return self.dispatch is not None or any(r.local is not None for r in self._replicas)
+        if self.dispatch is not None:
+            return True
+        if self._ks is not None:  # (read off the arrays: a pool without device objects builds none)
+            return self._ks.has_local()
+        return any(r.local is not None for r in self._replicas)
 
     def set_local_policy(self, policy: LocalPolicy | None, replicas: list[int] | None = None) -> None:
         """Plan every step of ``replicas`` (all by default) with ``policy`` (None: the vLLM scheduler)."""

@@ -21,9 +21,10 @@ class Placement:
         """Give ``replica`` a new SM share from its next step on (shares on a GPU must sum to <= 1)."""
         if t < self.now - 1e-9:
             raise ValueError(f"set_share at t={t} precedes the engine clock {self.now}")
-        if not 0 <= replica < len(self._replicas):
-            raise ValueError(f"replica index {replica} outside 0..{len(self._replicas) - 1}")
-        prof = self._replicas[replica].profile
+        models = self.replica_models
+        if not 0 <= replica < len(models):
+            raise ValueError(f"replica index {replica} outside 0..{len(models) - 1}")
+        prof = self.profiles[models[replica]]
         mn = prof.sm_share.min_share
         if not mn <= share <= 1.0:
             raise ValueError(f"sm share of replica {replica}: expected {mn}..1.0, got {share}")
@@ -56,19 +57,19 @@ class Placement:
             raise ValueError(f"move at t={t} precedes the engine clock {self.now}")
         if migrate not in MIGRATE_MODES:
             raise ValueError(f"move: migrate must be one of {MIGRATE_MODES}, got {migrate!r}")
-        reps, ks = self._replicas, self._ks
+        models, ks = self.replica_models, self._ks
         target = dict(enumerate(self._targets()))
-        n_gpus = len(self._gpus)
+        n_gpus = len(self.layout.gpus)
         for replica, gpu in moves.items():
-            if not 0 <= replica < len(reps):
-                raise ValueError(f"move: replica index {replica} outside 0..{len(reps) - 1}")
+            if not 0 <= replica < len(models):
+                raise ValueError(f"move: replica index {replica} outside 0..{len(models) - 1}")
             if not 0 <= gpu < n_gpus:
                 raise ValueError(f"move: GPU index {gpu} outside 0..{n_gpus - 1}")
-            prof = reps[replica].profile
+            prof = self.profiles[models[replica]]
             if gpu != target[replica] and prof.latencies.load_s is None:
                 raise ValueError(f"move: profile {prof.name} has no cold-start figures (latencies.load_s, load_w)")
             target[replica] = gpu
-        shares = ks.shares().tolist() if ks is not None else [r.share for r in reps]
+        shares = ks.shares().tolist() if ks is not None else [r.share for r in self.replicas]
         for g in set(moves.values()):
             held = sum(x for k, x in enumerate(shares) if target[k] == g)
             if held > 1.0 + 1e-9:

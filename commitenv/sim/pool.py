@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from commitenv.profiles.schema import Profile
-from commitenv.sim import memory
-from commitenv.sim.copies import REPLAY_SLOT_BASE, Copies, copy_devices  # noqa: F401
+from commitenv.sim.copies import REPLAY_SLOT_BASE, Copies, DeviceSpec, _kernel_on, copy_devices  # noqa: F401
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.gpu import GPU
 from commitenv.sim.handover import KernelHandover, _KernelPolicy, _PythonLoopState, _StepSink
 from commitenv.sim.hooks import PolicyHooks
+from commitenv.sim.kernel.fresh import fresh_state, placement_caps
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.placement import Placement
 from commitenv.sim.prefix_cache import PrefixCache
@@ -99,24 +99,19 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
             raise ValueError(f"profiles {[p.name for p in self.profiles]}: different clock levels "
                              f"{sorted(levels)}; a pool's profiles must share one set of clock levels")
         cidx = p0.reference_clock_index if clock_mhz is None else p0.clock_index(clock_mhz)
-        self.gpus: list[GPU] = []
-        self.replicas: list[Replica] = []
+        self._clock0 = cidx  # (the clock level every GPU starts at)
         for g, insts in enumerate(layout.gpus):
             for inst in insts:
                 if not 0 <= inst.model < len(self.profiles):
                     raise ValueError(f"layout.gpus[{g}]: model index {inst.model} has no profile")
-            gpu = GPU(g, cidx, self.profiles[insts[0].model])
             for inst in insts:
                 mn = self.profiles[inst.model].sm_share.min_share
                 if not mn <= inst.share <= 1.0:
                     raise ValueError(f"layout.gpus[{g}]: SM share {inst.share} outside [{mn}, 1.0] (profile sm_share.min_share)")
-                rep = Replica(len(self.replicas), gpu, self.profiles[inst.model], inst.model, inst.share)
-                gpu.replicas.append(rep)
-                self.replicas.append(rep)
-            self.gpus.append(gpu)
-        for g in self.gpus:
-            for rep in g.replicas:  # (its memory share is its placement share, `commitenv.sim.memory`)
-                rep.cap_blocks = rep.free_blocks = memory.kv_blocks(rep.profile, rep.share, f"layout.gpus[{g.index}]")
+        caps = placement_caps(self.profiles, layout)  # (its memory share is its placement share, `memory`)
+        # the model each replica serves, in index order (layout order; an instance keeps its model when it moves)
+        self.replica_models: tuple[int, ...] = tuple(inst.model for insts in layout.gpus for inst in insts)
+        n_gpus, n_reps = len(layout.gpus), len(caps)
         self.n_models = len(self.profiles)
         self.now = 0.0
         self.heap: list[tuple] = []
@@ -124,13 +119,18 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         noise = self.opt.noise
         self.truth: TruthSource | None = None
         if self.opt.truth is not None:
-            self.truth = TruthSource(self.opt.truth, self.opt.seed, len(self.gpus))
-            for g in self.gpus:
-                g.power_factor = float(self.truth.power[g.index])
-        self.noise = self.truth if self.truth is not None else (None if noise.off else NoiseSource(noise, self.opt.seed, len(self.replicas)))
+            self.truth = TruthSource(self.opt.truth, self.opt.seed, n_gpus)
+        power = tuple(float(f) for f in self.truth.power) if self.truth is not None else (1.0,) * n_gpus
+        self.noise = self.truth if self.truth is not None else (None if noise.off else NoiseSource(noise, self.opt.seed, n_reps))
         self.log = [] if self.opt.log_steps else None
         self.on_step = None
-        self.routable: list[list[Replica]] = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
+        on_kernel = _kernel_on()
+        if on_kernel:  # (device objects only if something asks for them: `KernelHandover.__getattr__`)
+            self._devices_shared = DeviceSpec(tuple(insts[0].model for insts in layout.gpus), (None,) * n_reps, power)
+        else:
+            self._build_objects(cidx, caps, power)
+        self.routable: list[list[Replica]] = [[] if on_kernel else [r for r in self.replicas if r.model == m]
+                                              for m in range(self.n_models)]
         self.unrouted: list[Req] = []
         self.dispatch: DispatchPolicy | None = make_dispatch(self.opt.dispatch)  # None: least unfinished requests
         self.dispatch_s = 0.0  # wall time spent in the dispatch policy
@@ -138,6 +138,10 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         self.local_s = 0.0  # wall time spent in local scheduling policies
         self.local_calls = 0
         self.pred_out: np.ndarray | None = None
+        self.visible_deadline: np.ndarray | None = None
+        self.overhead_s: np.ndarray | None = None  # the truth's serving overhead per request row (`attach`)
+        self.rejected = np.zeros(0, np.bool_)  # per request row: rejected by the context limit (`attach`)
+        self.done_slots: list[int] | None = None
         self._pending: list[Replica] = []
         self.transit: dict[int, tuple[float, Req]] = {}  # migrated requests on the link: slot -> (landing time, request)
         self.moves = 0  # instance moves ordered (`move`)
@@ -160,13 +164,30 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         self.captured_finish: dict[int, float] = {}
         self._hashes: list[int] | None = None
         self.tenant_model: dict[int, int] = {}
+        if on_kernel:  # (actions before the workload is attached run there too; `attach` adds the rows)
+            self._ks = fresh_state(self, power)
+
+    def _build_objects(self, cidx: int, caps: list[int], power: tuple[float, ...]) -> None:
+        """The Python loop's GPU and replica objects of a new pool (`COMMITENV_KERNEL=0`): idle, at clock level
+        ``cidx``, with KV blocks ``caps`` and power factors ``power``."""
+        self.gpus, self.replicas = [], []
+        for g, insts in enumerate(self.layout.gpus):
+            gpu = GPU(g, cidx, self.profiles[insts[0].model])
+            gpu.power_factor = power[g]
+            for inst in insts:
+                rep = Replica(len(self.replicas), gpu, self.profiles[inst.model], inst.model, inst.share)
+                rep.cap_blocks = rep.free_blocks = caps[rep.index]
+                gpu.replicas.append(rep)
+                self.replicas.append(rep)
+            self.gpus.append(gpu)
         for gpu in self.gpus:
             gpu.update_floor(0.0)
 
     # ================================================================================ workload and results
     def attach(self, table: RequestTable, tenant_model: dict[int, int] | None = None, t_start: float = 0.0) -> None:
         """Serve ``table`` (arrivals are read causally, as the clock passes them)."""
-        if self._ks is not None:
+        ks = self._ks
+        if ks is not None and not ks.unused:
             self._leave_kernel()
         n = len(table)
         self.table = table
@@ -197,15 +218,19 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         self.preemptions = np.zeros(n, dtype=np.int32)
         self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))
         self.now = max(self.now, t_start)
-        self._enter_kernel()
+        if self._ks is not None:  # (unused: a pool that has served was handed back above)
+            self._ks.attach_workload(self)
+        else:
+            self._enter_kernel()
 
     def _attach_prefixes(self, table: RequestTable) -> None:
-        """Give every replica a prefix cache when the workload has hash blocks and caching is on."""
+        """Give every replica a prefix cache when the workload has hash blocks and caching is on (on the kernel: its
+        arrays, `KernelState.attach_workload`)."""
         self._hashes = None
         if not self.opt.prefix_caching or table.prefix_offsets is None or table.prefix_hashes is None:
             return
         bt = self.opt.prefix_block_tokens
-        for rep in self.replicas:
+        for rep in (() if self._ks is not None else self.replicas):
             if rep.pcache is None:
                 rep.pcache = PrefixCache(bt, rep.bs, rep.free_blocks)
         self._hashes = table.prefix_hashes.tolist()
@@ -255,7 +280,11 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
 
     def resume(self, t: float) -> None:
         """Start, at ``t``, every active or draining replica that holds work but runs no segment: a serving state
-        assembled outside the engine (a hardware pool's mirror for what-if runs) continues from there."""
+        assembled outside the engine (a hardware pool's mirror for what-if runs, `place`) continues from there."""
+        if self._ks is not None:
+            self._ks.resume(t, self)
+            self._sync_kernel()
+            return
         for rep in self.replicas:
             if rep.has_work():
                 self._poke(rep, t)

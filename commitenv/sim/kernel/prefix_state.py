@@ -22,10 +22,12 @@ class KernelPrefix:
     """`KernelState`'s prefix caches: ``self.pfx`` (always set; no replica rows without a cache), ``self._pa`` (the
     `PrefixArrays`, or None), the table's hash blocks (``_row_hoff``, ``_hh0``: where they start in ``hh``)."""
 
-    def _import_prefix(self, pool, live: list) -> None:
-        """The caches of ``pool``'s replicas and the hash blocks of its live requests (``live``, at their indices) and
-        of its workload rows (when it has them)."""
-        caches = [rep.pcache for rep in pool._replicas]
+    def _import_prefix(self, pool, live: list, caches: list | None = None, caps: list[int] | None = None) -> None:
+        """The caches of ``pool``'s replicas (or ``caches``, of replicas with ``caps`` KV blocks) and the hash blocks of
+        its live requests (``live``, at their indices) and of its workload rows (when it has them)."""
+        if caches is None:
+            caches = [rep.pcache for rep in pool._replicas]
+            caps = [rep.cap_blocks for rep in pool._replicas]
         self._pa = None
         self._row_hoff = None
         if all(c is None for c in caches):
@@ -33,7 +35,7 @@ class KernelPrefix:
             return
         if any(c is None for c in caches):
             raise ValueError("kernel: some replicas have a prefix cache and some do not")
-        pa, ids = PrefixArrays.from_caches(caches, [rep.cap_blocks for rep in pool._replicas])
+        pa, ids = PrefixArrays.from_caches(caches, caps)
         head: list[int] = []
         pe_head: list[int] = []
         for k, r in enumerate(live):

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from commitenv.sim.kernel.actuate import _redistribute, _set_clock, _set_share, move, set_active
+from commitenv.sim.kernel.actuate import _poke, _redistribute, _set_clock, _set_share, move, set_active
 from commitenv.sim.kernel.clone import KernelClone
 from commitenv.sim.kernel.export import KernelExport
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
@@ -32,7 +32,8 @@ from commitenv.sim.kernel.reads import KernelReads
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.states import EV_LAND, MOVING, SEG_NONE, SEG_RUN, SEG_STEP
+from commitenv.sim.prefix_cache import PrefixCache
+from commitenv.sim.states import ACTIVE, DRAINING, EV_LAND, MOVING, SEG_NONE, SEG_RUN, SEG_STEP
 
 # pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
 # (`commitenv.sim.kernel.ENABLED` reads and sets this flag)
@@ -101,9 +102,6 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         max_seqs = max(rep.max_seqs for rep in reps)
         self.src = _Rows.of(pool)
         self.slot_base = pool._slot_base
-        self.n_live = L  # the head: requests live at the import (or the last compaction), by slot
-        self.live_slots = np.array([r.slot for r in live], np.int64)
-        self.head_deadline = np.array([r.deadline for r in live], np.float64)
         # workload rows [row0, row_end) follow the head, at index n_live + row - row0
         self.row0 = self.row_end = pool._cursor
         self._stopped = False  # `stop_arrivals`: no row loaded or arriving any more
@@ -111,22 +109,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         self.compact = compact
         self.taken = 0  # completions handed out by `take_finished`
         self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
-        cap = L + 64
-        self.qi = np.zeros((cap, N_QI), np.int64)
-        self.qf = np.zeros((cap, 4))
-        self.qc = np.zeros(cap, np.uint8)  # captured (a what-if run reports its finish)
-        self.rejected = np.zeros(cap, np.bool_)
-        self.wq = np.full(cap, -1, np.int64)  # next request in its waiting queue
-        self.done_out = np.zeros(cap, np.int64)
-        oh = pool.overhead_s
-        index = {}
-        for k, r in enumerate(live):
-            index[id(r)] = k
-            self.qi[k, :Q_HOFF] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions,
-                                   r.replica, r.model)  # (the prefix columns: `_import_prefix`)
-            self.qf[k] = (r.arrival, r.first_t, np.nan,
-                          oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
-            self.qc[k] = r.captured
+        index = self._head(pool, live)
         self._import_prefix(pool, live)
         prof = pool.profiles[0]
         self.profiles = pool.profiles
@@ -257,6 +240,55 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         self._mhz = np.array(self.clock_mhz, np.int64)
         self._log_out: list = []
         self._new_log_arrays(bool(self.sched[S_LOG]))
+
+    def _head(self, pool, live: list) -> dict[int, int]:
+        """The request arrays holding ``live`` (`Req` records, by slot) as the head, at indices 0.., with room for as
+        many more; returns the index of each (by object id). Prefix columns: `_import_prefix`."""
+        L = len(live)
+        self.n_live = L  # the head: requests live at the import (or the last compaction), by slot
+        self.live_slots = np.array([r.slot for r in live], np.int64)
+        self.head_deadline = np.array([r.deadline for r in live], np.float64)
+        cap = L + 64
+        self.qi = np.zeros((cap, N_QI), np.int64)
+        self.qf = np.zeros((cap, 4))
+        self.qc = np.zeros(cap, np.uint8)  # captured (a what-if run reports its finish)
+        self.rejected = np.zeros(cap, np.bool_)
+        self.wq = np.full(cap, -1, np.int64)  # next request in its waiting queue
+        self.done_out = np.zeros(cap, np.int64)
+        oh = pool.overhead_s
+        index = {}
+        for k, r in enumerate(live):
+            index[id(r)] = k
+            self.qi[k, :Q_HOFF] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions,
+                                   r.replica, r.model)
+            self.qf[k] = (r.arrival, r.first_t, np.nan,
+                          oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
+            self.qc[k] = r.captured
+        return index
+
+    @property
+    def unused(self) -> bool:
+        """Whether no request was ever loaded or live here (a pool's state before its workload is attached)."""
+        return self.n_live == 0 and self.row_end == 0 and int(self.si[I_N]) == 0 and len(self.src.arrival) == 0
+
+    def attach_workload(self, pool) -> None:
+        """`Pool.attach` on an `unused` state: ``pool``'s workload rows from its cursor on (loaded as the clock nears
+        them), their serving overheads, and the replicas' prefix caches with the rows' hash blocks when it has them;
+        the clock at ``pool.now``."""
+        if not self.unused:
+            raise RuntimeError("kernel: a workload attached to a state that has held requests")
+        self.src = _Rows.of(pool)
+        self.slot_base = pool._slot_base
+        self.row0 = self.row_end = pool._cursor
+        self._stopped = False
+        caches = [None] * self.R
+        if pool._hashes is not None:  # (new caches: every KV block free, as `Pool._attach_prefixes` makes them)
+            bt = pool.opt.prefix_block_tokens
+            caches = [PrefixCache(bt, int(self.ri[x, R_BS]), int(self.ri[x, R_FREE])) for x in range(self.R)]
+        self._import_prefix(pool, [], caches, self.cap_blocks.tolist())
+        self.sf[F_NOW] = self.sf[F_LAST] = pool.now
+        self._ensure(pool.now)
+        self._load(pool.now)
 
     def _load(self, t: float) -> None:
         """Load the workload rows arriving at or before ``t`` (and those of ``lookahead_s`` after, so that loads are
@@ -474,6 +506,19 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
                              *self._task_args(pool), self.pfx))
         finally:
             CURRENT.pop()
+
+    def resume(self, t: float, pool=None) -> None:
+        """`Pool.resume` at ``t``: every active or draining replica that holds work and runs no segment starts."""
+        ri = self.ri
+        self._room(self.R)
+        for x in range(self.R):
+            if ri[x, R_RUN_N] + ri[x, R_WLEN] and ri[x, R_STATE] in (ACTIVE, DRAINING):
+                _poke(t, x, ri, self.rf, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
+        self._flush_all(pool, t)
+
+    def has_local(self) -> bool:
+        """Whether a local policy plans any replica's steps."""
+        return bool(self.ri[:, R_LOCAL].any())
 
     def set_local(self, replicas: list[int], on: bool) -> None:
         """Whether a local policy plans the steps of ``replicas`` from their next start on."""
