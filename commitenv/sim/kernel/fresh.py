@@ -8,11 +8,10 @@ import numpy as np
 
 from commitenv.sim import memory
 from commitenv.sim.kernel.layout import (F_LAST, F_NOW, G_CLOCK, G_NHOST, G_PENDING, GF_CLOCK_LAT, GF_FLOOR_W,
-                                         GF_POWER, I_CAPARR, I_CAPLEFT, I_COLD, I_EVENTS, I_LIVE, I_MIGRATED,
-                                         I_CURSOR, I_HEAP, I_N, I_PLAN_REP, I_SEQ, INF, N_QI, N_RF, N_RI, N_SI, R_AFTER, R_BS, R_BUDGET,
-                                         R_CAP, R_DEST, R_FE, R_FREE, R_FT, R_GPU, R_KVB, R_LOAD_S, R_LOAD_W, R_MAXSEQ,
-                                         R_MEM, R_MIGRATE, R_MODEL, R_RESERVE, R_RUN_N, R_SCLK, R_UNF, R_SHARE, R_SSHARE, R_STATE,
-                                         S_LOG, S_NOISE)
+                                         GF_POWER, I_LIVE, I_CURSOR, I_HEAP, I_N, N_QI, N_RF, N_RI, R_AFTER, R_BS,
+                                         R_BUDGET, R_CAP, R_DEST, R_FE, R_FREE, R_FT, R_GPU, R_KVB, R_LOAD_S,
+                                         R_LOAD_W, R_MAXSEQ, R_MEM, R_MIGRATE, R_MODEL, R_RESERVE, R_RUN_N, R_SCLK,
+                                         R_UNF, R_SHARE, R_SSHARE, R_STATE, S_LOG)
 from commitenv.sim.kernel.prefix_state import _no_cache
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.migration import MIGRATE_MODES
@@ -32,8 +31,6 @@ def fresh_state(pool, power: tuple[float, ...]):
     """The kernel state of ``pool`` (a `Pool` being built: layout, profiles, options, initial clock level
     ``pool._clock0``, truth and noise sources set, no workload) with GPU power factors ``power``."""
     from commitenv.sim.kernel.state import KernelState
-    from commitenv.sim.noise import NoiseSource
-    from commitenv.sim.truth import NominalModel
 
     ks = KernelState.__new__(KernelState)
     profiles, layout, cidx = pool.profiles, pool.layout, pool._clock0
@@ -97,36 +94,15 @@ def fresh_state(pool, power: tuple[float, ...]):
         x += len(hosted)
     ks.gi[:, G_NHOST] = [len(hosted) for hosted in layout.gpus]
     gprof = [profiles[hosted[0].model] for hosted in layout.gpus]  # (the first instance placed sets the floor)
-    ks.floor_tab = np.array([[[lvl.active_idle_w * f, lvl.draining_idle_w * f, p.standby_w * f, lvl.active_idle_w,
-                               lvl.draining_idle_w, p.standby_w] for lvl in p.clocks] for f, p in zip(power, gprof)])
+    ks.floor_tab = ks._floor_table(power, gprof)
     ks.gf[:, GF_POWER] = power
     ks.gf[:, GF_CLOCK_LAT] = [p.latencies.clock_change_s for p in gprof]
     ks.gi[:, G_CLOCK] = cidx
     ks.gi[:, G_PENDING] = -1
     ks.gf[:, GF_FLOOR_W] = [p.clocks[cidx].active_idle_w * f for f, p in zip(power, gprof)]  # (every instance active)
     ks.e_dyn = np.zeros(G, np.float64)
-    ks._truth = pool.truth
-    ks.noise = pool.noise if isinstance(pool.noise, NoiseSource) else None
-    if ks.noise is not None:  # the legacy noise: each replica's stream of draws, taken over from the source
-        ks.cell = INF
-        ks.sched[S_NOISE] = 1
-        ks._set_draws([ks.noise.take(r) for r in range(R)])
-    elif pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
-        ks.cell = INF
-        fe = pool.noise.energy_factor if isinstance(pool.noise, NominalModel) else 1.0
-        ks.ftab, ks.fetab = np.ones((G, 1)), np.full((G, 1), fe)
-    else:
-        ks.cell = float(pool.truth._cell)
-        ks.ftab = ks.fetab = np.zeros((G, 0))
-    ks.si = np.zeros(N_SI, np.int64)
-    ks.si[I_PLAN_REP] = -1
-    ks.si[I_SEQ] = pool._seq
-    ks.si[I_LIVE], ks.si[I_EVENTS] = pool.live, pool.events
-    ks.si[I_CAPLEFT], ks.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
-    mig = pool.opt.migration
-    ks.sf = np.array([pool.now, pool.now, pool.migration_bytes, pool.migration_j, mig.setup_s, mig.link_gbs,
-                      mig.j_per_gb])
-    ks.si[I_COLD], ks.si[I_MIGRATED] = pool.cold_starts, pool.migrated
+    ks._sources(pool)
+    ks._counters(pool)
     ks._ensure(pool.now)
     ks.pend = np.zeros(R, np.int64)
     size = 8 * R + 64

@@ -91,7 +91,6 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         if not self.covers(pool):
             raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
                              "no replica pending a start)")
-        from commitenv.sim.truth import NominalModel
 
         reps, gpus = pool._replicas, pool._gpus
         live = sorted([r for rep in reps for q in (rep.running, rep.waiting) for r in q] + list(pool.unrouted)
@@ -181,9 +180,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         # each GPU's idle floor (active, draining, standby) at each clock, from the profile that sets it, multiplied
         # as `GPU.floor_power` does
         gprof = [g.profile if g.profile is not None else g.replicas[0].profile for g in gpus]
-        self.floor_tab = np.array([[[lvl.active_idle_w * g.power_factor, lvl.draining_idle_w * g.power_factor,
-                                     p.standby_w * g.power_factor, lvl.active_idle_w, lvl.draining_idle_w, p.standby_w]
-                                    for lvl in p.clocks] for g, p in zip(gpus, gprof)])
+        self.floor_tab = self._floor_table([g.power_factor for g in gpus], gprof)
         self.gf[:, GF_POWER] = [g.power_factor for g in gpus]
         self.gf[:, GF_CLOCK_LAT] = [p.latencies.clock_change_s for p in gprof]
         self.gi[:, G_CLOCK] = [gpu.clock_idx for gpu in gpus]
@@ -194,29 +191,9 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         self.gf[:, GF_T_FLOOR] = [gpu.t_floor for gpu in gpus]
         self.gf[:, GF_E_FLOOR] = [gpu.e_floor for gpu in gpus]
         self.e_dyn = np.array([gpu.e_dyn for gpu in gpus], dtype=np.float64)
-        self._truth = pool.truth
-        self.noise = pool.noise if isinstance(pool.noise, NoiseSource) else None
-        if self.noise is not None:  # the legacy noise: each replica's stream of draws, taken over from the source
-            self.cell = INF
-            self.sched[S_NOISE] = 1
-            self._set_draws([self.noise.take(x) for x in range(R)])
-        elif pool.truth is None:  # no noise or the nominal model: constant factors in one endless cell
-            self.cell = INF
-            fe = pool.noise.energy_factor if isinstance(pool.noise, NominalModel) else 1.0
-            self.ftab, self.fetab = np.ones((G, 1)), np.full((G, 1), fe)
-        else:
-            self.cell = float(pool.truth._cell)
-            self.ftab = self.fetab = np.zeros((G, 0))
-        self.si = np.zeros(N_SI, np.int64)
-        self.si[I_PLAN_REP] = -1
+        self._sources(pool)
+        self._counters(pool)
         self.si[I_N] = self.si[I_CURSOR] = L
-        self.si[I_SEQ] = pool._seq
-        self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
-        self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
-        mig = pool.opt.migration
-        self.sf = np.array([pool.now, pool.now, pool.migration_bytes, pool.migration_j, mig.setup_s, mig.link_gbs,
-                            mig.j_per_gb])
-        self.si[I_COLD], self.si[I_MIGRATED] = pool.cold_starts, pool.migrated
         self.si[I_NMIG] = sum(rep.state == MOVING for rep in reps)
         for r in pool.unrouted:
             _upush_back(self.si, self.wq, index[id(r)])
@@ -240,6 +217,45 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         self._mhz = np.array(self.clock_mhz, np.int64)
         self._log_out: list = []
         self._new_log_arrays(bool(self.sched[S_LOG]))
+
+    @staticmethod
+    def _floor_table(power: list[float], profiles: list) -> np.ndarray:
+        """Each GPU's idle floor (active, draining, standby) at each clock of the profile that sets it (``profiles``),
+        times its power factor (``power``), then the same without the factor (``[g, clock, :3]``, ``[3:]``)."""
+        return np.array([[[lvl.active_idle_w * f, lvl.draining_idle_w * f, p.standby_w * f, lvl.active_idle_w,
+                           lvl.draining_idle_w, p.standby_w] for lvl in p.clocks] for f, p in zip(power, profiles)])
+
+    def _sources(self, pool) -> None:
+        """The variation ``pool``'s segments run under: the truth's factor tables (grown as the clock nears them), the
+        legacy noise (each replica's stream of draws, taken over from the source) or constant factors (no noise, or
+        a what-if copy's nominal model) in one endless cell."""
+        from commitenv.sim.truth import NominalModel
+
+        self._truth = pool.truth
+        self.noise = pool.noise if isinstance(pool.noise, NoiseSource) else None
+        if self.noise is not None:
+            self.cell = INF
+            self.sched[S_NOISE] = 1
+            self._set_draws([self.noise.take(x) for x in range(self.R)])
+        elif pool.truth is None:
+            self.cell = INF
+            fe = pool.noise.energy_factor if isinstance(pool.noise, NominalModel) else 1.0
+            self.ftab, self.fetab = np.ones((self.G, 1)), np.full((self.G, 1), fe)
+        else:
+            self.cell = float(pool.truth._cell)
+            self.ftab = self.fetab = np.zeros((self.G, 0))
+
+    def _counters(self, pool) -> None:
+        """The scalars (``si``, ``sf``) from ``pool``'s clock, counters and migration link; no request loaded."""
+        self.si = np.zeros(N_SI, np.int64)
+        self.si[I_PLAN_REP] = -1
+        self.si[I_SEQ] = pool._seq
+        self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
+        self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
+        self.si[I_COLD], self.si[I_MIGRATED] = pool.cold_starts, pool.migrated
+        mig = pool.opt.migration
+        self.sf = np.array([pool.now, pool.now, pool.migration_bytes, pool.migration_j, mig.setup_s, mig.link_gbs,
+                            mig.j_per_gb])
 
     def _head(self, pool, live: list) -> dict[int, int]:
         """The request arrays holding ``live`` (`Req` records, by slot) as the head, at indices 0.., with room for as
