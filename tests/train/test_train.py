@@ -235,6 +235,8 @@ SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-ho
                   "bc-mpc-h200-family": "bench-h200-hour-fixed-a25", "bc-mpc-h20-family": "bench-h20-hour-fixed-a25",
                   # one clone per pool over every public hour family of its pool (dev's and the held-out ones)
                   "bc-mpc-h200-public": "bench-h200-hour-fixed-a25", "bc-mpc-h20-public": "bench-h20-hour-fixed-a25",
+                  # the same families with a teacher per scenario (MPC or ePACT+, the better on its train seeds)
+                  "bc-mix-h200-public": "bench-h200-hour-fixed-a25", "bc-mix-h20-public": "bench-h20-hour-fixed-a25",
                   # a day's clone of ePACT+ with its miss margin (the expert's arguments in its bc.yaml)
                   "bc-epactplus-h200-day": "bench-h200-day", "bc-epactplus-h20-day": "bench-h20-day"}
 
@@ -260,6 +262,8 @@ def test_the_shipped_clone_is_its_recorded_run(name):
     assert (rec["scenario"], rec["algo"], rec["action_mapping"], rec["status"]) == (SHIPPED_CLONES[name], "ppo",
                                                                                    "flat", "finished")
     for k, v in load_options(base / "bc.yaml").items():
+        if k == "experts":  # (recorded as validated: a spec given alone becomes {expert: spec})
+            v = {n: ({"expert": t} if isinstance(t, str) else t) for n, t in v.items()}
         assert rec["bc"][k] == v, k
     env = CommitServeEnv(SHIPPED_CLONES[name])
     assert rec["bc"]["demo_samples"] == env.H * env.K * rec["bc"]["demo_episodes"]  # one sample per decision
