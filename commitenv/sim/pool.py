@@ -53,11 +53,12 @@ _STARTED = attrgetter("started")
 class Pool(KernelHandover, Placement, PolicyHooks, Copies):
     """A pool of GPUs serving one or more models with vLLM scheduling semantics.
 
-    Once a workload is attached, a pool that `commitenv.sim.kernel` covers (any models, instances per GPU and SM
-    shares, dispatch and local policies, instances moving and loading, requests migrating, prefix caches) runs its
-    event loop there;
-    the first use of anything the kernel does not hold (replicas, GPUs, the heap, a new step-log hook, a snapshot)
-    writes the kernel's state back into these objects and the Python loop below continues, with identical results."""
+    A new pool runs on the compiled loop (`commitenv.sim.kernel`) from the start, its state built from its layout
+    (`commitenv.sim.kernel.fresh`), with no replica or GPU object; snapshots, what-if copies, forks, step logs and
+    `commitenv.sim.devices.device_state` are all read off its arrays. Reading ``replicas``, ``gpus`` or ``heap``
+    (tests do) builds those objects and writes the kernel's state into them: the Python loop below then continues,
+    with identical results, until `use_kernel` imports the state again. `COMMITENV_KERNEL=0` keeps every pool on the
+    Python loop."""
 
     _ks = None  # the kernel's state while the kernel runs this pool (`_enter_kernel`, `_leave_kernel`)
     # a copy that keeps no per-request results (a hindsight fork) counts here, by arrival hour (int64, one entry per
