@@ -185,6 +185,22 @@ class Copies:
         c.unrouted, c.transit = [], {}
         c.sync_from_kernel(c._ks)  # (clock and counters)
 
+    def _build_objects(self, cidx: int, caps: list[int], power: tuple[float, ...]) -> None:
+        """The Python loop's GPU and replica objects of a new pool (`COMMITENV_KERNEL=0`): idle, at clock level
+        ``cidx``, with KV blocks ``caps`` and power factors ``power``."""
+        self.gpus, self.replicas = [], []
+        for g, insts in enumerate(self.layout.gpus):
+            gpu = GPU(g, cidx, self.profiles[insts[0].model])
+            gpu.power_factor = power[g]
+            for inst in insts:
+                rep = Replica(len(self.replicas), gpu, self.profiles[inst.model], inst.model, inst.share)
+                rep.cap_blocks = rep.free_blocks = caps[rep.index]
+                gpu.replicas.append(rep)
+                self.replicas.append(rep)
+            self.gpus.append(gpu)
+        for gpu in self.gpus:
+            gpu.update_floor(0.0)
+
     def build_devices(self, ks, spec: "DeviceSpec") -> None:
         """A pool without device objects (a new pool, a what-if copy made on the kernel): its GPU and replica objects,
         new and idle (a hand-back writes their state), unless built already; a prefix cache on each when the kernel
@@ -231,6 +247,18 @@ class Copies:
         self.unrouted = list(unrouted)
         self.live = sum(rep.unf for rep in self.replicas) + len(self.unrouted)
         self.routable = [[r for r in self.replicas if r.state == ACTIVE and r.model == m] for m in range(self.n_models)]
+
+    def resume(self, t: float) -> None:
+        """Start, at ``t``, every active or draining replica that holds work but runs no segment: a serving state
+        assembled outside the engine (a hardware pool's mirror for what-if runs, `place`) continues from there."""
+        if self._ks is not None:
+            self._ks.resume(t, self)
+            self._sync_kernel()
+            return
+        for rep in self.replicas:
+            if rep.has_work():
+                self._poke(rep, t)
+        self._flush(t)
 
     def capture_all(self, *, arrivals: bool = False) -> None:
         """Mark every live request as captured (what-if runs report their completion times); with ``arrivals`` the

@@ -168,22 +168,6 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         if on_kernel:  # (actions before the workload is attached run there too; `attach` adds the rows)
             self._ks = fresh_state(self, power)
 
-    def _build_objects(self, cidx: int, caps: list[int], power: tuple[float, ...]) -> None:
-        """The Python loop's GPU and replica objects of a new pool (`COMMITENV_KERNEL=0`): idle, at clock level
-        ``cidx``, with KV blocks ``caps`` and power factors ``power``."""
-        self.gpus, self.replicas = [], []
-        for g, insts in enumerate(self.layout.gpus):
-            gpu = GPU(g, cidx, self.profiles[insts[0].model])
-            gpu.power_factor = power[g]
-            for inst in insts:
-                rep = Replica(len(self.replicas), gpu, self.profiles[inst.model], inst.model, inst.share)
-                rep.cap_blocks = rep.free_blocks = caps[rep.index]
-                gpu.replicas.append(rep)
-                self.replicas.append(rep)
-            self.gpus.append(gpu)
-        for gpu in self.gpus:
-            gpu.update_floor(0.0)
-
     # ================================================================================ workload and results
     def attach(self, table: RequestTable, tenant_model: dict[int, int] | None = None, t_start: float = 0.0) -> None:
         """Serve ``table`` (arrivals are read causally, as the clock passes them)."""
@@ -278,18 +262,6 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         elif rep.seg == SEG_RUN and rep.cut(t):
             rep.version += 1
             self._push(rep.t1, EV_SEG, rep.index, rep.version)
-
-    def resume(self, t: float) -> None:
-        """Start, at ``t``, every active or draining replica that holds work but runs no segment: a serving state
-        assembled outside the engine (a hardware pool's mirror for what-if runs, `place`) continues from there."""
-        if self._ks is not None:
-            self._ks.resume(t, self)
-            self._sync_kernel()
-            return
-        for rep in self.replicas:
-            if rep.has_work():
-                self._poke(rep, t)
-        self._flush(t)
 
     def _flush(self, t: float) -> None:
         """Start the steps of replicas that received work at ``t``."""
