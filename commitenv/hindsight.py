@@ -105,9 +105,7 @@ def _kernel_fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool
         c.__dict__.pop("_devices_shared", None)
         copy_devices(pool._gpus, pool._replicas, c, None)  # (idle objects of its own, for its own local policies)
         c.routable = [[] for _ in range(pool.n_models)]  # (a hand-back refreshes them)
-        for rep in c._replicas:
-            if rep.local is not None:
-                rep.local = copy.deepcopy(rep.local, m)
+        c.local_policies = [copy.deepcopy(p, m) for p in pool.local_policies]  # (a policy on several replicas: one copy)
         c.__dict__["_dispatch"] = copy.deepcopy(pool.dispatch, m)
     elif "_replicas" in c.__dict__:
         c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)

@@ -63,10 +63,9 @@ def copy_devices(gpus: list[GPU], replicas: list[Replica], c: "Copies", cr) -> d
 class DeviceSpec:
     """What a pool the kernel runs from the start (a new pool, a what-if copy made on the kernel) needs to build device
     objects if anything asks for them (`Copies.build_devices`): the model whose profile sets each GPU's idle floor,
-    each replica's local policy, each GPU's power factor."""
+    each GPU's power factor."""
 
     gpu_model: tuple[int, ...]
-    local: tuple
     power: tuple[float, ...]
 
 
@@ -111,6 +110,7 @@ class Copies:
         c.pred_out = None
         c.dispatch, c.dispatch_s, c.dispatch_calls = self.dispatch, 0.0, 0
         c.local_s, c.local_calls = 0.0, 0
+        c.local_policies = list(self.local_policies)  # a what-if copy plans its steps as the original does
         c._slot_base, c._n_results, c._capture_arrivals = 0, 0, False
         c.captured_left, c.captured_finish = 0, {}
         if ks is not None and ks.can_clone() and _kernel_on():
@@ -124,7 +124,6 @@ class Copies:
             c.gpus.append(ng)
             for rep in g.replicas:
                 nr = Replica(rep.index, ng, c.profiles[rep.model], rep.model, rep.share)
-                nr.local = rep.local  # a what-if copy plans its steps as the original does
                 ng.replicas.append(nr)
                 c.replicas.append(nr)
         c.replicas.sort(key=lambda r: r.index)  # moves leave GPU order and index order apart
@@ -177,10 +176,9 @@ class Copies:
         own = self.__dict__.get("_devices_shared")
         if "_replicas" in self.__dict__ or not isinstance(own, DeviceSpec):
             gpu_model = tuple(next(m for m, p in enumerate(self.profiles) if p is g.profile) for g in self._gpus)
-            local = tuple(r.local for r in self._replicas)
         else:  # (a pool without device objects: a new one, or a copy made on the kernel)
-            gpu_model, local = own.gpu_model, own.local
-        c._devices_shared = DeviceSpec(gpu_model, local, (ef,) * len(gpu_model))
+            gpu_model = own.gpu_model
+        c._devices_shared = DeviceSpec(gpu_model, (ef,) * len(gpu_model))
         c.routable = [[] for _ in range(c.n_models)]
         c.unrouted, c.transit = [], {}
         c.sync_from_kernel(c._ks)  # (clock and counters)
@@ -217,7 +215,7 @@ class Copies:
         for x in range(ks.R):
             model = int(ks.ri[x, R_MODEL])
             rep = Replica(x, gpus[int(ks.ri[x, R_GPU])], self.profiles[model], model, float(ks.rf[x, R_SHARE]))
-            rep.cap_blocks, rep.mem_share, rep.local = int(ks.ri[x, R_CAP]), float(ks.rf[x, R_MEM]), spec.local[x]
+            rep.cap_blocks, rep.mem_share = int(ks.ri[x, R_CAP]), float(ks.rf[x, R_MEM])
             if ks._pa is not None:  # (filled by the hand-back)
                 rep.pcache = PrefixCache.__new__(PrefixCache)
                 rep.pcache.entries = {}

@@ -38,7 +38,8 @@ class PolicyHooks:
         gpu, levels = rep.gpu, rep.clock_levels
         view = LocalView(t, rep.index, gpu.index, rep.model, levels[gpu.clock_idx], levels, rep.share, rep.free_blocks,
                          rep.bs, rep.budget, rep.max_seqs, tuple(tasks))
-        plan = rep.local.plan(view)
+        policy = self.local_policies[rep.index]
+        plan = policy.plan(view)
         self.local_s += time.perf_counter() - c0
         self.local_calls += 1
         if plan is None:
@@ -46,7 +47,7 @@ class PolicyHooks:
         mhz = plan.clock_mhz
         if mhz is not None:
             if mhz not in levels:
-                raise ValueError(f"local policy {rep.local.name!r}: clock {mhz} MHz is not one of the "
+                raise ValueError(f"local policy {policy.name!r}: clock {mhz} MHz is not one of the "
                                  f"GPU's levels {list(levels)}")
             # (the replica's own levels are its GPU's when it set the GPU's profile, the common case)
             self._request_clock(gpu, levels.index(mhz) if gpu.profile is rep.profile else gpu.profile.clock_index(mhz),
@@ -70,9 +71,7 @@ class PolicyHooks:
         """Whether a dispatch or local policy is installed (policies may hold state: a fork deep-copies them)."""
         if self.dispatch is not None:
             return True
-        if self._ks is not None:  # (read off the arrays: a pool without device objects builds none)
-            return self._ks.has_local()
-        return any(r.local is not None for r in self._replicas)
+        return any(p is not None for p in self.local_policies)
 
     def set_local_policy(self, policy: LocalPolicy | None, replicas: list[int] | None = None) -> None:
         """Plan every step of ``replicas`` (all by default) with ``policy`` (None: the vLLM scheduler)."""
@@ -82,7 +81,7 @@ class PolicyHooks:
         if self._ks is not None and policy is not None and not state.LOCAL_ON_KERNEL:
             self._leave_kernel()  # (see `commitenv.sim.kernel.state.LOCAL_ON_KERNEL`)
         for i in which:
-            self._replicas[i].local = policy
+            self.local_policies[i] = policy
         if self._ks is not None:
             self._ks.set_local(which, policy is not None)
 

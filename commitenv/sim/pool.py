@@ -24,6 +24,7 @@ import numpy as np
 from commitenv.profiles.schema import Profile
 from commitenv.sim.copies import REPLAY_SLOT_BASE, Copies, DeviceSpec, _kernel_on, copy_devices  # noqa: F401
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
+from commitenv.sim.local import LocalPolicy
 from commitenv.sim.gpu import GPU
 from commitenv.sim.handover import KernelHandover, _KernelPolicy, _PythonLoopState, _StepSink
 from commitenv.sim.hooks import PolicyHooks
@@ -125,9 +126,11 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
         self.noise = self.truth if self.truth is not None else (None if noise.off else NoiseSource(noise, self.opt.seed, n_reps))
         self.log = [] if self.opt.log_steps else None
         self.on_step = None
+        # each replica's local policy (`commitenv.sim.local`), planning its every step; None: the vLLM scheduler
+        self.local_policies: list[LocalPolicy | None] = [None] * n_reps
         on_kernel = _kernel_on()
         if on_kernel:  # (device objects only if something asks for them: `KernelHandover.__getattr__`)
-            self._devices_shared = DeviceSpec(tuple(insts[0].model for insts in layout.gpus), (None,) * n_reps, power)
+            self._devices_shared = DeviceSpec(tuple(insts[0].model for insts in layout.gpus), power)
         else:
             self._build_objects(cidx, caps, power)
         self.routable: list[list[Replica]] = [[] if on_kernel else [r for r in self.replicas if r.model == m]
@@ -238,10 +241,11 @@ class Pool(KernelHandover, Placement, PolicyHooks, Copies):
             if not rep.has_work():
                 self._detach(rep, t)
                 return
-        if rep.state == ACTIVE and not rep.running and not rep.waiting and rep.local is None:
+        local = self.local_policies[rep.index]
+        if rep.state == ACTIVE and not rep.running and not rep.waiting and local is None:
             return  # nothing to schedule (the common end of a request on a lightly loaded replica)
         record = self.log is not None or self.on_step is not None
-        if rep.local is not None:
+        if local is not None:
             started = rep.start(t, self.noise, False, record, self._local_order(rep, t))
         else:
             started = rep.start(t, self.noise, self.opt.closed_form, record)

@@ -94,7 +94,6 @@ class Replica:
         self._coeffs: StepCoeffs | None = None
         self.pending_start = False  # queued to start a step once every event at the current time is in
         self.pcache: PrefixCache | None = None  # prefix block cache (only when the workload has hash blocks)
-        self.local = None  # a commitenv.sim.local.LocalPolicy planning every step, or None (the vLLM scheduler)
 
     # ----------------------------------------------------------------------------------------- helpers
     @property

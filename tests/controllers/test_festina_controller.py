@@ -28,7 +28,7 @@ def test_festina_on_a_shared_pool(tmp_path):
 
     ctrl.act = spy
     env, res = run_episode(ctrl, path, 0)
-    assert env.pool.dispatch is ctrl.dispatch_policy() and all(r.local is ctrl.local_policy() for r in env.pool.replicas)
+    assert env.pool.dispatch is ctrl.dispatch_policy() and all(p is ctrl.local_policy() for p in env.pool.local_policies)
     assert env.pool.dispatch_calls >= res.summary["requests"] - res.summary["rejected"]
     assert env.pool.local_calls > 0
     placement = env.layout.gpus

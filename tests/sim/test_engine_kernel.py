@@ -558,13 +558,14 @@ def test_a_pool_with_policies_forks_on_the_kernel_with_its_own_policies(monkeypa
     pool.set_local_policy(_CountingFcfs())
     assert pool.use_kernel()
     pool.run_until(30.0)
-    policy = pool._replicas[0].local
+    policy = pool.local_policies[0]
     made = policy.plans
     fork = hindsight.fork_pool(pool)
     assert fork._ks is not None and pool._ks is not None  # (neither handed back)
-    assert fork.dispatch is not pool.dispatch and fork._replicas[0].local is not policy
+    assert fork.dispatch is not pool.dispatch and fork.local_policies[0] is not policy
+    assert all(p is fork.local_policies[0] for p in fork.local_policies)  # (one policy on every replica: one copy)
     fork.run_until(90.0)
-    assert policy.plans == made and fork._replicas[0].local.plans > made
+    assert policy.plans == made and fork.local_policies[0].plans > made
     monkeypatch.setattr(kernel, "ENABLED", False)
     pool.replicas  # (the original handed back to the Python loop: its fork is a deep copy of its objects)
     ref = hindsight.fork_pool(pool)

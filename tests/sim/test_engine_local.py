@@ -199,5 +199,5 @@ def test_a_controllers_local_policy_reaches_the_engine(tmp_path):
             return {"active": 2, "clock": 1}
 
     env, res = run_episode(Local(), str(toy_three_hour(tmp_path)), seed=0)
-    assert env.pool.local_calls > 0 and all(isinstance(r.local, FcfsLocal) for r in env.pool.replicas)
+    assert env.pool.local_calls > 0 and all(isinstance(p, FcfsLocal) for p in env.pool.local_policies)
     assert res.summary["misses"] == res.summary["rejected"]  # the toy pool serves everything it accepts

@@ -103,7 +103,7 @@ class KernelPolicies:
         levels = self.clock_mhz
         view = LocalView(t, x, g, r[R_MODEL], levels[self.gi[g, G_CLOCK]], levels, self.rf[x, R_SHARE].item(), r[R_FREE],
                          r[R_BS], r[R_BUDGET], r[R_MAXSEQ], tasks)
-        policy = pool._replicas[x].local
+        policy = pool.local_policies[x]
         plan = policy.plan(view)
         pool.local_s += time.perf_counter() - c0
         pool.local_calls += 1

@@ -81,7 +81,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         pool with a local policy only with `LOCAL_ON_KERNEL`."""
         if not ENABLED or not cls.covers(pool):
             return None
-        if not LOCAL_ON_KERNEL and any(r.local is not None for r in pool._replicas):
+        if not LOCAL_ON_KERNEL and any(p is not None for p in pool.local_policies):
             return None
         return cls(pool, compact=True)
 
@@ -138,7 +138,7 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         rf[:, R_LOAD_S] = [np.nan if la.load_s is None else la.load_s for la in lat]
         rf[:, R_LOAD_W] = [np.nan if la.load_w is None else la.load_w for la in lat]
         rf[:, R_KVB] = [rep.profile.model.kv_bytes_per_token for rep in reps]
-        ri[:, R_LOCAL] = [rep.local is not None for rep in reps]
+        ri[:, R_LOCAL] = [p is not None for p in pool.local_policies]
         rf[:, R_SHARE] = [rep.share for rep in reps]
         rf[:, R_SSHARE] = [rep.share if rep.seg_log is None else rep.seg_log.share for rep in reps]
         self.n_per_model = np.bincount(ri[:, R_MODEL], minlength=pool.n_models)
