@@ -1,6 +1,7 @@
 """The serving-engine seam: add a request, run one scheduler step and get its record, sleep and wake.
 
-Implementations: `commitenv.backends.fake_engine.SimEngine` (the simulator's replica on a virtual clock) and
+Implementations: `commitenv.backends.fake_engine.SimEngine` (the simulator's replica, on the compiled loop's
+step functions, on a virtual clock) and
 `commitenv.backends.vllm_engine.VllmEngine` (vLLM's engine stepped in-process). A step record carries the token
 counts of the step laws (P, n, L, A; see `commitenv.profiles.schema`), so measured steps fit a profile directly.
 """

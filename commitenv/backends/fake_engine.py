@@ -1,5 +1,6 @@
 """`SimEngine`: the `ServingEngine` seam played by the simulator's own replica on the compiled loop's functions
-(`commitenv.sim.kernel.stepper`: vLLM V1 scheduling, the profile's step laws) on a virtual clock (or a scaled wall clock, in a pool of such engines), metering each step into a `FakeGpu`. Steps run one at a time (never in closed-form
+(`commitenv.sim.kernel.stepper`: vLLM V1 scheduling, the profile's step laws) on a virtual clock (or a scaled wall
+clock, in a pool of such engines), metering each step into a `FakeGpu`. Steps run one at a time (never in closed-form
 runs), so every step is a record, as on the real engine."""
 
 from __future__ import annotations
