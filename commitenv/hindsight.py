@@ -35,7 +35,7 @@ from commitenv.metrics import arrival_hours, deviation_cost_kwh
 from commitenv.settlement import tail_cost_kwh
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.interval import SharedConfig, per_model_counts, run_interval, run_shared_interval
-from commitenv.sim.pool import Pool, copy_devices
+from commitenv.sim.pool import Pool
 from commitenv.sim.truth import TruthSource
 from commitenv.workload.table import RequestTable
 
@@ -94,20 +94,18 @@ def _kernel_fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool
     """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
     GPU objects shared until a hand-over to the Python loop gives it its own (`Pool._leave_kernel`), every other
     mutable part rebuilt, the read-only parts shared. Dispatch and local policies (they may hold state) are deep
-    copies of the original's, the local ones on replica objects of the fork's own. Without ``results`` the copy
+    copies of the original's. Without ``results`` the copy
     records no per-request results, only how many requests end late (`Pool.late_done`): it copies nothing in
     proportion to the workload."""
     c = Pool.__new__(Pool)
     d = pool.__dict__
     c.__dict__.update(d)
+    c.local_policies = list(pool.local_policies)  # (its own list: setting a fork's policy leaves the original's)
     if pool.has_policies():
         m = dict(memo if memo is not None else _read_only_parts(pool))
-        c.__dict__.pop("_devices_shared", None)
-        copy_devices(pool._gpus, pool._replicas, c, None)  # (idle objects of its own, for its own local policies)
-        c.routable = [[] for _ in range(pool.n_models)]  # (a hand-back refreshes them)
         c.local_policies = [copy.deepcopy(p, m) for p in pool.local_policies]  # (a policy on several replicas: one copy)
         c.__dict__["_dispatch"] = copy.deepcopy(pool.dispatch, m)
-    elif "_replicas" in c.__dict__:
+    if "_replicas" in c.__dict__:
         c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)
     # (else a pool without device objects: the fork builds its own from its arrays if it ever needs them)
     c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}

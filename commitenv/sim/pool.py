@@ -24,11 +24,11 @@ import numpy as np
 from commitenv.profiles.schema import Profile
 from commitenv.sim.copies import REPLAY_SLOT_BASE, Copies, DeviceSpec, _kernel_on, copy_devices  # noqa: F401
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
-from commitenv.sim.local import LocalPolicy
 from commitenv.sim.gpu import GPU
 from commitenv.sim.handover import KernelHandover, _KernelPolicy, _PythonLoopState, _StepSink
 from commitenv.sim.hooks import PolicyHooks
 from commitenv.sim.kernel.fresh import fresh_state, placement_caps
+from commitenv.sim.local import LocalPolicy
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.placement import Placement
 from commitenv.sim.prefix_cache import PrefixCache

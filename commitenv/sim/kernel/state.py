@@ -532,10 +532,6 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
                 _poke(t, x, ri, self.rf, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
         self._flush_all(pool, t)
 
-    def has_local(self) -> bool:
-        """Whether a local policy plans any replica's steps."""
-        return bool(self.ri[:, R_LOCAL].any())
-
     def set_local(self, replicas: list[int], on: bool) -> None:
         """Whether a local policy plans the steps of ``replicas`` from their next start on."""
         self.ri[replicas, R_LOCAL] = int(on)

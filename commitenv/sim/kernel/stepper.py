@@ -13,7 +13,7 @@ from commitenv.sim.kernel.heap import _waiting, _wpush_back
 from commitenv.sim.kernel.layout import (G_CLOCK, I_DONE, I_LIVE, Q_ARRIVAL, Q_COMPUTED, Q_FINISH, Q_FIRST,
                                          Q_GENERATED, Q_OUT, Q_PREEMPT, Q_PROMPT, Q_REPLICA, R_BATCH_N, R_RUN_N, R_T1,
                                          R_ENERGY, R_UNF, R_WLEN, S_CLOSED)
-from commitenv.sim.kernel.segment import _finish_segment, _is_decode, _start_segment
+from commitenv.sim.kernel.segment import _decode_flags, _finish_segment, _start_segment
 
 __all__ = ["ReplicaStepper", "StepStart"]
 
@@ -94,19 +94,15 @@ class ReplicaStepper:
                               ks.fetab, ks.cell, ks.sched, ks.si, ks.plan, ks.on_run, ks.pfx):
             return None
         nb = int(ks.ri[0, R_BATCH_N])
-        reqs, new = ks.bq[0, :nb].tolist(), ks.bk[0, :nb].tolist()
-        P = A = n = L = 0
+        reqs, new = ks.bq[0, :nb], ks.bk[0, :nb]
         qi = ks.qi
-        for r, k in zip(reqs, new):
-            if _is_decode(qi, r, k):
-                n += 1
-                L += int(qi[r, Q_COMPUTED]) + 1
-            else:
-                P += k
-                A += k * int(qi[r, Q_COMPUTED]) + k * (k + 1) // 2
+        dec = _decode_flags(qi, reqs, new)  # (the step laws' terms, as `_start_segment` forms them)
+        comp, k = qi[reqs, Q_COMPUTED][~dec], new[~dec]
+        P, A = int(k.sum()), int((k * comp + k * (k + 1) // 2).sum())
+        n, L = int(dec.sum()), int((qi[reqs, Q_COMPUTED][dec] + 1).sum())
         bumped = set(running[qi[running, Q_PREEMPT] > before].tolist())
         pre = tuple(r for r in self._waiting().tolist() if r in bumped) if bumped else ()  # (in waiting order)
-        return StepStart(tuple(reqs), tuple(new), P, A, n, L, float(ks.rf[0, R_T1]) - t, float(ks.rf[0, R_ENERGY]),
+        return StepStart(tuple(reqs.tolist()), tuple(new.tolist()), P, A, n, L, float(ks.rf[0, R_T1]) - t, float(ks.rf[0, R_ENERGY]),
                          pre)
 
     def finish(self, t1: float) -> list[int]:
