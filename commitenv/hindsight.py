@@ -33,7 +33,6 @@ import numpy as np
 
 from commitenv.metrics import arrival_hours, deviation_cost_kwh
 from commitenv.settlement import tail_cost_kwh
-from commitenv.sim.noise import NoiseSource
 from commitenv.sim.interval import SharedConfig, per_model_counts, run_interval, run_shared_interval
 from commitenv.sim.pool import Pool
 from commitenv.sim.truth import TruthSource
@@ -90,14 +89,12 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
     return memo
 
 
-def _kernel_fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool:
-    """The copy of a pool the kernel runs, kept on the kernel: its state arrays copied, its (idle, stale) replica and
-    GPU objects shared until a hand-over to the Python loop gives it its own (`Pool._leave_kernel`), every other
-    mutable part rebuilt, the read-only parts shared. Dispatch and local policies (they may hold state) are deep
+def _fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool:
+    """The copy of a pool: its state arrays copied, every other mutable part rebuilt, the read-only parts shared. Dispatch and local policies (they may hold state) are deep
     copies of the original's. Without ``results`` the copy
     records no per-request results, only how many requests end late (`Pool.late_done`): it copies nothing in
     proportion to the workload."""
-    c = Pool.__new__(Pool)
+    c = type(pool).__new__(type(pool))
     d = pool.__dict__
     c.__dict__.update(d)
     c.local_policies = list(pool.local_policies)  # (its own list: setting a fork's policy leaves the original's)
@@ -105,10 +102,6 @@ def _kernel_fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool
         m = dict(memo if memo is not None else _read_only_parts(pool))
         c.local_policies = [copy.deepcopy(p, m) for p in pool.local_policies]  # (a policy on several replicas: one copy)
         c.__dict__["_dispatch"] = copy.deepcopy(pool.dispatch, m)
-    if "_replicas" in c.__dict__:
-        c._devices_shared = True  # (idle objects while the kernel holds the queues: copied if the fork leaves it)
-    # (else a pool without device objects: the fork builds its own from its arrays if it ever needs them)
-    c.unrouted, c._pending, c.heap, c.transit = [], [], [], {}
     if pool.late_done is not None:
         c.late_done = pool.late_done.copy()
     elif results:
@@ -130,15 +123,8 @@ def _kernel_fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool
 def fork_pool(pool: Pool, memo: dict[int, Any] | None = None, *, results: bool = True) -> Pool:
     """A deep copy of ``pool`` (ground truth kept: true lengths, truth model, noise state), stepping on alone.
     Read-only parts (trace, profiles, options, per-request arrays fixed at attach) and a `TruthSource` are shared.
-    ``results=False`` lets a copy on the compiled kernel keep counts instead of per-request results
-    (`Pool.late_done`), as `TruthRun` needs; other copies keep results either way."""
-    if pool._ks is not None:
-        c = _kernel_fork(pool, results, memo)
-    else:  # (a pool on the Python loop: the kernel switched off, or a pool it does not cover)
-        m = dict(memo if memo is not None else _read_only_parts(pool))
-        if isinstance(pool.noise, NoiseSource) and id(pool.noise) not in m:
-            m[id(pool.noise)] = pool.noise.copy()
-        c = copy.deepcopy(pool, m)
+    ``results=False`` keeps counts instead of per-request results (`Pool.late_done`), as `TruthRun` needs."""
+    c = _fork(pool, results, memo)
     c.log = None
     c.on_step = None
     c.done_slots = None

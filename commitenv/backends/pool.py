@@ -445,10 +445,6 @@ class HardwarePool:
         out = [r for w in self.workers for r in list(w.live.values())]
         return out + list(self.unrouted)
 
-    def use_kernel(self) -> bool:
-        """`Pool.use_kernel`: real hardware has no compiled event loop to hand over to."""
-        return False
-
     def live_state(self) -> tuple[np.ndarray, np.ndarray]:
         """`commitenv.sim.pool.Pool.live_state` of the hardware's live requests."""
         return live_state(self.live_requests())

@@ -91,20 +91,20 @@ def export_cache(dest: str | Path) -> int:
     return n
 
 
-def _tiny_pool():
-    """A small pool of the bench hour's kind on the Python loop's state, ready for a `KernelState` import: the bench
-    H200 hour's scenario (its workload, truth model and profile), reset but not stepped."""
+def _tiny_pool(attach: bool = True):
+    """A new pool of the bench hour's kind (the bench H200 hour's profile, layout and options: its truth model), with
+    that hour's workload attached unless ``attach`` is False; not stepped."""
     from commitenv.envs import CommitServeEnv
-    from commitenv.sim import kernel
+    from commitenv.sim.pool import Pool
 
-    was = kernel.ENABLED
-    kernel.ENABLED = False  # (a pool left on the Python loop: the kernel state below imports it)
-    try:
-        env = CommitServeEnv("bench-h200-hour-fixed-a30")
-        env.reset(seed=0)
-    finally:
-        kernel.ENABLED = was
-    return env.pool
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    env.reset(seed=0)
+    src = env.pool
+    pool = Pool(src.profiles, src.layout, src.opt)
+    if attach:
+        pool.attach(src.table)
+    pool.table = src.table  # (the workload, for a caller that attaches a variant)
+    return pool
 
 
 def warm() -> None:
@@ -112,12 +112,12 @@ def warm() -> None:
     `KernelState`, and the two functions only its step log and `Pool.in_flight` reach, called directly)."""
     import numpy as np
 
-    from commitenv.sim.kernel import R_BATCH_N, KernelState
+    from commitenv.sim.kernel import R_BATCH_N
     from commitenv.sim.kernel.loop import in_flight
     from commitenv.sim.kernel.segment import _decode_flags
 
     pool = _tiny_pool()
-    ks = KernelState(pool, compact=True)
+    ks = pool._ks
     clocks = list(ks.clock_mhz)
     ks.set_active(0.0, ks.R)
     ks.set_clock(1.0, int(clocks[0]))
@@ -161,7 +161,6 @@ def _warm_policies() -> None:
     """The hand-backs to a dispatch policy (with token loads) and a local policy (with a clock in its plans): routing,
     re-routing on a deactivation, planned steps."""
     from commitenv.sim.dispatch import LeastUnfinished
-    from commitenv.sim.kernel import KernelState
     from commitenv.sim.local import FcfsLocal, StepPlan
 
     class LoadAware(LeastUnfinished):
@@ -174,7 +173,7 @@ def _warm_policies() -> None:
     pool = _tiny_pool()
     pool.dispatch = LoadAware()
     pool.set_local_policy(Clocked())
-    ks = KernelState(pool, compact=True)
+    ks = pool._ks
     ks.set_active(0.0, ks.R, 0, pool)
     for k in range(1, 3):
         ks.set_active(30.0 * k - 1.0, max(1, ks.R - k), 0, pool)
@@ -184,7 +183,7 @@ def _warm_policies() -> None:
 
 def _warm_prefix() -> None:
     """A pool with prefix caches (the bench hour's requests given shared hash blocks) and a prefix-aware router:
-    imported with its caches, run past hits, evictions and a move, copied, handed back and imported again."""
+    run past hits, evictions and a move, and copied."""
     import dataclasses
 
     import numpy as np
@@ -192,28 +191,27 @@ def _warm_prefix() -> None:
     from commitenv.sim.dispatch import PrefixAffinity
     from commitenv.sim.kernel.prefix import free_entries, shareable
 
-    pool = _tiny_pool()
+    pool = _tiny_pool(attach=False)
     pool.dispatch = PrefixAffinity()  # (its views ask the caches for hits)
     table = pool.table
     n = len(table)
     blocks = np.minimum(table.prompt_tokens // pool.opt.prefix_block_tokens + 1, 4)
     offs = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
     hashes = np.concatenate([np.arange(b) + 100 * (i % 3) for i, b in enumerate(blocks)]).astype(np.int64)
-    pool.attach(dataclasses.replace(table, prefix_offsets=offs, prefix_hashes=hashes))  # (on the kernel, caches too)
+    pool.attach(dataclasses.replace(table, prefix_offsets=offs, prefix_hashes=hashes))
     ks = pool._ks
-    if ks is None or n == 0:
-        raise RuntimeError("compile: the prefix warm-up pool is not on the compiled loop")
+    if n == 0:
+        raise RuntimeError("compile: the prefix warm-up pool has no requests")
     pool.set_active(0.0, ks.R)
     pool.run_until(30.0)
     ks.move(30.0, 0, (int(ks.gpu_of()[0]) + 1) % ks.G, "all", pool)  # (no cold-start check here: types only)
-    pool._sync_kernel()
+    pool.sync_from_kernel(ks)
     pool.run_until(60.0)
     ks.copy(log=False).advance(70.0, False, pool)
     free_entries(ks.pfx[0], ks.pfx[2], ks.pfx[3], 0, np.zeros(ks.pfx[3].shape[0], np.int64))
-    pool._leave_kernel()  # (the caches handed back)
-    pool.use_kernel()  # (and imported again, with entries and a queue)
     pool.run_until(80.0)
     shareable(3, 10, 4)
+
 
 def clean() -> int:
     """Delete the engine's compiled functions from numba's cache (the folder `cache_dir` names). numba checks a

@@ -1,6 +1,5 @@
-"""What a pool's replicas and GPUs are doing now, as arrays: read off the compiled loop's state while it runs the pool
-(no hand-back to the Python loop), else off the replica and GPU objects. Attribution and the env read this, never the
-objects."""
+"""What a pool's replicas and GPUs are doing now, as arrays read off the compiled loop's state: what attribution and
+the env read."""
 
 from __future__ import annotations
 
@@ -36,16 +35,8 @@ class DeviceState:
 
 def device_state(pool) -> DeviceState:
     """``pool``'s replicas and GPUs now (see the module docstring); a copy, safe to keep."""
-    ks = pool.__dict__.get("_ks")
-    if ks is not None:
-        ri, rf, gi, gf = ks.ri[: ks.R], ks.rf[: ks.R], ks.gi, ks.gf
-        return DeviceState(ri[:, R_GPU].copy(), ri[:, R_MODEL].copy(), rf[:, R_SHARE].copy(), rf[:, R_MEM].copy(),
-                           ri[:, R_STATE].copy(), ri[:, R_SEG].copy(), rf[:, R_T0].copy(), gi[:, G_NHOST].copy(),
-                           gi[:, G_CLOCK].copy(), gf[:, GF_FLOOR_W].copy())
-    reps, gpus = pool.replicas, pool.gpus
-    i64, f64 = np.int64, np.float64
-    return DeviceState(np.array([r.gpu.index for r in reps], i64), np.array([r.model for r in reps], i64),
-                       np.array([r.share for r in reps], f64), np.array([r.mem_share for r in reps], f64),
-                       np.array([r.state for r in reps], i64), np.array([r.seg for r in reps], i64),
-                       np.array([r.t0 for r in reps], f64), np.array([len(g.replicas) for g in gpus], i64),
-                       np.array([g.clock_idx for g in gpus], i64), np.array([g.floor_w for g in gpus], f64))
+    ks = pool._ks
+    ri, rf, gi, gf = ks.ri[: ks.R], ks.rf[: ks.R], ks.gi, ks.gf
+    return DeviceState(ri[:, R_GPU].copy(), ri[:, R_MODEL].copy(), rf[:, R_SHARE].copy(), rf[:, R_MEM].copy(),
+                       ri[:, R_STATE].copy(), ri[:, R_SEG].copy(), rf[:, R_T0].copy(), gi[:, G_NHOST].copy(),
+                       gi[:, G_CLOCK].copy(), gf[:, GF_FLOOR_W].copy())

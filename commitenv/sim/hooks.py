@@ -1,71 +1,14 @@
-"""The pool's calls into policies: the dispatch policy's choice of replica for an arrival and a replica's local
-policy's plan for its next step, with the views both are given (`commitenv.sim.dispatch`, `commitenv.sim.local`)."""
+"""The pool's policies: the dispatch policy choosing a replica for each arrival and the local policies planning a
+replica's next step (`commitenv.sim.dispatch`, `commitenv.sim.local`); the compiled loop hands each decision back to
+them (`commitenv.sim.kernel.policies`)."""
 
 from __future__ import annotations
 
-import time
-
-from commitenv.sim.dispatch import ArrivalView, CandidateView
-from commitenv.sim.local import LocalPolicy, LocalView, TaskView
-from commitenv.sim.replica import Replica
-from commitenv.sim.request import Req
-
-
-def _token_loads(rep: Replica) -> tuple[int, int]:
-    """(tokens still to compute before the first output token, summed over the replica's requests; summed
-    context of its requests past their prefill): what a router may know of a replica's load."""
-    pre = dec = 0
-    for r in (*rep.running, *rep.waiting):
-        left = r.prompt + r.generated - r.computed
-        if r.generated >= 1 and left <= 1:
-            dec += r.computed + 1
-        else:
-            pre += left
-    return pre, dec
+from commitenv.sim.local import LocalPolicy
 
 
 class PolicyHooks:
-    """`Pool`'s dispatch and local-policy hooks (mixed into `Pool`)."""
-
-    def _local_order(self, rep: Replica, t: float) -> tuple[int, ...] | None:
-        """Ask ``rep``'s local policy for its next step (timed): the plan's order (None: the vLLM scheduler); a
-        clock in the plan is requested for the replica's GPU."""
-        if not rep.has_work():
-            return None
-        c0 = time.perf_counter()
-        tv = self._task_view
-        tasks = [tv(r, True) for r in rep.running] + [tv(r, False) for r in rep.waiting]
-        gpu, levels = rep.gpu, rep.clock_levels
-        view = LocalView(t, rep.index, gpu.index, rep.model, levels[gpu.clock_idx], levels, rep.share, rep.free_blocks,
-                         rep.bs, rep.budget, rep.max_seqs, tuple(tasks))
-        policy = self.local_policies[rep.index]
-        plan = policy.plan(view)
-        self.local_s += time.perf_counter() - c0
-        self.local_calls += 1
-        if plan is None:
-            return None
-        mhz = plan.clock_mhz
-        if mhz is not None:
-            if mhz not in levels:
-                raise ValueError(f"local policy {policy.name!r}: clock {mhz} MHz is not one of the "
-                                 f"GPU's levels {list(levels)}")
-            # (the replica's own levels are its GPU's when it set the GPU's profile, the common case)
-            self._request_clock(gpu, levels.index(mhz) if gpu.profile is rep.profile else gpu.profile.clock_index(mhz),
-                                t)
-        return tuple(plan.order)
-
-    def _seen(self, r: Req) -> tuple[int, float]:
-        """What a policy may know of ``r``'s length and deadline: the predicted output and the visible deadline (in
-        a what-if copy or a replay, the request already carries the ones it runs to)."""
-        if self._slot_base == 0 and self.pred_out is not None:
-            return int(self.pred_out[r.slot]), float(self.visible_deadline[r.slot])
-        return r.out, r.deadline
-
-    def _task_view(self, r: Req, running: bool) -> TaskView:
-        left = r.prompt + r.generated - r.computed
-        pred, deadline = self._seen(r)
-        return TaskView(r.slot, running, left == 1 and r.generated >= 1, left, r.computed, r.prompt, r.generated,
-                        pred, r.arrival, deadline, r.blocks)
+    """`Pool`'s dispatch and local-policy settings (mixed into `Pool`)."""
 
     def has_policies(self) -> bool:
         """Whether a dispatch or local policy is installed (policies may hold state: a fork deep-copies them)."""
@@ -75,35 +18,10 @@ class PolicyHooks:
 
     def set_local_policy(self, policy: LocalPolicy | None, replicas: list[int] | None = None) -> None:
         """Plan every step of ``replicas`` (all by default) with ``policy`` (None: the vLLM scheduler)."""
-        from commitenv.sim.kernel import state
-
-        which = list(range(len(self._replicas)) if replicas is None else replicas)
-        if self._ks is not None and policy is not None and not state.LOCAL_ON_KERNEL:
-            self._leave_kernel()  # (see `commitenv.sim.kernel.state.LOCAL_ON_KERNEL`)
+        which = list(range(len(self.replica_models)) if replicas is None else replicas)
         for i in which:
             self.local_policies[i] = policy
-        if self._ks is not None:
-            self._ks.set_local(which, policy is not None)
+        self._set_local(which, policy is not None)
 
-    def _dispatched(self, r: Req, t: float, cands: list[Replica]) -> Replica:
-        """The replica ``self.dispatch`` chooses for ``r`` among ``cands``, from views of both (timed)."""
-        c0 = time.perf_counter()
-        pol = self.dispatch
-        hashes = r.hashes or ()
-        req = ArrivalView(r.slot, t, r.prompt, *self._seen(r), r.model, len(hashes))
-        want = pol.wants_prefix and bool(hashes)
-        load = pol.wants_load
-        views = tuple(
-            CandidateView(rep.index, rep.gpu.index, rep.unf, len(rep.running), len(rep.waiting), rep.free_blocks,
-                          rep.cap_blocks, rep.profile.clocks[rep.gpu.clock_idx].mhz, rep.share,
-                          len(rep.pcache.lookup(hashes)[0]) if want and rep.pcache is not None else 0, rep.bs,
-                          *(_token_loads(rep) if load else (0, 0)))
-            for rep in cands)
-        pick = pol.choose(req, views)
-        self.dispatch_s += time.perf_counter() - c0
-        self.dispatch_calls += 1
-        for rep in cands:
-            if rep.index == pick:
-                return rep
-        raise ValueError(f"dispatch policy {pol.name!r} chose replica {pick!r}, not one of the active replicas "
-                         f"{[rep.index for rep in cands]} of model {r.model}")
+    def _set_local(self, which: list[int], on: bool) -> None:
+        self._ks.set_local(which, on)

@@ -15,7 +15,6 @@ def run_interval(pool: Pool, cfg: tuple[int, int], new: tuple[int, int], t_apply
     ``t_apply``; a change due at or after ``t1`` is stale and not applied. Returns the configuration in force at
     ``t1`` and the changes made, as ("active" | "clock", time, value)."""
     changes: list[tuple[str, float, int]] = []
-    pool.use_kernel()  # back on the compiled loop if a controller's snapshot handed it over (identical results)
     if new != cfg and not t_apply >= t1:
         pool.run_until(t_apply)
         if new[0] != cfg[0]:
@@ -70,7 +69,6 @@ def run_shared_interval(pool: Pool, cfg: SharedConfig, new: SharedConfig, t_appl
     never sum above 1 on the way). Changes are ("active:<model>" | "clock:<gpu>" | "share:<replica>" |
     "move:<replica>", time, value)."""
     changes: list[tuple[str, float, Any]] = []
-    pool.use_kernel()  # back on the compiled loop if a controller's snapshot handed it over (identical results)
     if replace(new, migrate=cfg.migrate) != cfg and not t_apply >= t1:  # the mode alone changes nothing
         pool.run_until(t_apply)
         for m, (a, b) in enumerate(zip(cfg.active, new.active)):

@@ -121,49 +121,6 @@ def _check_simulate_args(active: object, horizon_s: object, max_tail_s: object) 
 def take_snapshot(pool: Pool, model: int = 0, meter_j: float | None = None) -> Snapshot:
     """Capture the causal state of ``pool`` at its current time (after `Pool.settle`)."""
     clone = pool.clone(hide_lengths=not pool.opt.oracle_lengths, own_profiles=True)
-    if clone._ks is not None:
-        return _snapshot_of_arrays(pool.now, clone, model, meter_j)
-    reqs, where, running = [], [], []
-    for i, rep in enumerate(clone.replicas):
-        for queue, is_running in ((rep.running, True), (rep.waiting, False)):
-            reqs.extend(queue)
-            where.extend([i] * len(queue))
-            running.extend([is_running] * len(queue))
-    away = clone.unrouted + [r for _, r in clone.transit.values()]  # not yet routed, or migrating between GPUs
-    reqs.extend(away)
-    where.extend([-1] * len(away))
-    running.extend([False] * len(away))
-    requests = RequestView(
-        slot=_frozen([r.slot for r in reqs], np.int64),
-        arrival_s=_frozen([r.arrival for r in reqs], np.float64),
-        prompt_tokens=_frozen([r.prompt for r in reqs], np.int64),
-        output_tokens=_frozen([r.out for r in reqs], np.int64),
-        generated_tokens=_frozen([r.generated for r in reqs], np.int64),
-        computed_tokens=_frozen([r.computed for r in reqs], np.int64),
-        deadline_s=_frozen([r.deadline for r in reqs], np.float64),
-        replica=_frozen(where, np.int64),
-        running=_frozen(running, bool),
-    )
-    reps = clone.replicas
-    replicas = ReplicaView(
-        state=tuple(STATE_NAMES[r.state] for r in reps),
-        gpu=_frozen([r.gpu.index for r in reps], np.int64),
-        model=_frozen([r.model for r in reps], np.int64),
-        share=_frozen([r.share for r in reps], np.float64),
-        clock_mhz=_frozen([r.profile.clocks[r.gpu.clock_idx].mhz for r in reps], np.int64),
-        running=_frozen([len(r.running) for r in reps], np.int64),
-        waiting=_frozen([len(r.waiting) for r in reps], np.int64),
-        kv_blocks=_frozen([r.cap_blocks for r in reps], np.int64),
-        free_kv_blocks=_frozen([r.free_blocks for r in reps], np.int64),
-        memory_share=_frozen([r.mem_share for r in reps], np.float64),
-    )
-    active = clone.active_count(model)
-    clock = clone.profiles[0].clocks[clone.gpus[0].clock_idx].mhz
-    return Snapshot(pool.now, active, clock, requests, replicas, meter_j, clone)
-
-
-def _snapshot_of_arrays(t: float, clone: Pool, model: int, meter_j: float | None) -> Snapshot:
-    """`take_snapshot` of a copy on the compiled loop: the views read off its arrays (the same records)."""
     ks = clone._ks
     rows = ks.view_rows()
     requests = RequestView(**{k: _frozen(v, v.dtype) for k, v in rows.items()})
@@ -171,4 +128,4 @@ def _snapshot_of_arrays(t: float, clone: Pool, model: int, meter_j: float | None
     state = tuple(STATE_NAMES[s] for s in reps.pop("state").tolist())
     replicas = ReplicaView(state, **{k: _frozen(v, v.dtype) for k, v in reps.items()})
     clock = int(ks.gpu_clock_mhz()[0])
-    return Snapshot(t, clone.active_count(model), clock, requests, replicas, meter_j, clone)
+    return Snapshot(pool.now, clone.active_count(model), clock, requests, replicas, meter_j, clone)

@@ -95,7 +95,6 @@ def simulate(
     if arrivals is not None and len(arrivals):
         sel = arrivals.arrival_s < t + horizon_s
         pool.attach_replay(arrivals.take(np.flatnonzero(sel)) if not sel.all() else arrivals)
-    pool.use_kernel()  # the compiled event loop where it covers the copy (identical results)
     e0 = pool.energy_j(t)
     pool.run_until(t + horizon_s)
     energy = pool.energy_j(t + horizon_s) - e0

@@ -295,7 +295,7 @@ def test_locked_clocks_reset_failure_still_resets_others_and_names_it():
 
 # ------------------------------------------------------------------------- VllmEngine over a fake vLLM
 from commitenv.backends import vllm_engine  # noqa: E402  (imports without vLLM)
-from commitenv.sim.replica import batch_terms  # noqa: E402
+from helpers.reference.replica import batch_terms  # noqa: E402
 
 
 def sched_out(new=(), cached=(), spec=None):

@@ -21,10 +21,10 @@ from pydantic import BaseModel
 import commitenv  # noqa: F401  (registers the scenario ids)
 from commitenv.envs import OBS_FEATURES, CommitServeEnv, FlatActionWrapper
 from commitenv.metrics import J_PER_KWH
-from commitenv.sim.gpu import GPU
+from helpers.reference.gpu import GPU
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.pool import Pool
-from commitenv.sim.replica import Replica
+from helpers.reference.replica import Replica
 from commitenv.sim.request import Req
 from commitenv.sim.truth import TruthSource
 from commitenv.workload.table import RequestTable

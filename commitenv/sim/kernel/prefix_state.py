@@ -1,6 +1,6 @@
 """A `KernelState`'s prefix caches (mixed into it): the ``pfx`` tuple `commitenv.sim.kernel.cached` works on, built from
-a pool's `PrefixCache` objects and its requests' hash blocks and prefix lists, the workload rows' hash blocks as they
-are loaded, and the hand-back into those objects."""
+new `PrefixCache` objects and requests' hash blocks and prefix lists, and the workload rows' hash blocks as they are
+loaded."""
 
 from __future__ import annotations
 
@@ -22,12 +22,10 @@ class KernelPrefix:
     """`KernelState`'s prefix caches: ``self.pfx`` (always set; no replica rows without a cache), ``self._pa`` (the
     `PrefixArrays`, or None), the table's hash blocks (``_row_hoff``, ``_hh0``: where they start in ``hh``)."""
 
-    def _import_prefix(self, pool, live: list, caches: list | None = None, caps: list[int] | None = None) -> None:
-        """The caches of ``pool``'s replicas (or ``caches``, of replicas with ``caps`` KV blocks) and the hash blocks of
-        its live requests (``live``, at their indices) and of its workload rows (when it has them)."""
-        if caches is None:
-            caches = [rep.pcache for rep in pool._replicas]
-            caps = [rep.cap_blocks for rep in pool._replicas]
+    def _import_prefix(self, pool, live: list, caches: list, caps: list[int]) -> None:
+        """The prefix caches ``caches`` (`PrefixCache` objects or None, one per replica, of ``caps`` KV blocks) and the
+        hash blocks of the live requests (``live``, at their indices) and of ``pool``'s workload rows (when it has
+        them)."""
         self._pa = None
         self._row_hoff = None
         if all(c is None for c in caches):
@@ -69,20 +67,6 @@ class KernelPrefix:
         self.qi[a:b, Q_HOFF] = self._hh0 + off[lo:hi]
         self.qi[a:b, Q_NH] = np.maximum(np.minimum(off[lo + 1: hi + 1] - off[lo:hi],
                                                    (self.qi[a:b, Q_PROMPT] - 1) // self._bt), 0)
-
-    def _export_prefix(self, pool, reqs: dict) -> None:
-        """The caches back into the replicas' `PrefixCache` objects; each live request's (``reqs``: index -> `Req`)
-        hash blocks, prefix list and ``pfx_next``."""
-        if self._pa is None:
-            return
-        _, maps = self._pa.export([rep.pcache for rep in pool._replicas])
-        hh, pe = self.pfx[5], self.pfx[6]
-        for k, r in reqs.items():
-            base, nh = int(self.qi[k, Q_HOFF]), int(self.qi[k, Q_NH])
-            r.hashes = tuple(hh[base: base + nh].tolist())
-            r.pfx_next = int(self.qi[k, Q_PFXN])
-            ids = pe[base: base + r.pfx_next].tolist() if nh else []
-            r.prefix = [maps[r.replica][e] for e in ids if e >= 0]
 
     def _copy_prefix(self, c) -> None:
         """Give the copy ``c`` its own caches and prefix lists (the hash blocks are read only, shared)."""

@@ -4,26 +4,12 @@ the compiled loop (loading workload rows, growing tables, draining the step log,
 from __future__ import annotations
 
 import copy
-import os
 
 import numpy as np
 
 from commitenv.sim.kernel.actuate import _poke, _redistribute, _set_clock, _set_share, move, set_active
 from commitenv.sim.kernel.clone import KernelClone
-from commitenv.sim.kernel.export import KernelExport
-from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, GF_CLOCK_LAT,
-                                         GF_E_FLOOR, GF_FLOOR_W, GF_PENDING_T, GF_POWER, GF_T_FLOOR, G_CLOCK, G_NHOST,
-                                         G_PENDING, G_VER, INF, I_CAPARR, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS,
-                                         I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_NMIG, I_PLAN_REP, I_SEQ, N_QI, N_RF,
-                                         N_RI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_HOFF, Q_MODEL, Q_OUT, Q_OVERHEAD,
-                                         Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_AFTER, R_BATCH_N, R_BS, R_BT0, R_BUDGET,
-                                         R_CAP, R_D, R_DEST, R_E0, R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T,
-                                         R_FLOOR_W, R_FREE, R_FT, R_GPU, R_K, R_KVB, R_LOAD_S, R_LOAD_T, R_LOAD_W,
-                                         R_LOCAL, R_LOGGED, R_LREADY, R_LWAIT, R_MAXSEQ, R_MEM, R_MIGRATE, R_MODEL,
-                                         R_NEND, R_NPOS, R_RESERVE, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE,
-                                         R_T0, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, R_WTAIL, S_CELL0, S_DISPATCH, S_LOG,
-                                         S_NOISE)
-from commitenv.sim.kernel.heap import _upush_back
+from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, INF, I_CAPARR, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_PLAN_REP, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_HOFF, Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BS, R_FREE, R_LOCAL, R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH, S_NOISE)
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.policies import KernelPolicies
@@ -33,190 +19,21 @@ from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.prefix_cache import PrefixCache
-from commitenv.sim.states import ACTIVE, DRAINING, EV_LAND, MOVING, SEG_NONE, SEG_RUN, SEG_STEP
-
-# pools run here whenever covered; COMMITENV_KERNEL=0 (or ENABLED = False) keeps every pool on the Python loop
-# (`commitenv.sim.kernel.ENABLED` reads and sets this flag)
-ENABLED = os.environ.get("COMMITENV_KERNEL", "1") != "0"
-# whether a pool with a local policy enters the kernel by itself (each planned step called back to the host; False
-# keeps such pools on the Python loop, for comparison: benchmarks/bench_festina.py)
-LOCAL_ON_KERNEL = True
+from commitenv.sim.states import ACTIVE, DRAINING
 
 
-class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, KernelClone):
-    """The arrays `advance` works on, imported from a `Pool`'s state: its live requests, segments in flight and pending
-    events when it has served already (a what-if copy, say), and its workload's rows as the clock nears them.
+class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
+    """The arrays `advance` works on: a pool's replicas, GPUs, live requests, segments in flight and pending events,
+    built from its layout (`commitenv.sim.kernel.fresh`) or copied (`KernelClone`), and its workload's rows as the
+    clock nears them.
 
-    Requests are indexed the head first (the requests live at the import or the last compaction, by slot, so index
+    Requests are indexed the head first (the requests live when the state was made or at the last compaction, by slot, so index
     order is arrival order), then the workload's rows loaded: index ``n_live + row - row0``; `slots` maps indices
     back to the pool's request slots. Rows are loaded ``LOOKAHEAD_S`` ahead; with ``compact`` the finished requests
     are dropped when room is needed and on `copy`, so a state holds about the live requests and an hour of rows."""
 
     LOOKAHEAD_S = 3600.0  # workload rows are loaded this far ahead of the engine clock
     COPY_LOOKAHEAD_S = 300.0  # ... and in a copy (a fork runs short stretches; it keeps only these rows, and loads on)
-
-    @staticmethod
-    def covers(pool) -> bool:
-        """Whether the kernel can run ``pool`` from its current state: any number of models and instances per GPU
-        with any SM shares, instances moving and loading, requests migrating or
-        unrouted, the truth model, the legacy per-segment noise, a what-if copy's nominal model or no noise, any
-        dispatch and local policies (answered on the host: `KernelPolicies`), prefix caches (on every replica or
-        none)."""
-        from commitenv.sim.truth import NominalModel
-
-        reps, gpus = pool._replicas, pool._gpus
-        noise_ok = pool.noise is pool.truth or (pool.truth is None
-                                                and isinstance(pool.noise, (NominalModel, NoiseSource)))
-        return (noise_ok and not pool._pending
-                and (pool.overhead_s is None or (pool.captured_left == 0 and not pool._capture_arrivals))
-                and all(g.index == x for x, g in enumerate(gpus))
-                and all(r.index == x and r in r.gpu.replicas and r.gpu is gpus[r.gpu.index] for x, r in enumerate(reps))
-                and sum(len(g.replicas) for g in gpus) == len(reps)
-                and all(not r.pending_start for r in reps)
-                and len({r.pcache is None for r in reps}) <= 1)
-
-    @classmethod
-    def covering(cls, pool) -> "KernelState | None":
-        """The kernel state of ``pool`` if the kernel is on and covers it (with compaction: the pool takes results); a
-        pool with a local policy only with `LOCAL_ON_KERNEL`."""
-        if not ENABLED or not cls.covers(pool):
-            return None
-        if not LOCAL_ON_KERNEL and any(p is not None for p in pool.local_policies):
-            return None
-        return cls(pool, compact=True)
-
-    def __init__(self, pool, heap_size: int = 0, *, compact: bool = False) -> None:
-        """``compact``: finished requests may be dropped once `take_finished` handed them out (a pool records their
-        results); without it every request stays, at its index, for the caller to read."""
-        if not self.covers(pool):
-            raise ValueError("kernel: pool outside the covered subset (truth factors, legacy, nominal or no noise, "
-                             "no replica pending a start)")
-
-        reps, gpus = pool._replicas, pool._gpus
-        live = sorted([r for rep in reps for q in (rep.running, rep.waiting) for r in q] + list(pool.unrouted)
-                      + [r for _, r in pool.transit.values()], key=lambda r: r.slot)
-        L = len(live)
-        self.R = R = len(reps)
-        self.G = G = len(gpus)
-        max_seqs = max(rep.max_seqs for rep in reps)
-        self.src = _Rows.of(pool)
-        self.slot_base = pool._slot_base
-        # workload rows [row0, row_end) follow the head, at index n_live + row - row0
-        self.row0 = self.row_end = pool._cursor
-        self._stopped = False  # `stop_arrivals`: no row loaded or arriving any more
-        self.lookahead_s = self.LOOKAHEAD_S
-        self.compact = compact
-        self.taken = 0  # completions handed out by `take_finished`
-        self.done0 = pool.completed  # completions before the import or the last compaction (``I_DONE``: the rest)
-        index = self._head(pool, live)
-        self._import_prefix(pool, live)
-        prof = pool.profiles[0]
-        self.profiles = pool.profiles
-        self.clock_mhz = tuple(prof.clock_mhz)  # (every profile's: `Pool` refuses others)
-        self.coc = np.stack([_clock_coefficients(rep.profile, rep.share) for rep in reps])
-        self.sched = np.array([max_seqs, 0, 0, int(pool.log is not None or pool.on_step is not None),
-                               int(pool.opt.closed_form), int(pool.dispatch is not None)], np.int64)
-        self.run = np.zeros((R, max_seqs + 1), np.int64)
-        self.bq = np.zeros((R, max_seqs + 1), np.int64)
-        self.bk = np.zeros((R, max_seqs + 1), np.int64)
-        self.ri = np.zeros((R, N_RI), np.int64)
-        self.rf = np.zeros((R, N_RF))
-        ri, rf = self.ri, self.rf  # (column by column: a what-if copy is imported for every candidate)
-        for col, name in ((R_MODEL, "model"), (R_BUDGET, "budget"), (R_MAXSEQ, "max_seqs"), (R_BS, "bs"),
-                          (R_RESERVE, "reserve_full"), (R_UNF, "unf"), (R_FREE, "free_blocks"), (R_STATE, "state"),
-                          (R_VER, "version"), (R_SEG, "seg"), (R_K, "run_k")):
-            ri[:, col] = [getattr(rep, name) for rep in reps]
-        ri[:, R_GPU] = [rep.gpu.index for rep in reps]
-        ri[:, R_DEST] = [-1 if rep.dest is None else rep.dest.index for rep in reps]
-        ri[:, R_MIGRATE] = [MIGRATE_MODES.index(rep.migrate) for rep in reps]
-        for col, name in ((R_AFTER, "after_load"), (R_LREADY, "load_ready"), (R_LWAIT, "load_wait"),
-                          (R_CAP, "cap_blocks")):
-            ri[:, col] = [getattr(rep, name) for rep in reps]
-        rf[:, R_MEM] = [rep.mem_share for rep in reps]
-        rf[:, R_LOAD_T] = [rep.load_t for rep in reps]
-        lat = [rep.profile.latencies for rep in reps]
-        rf[:, R_LOAD_S] = [np.nan if la.load_s is None else la.load_s for la in lat]
-        rf[:, R_LOAD_W] = [np.nan if la.load_w is None else la.load_w for la in lat]
-        rf[:, R_KVB] = [rep.profile.model.kv_bytes_per_token for rep in reps]
-        ri[:, R_LOCAL] = [p is not None for p in pool.local_policies]
-        rf[:, R_SHARE] = [rep.share for rep in reps]
-        rf[:, R_SSHARE] = [rep.share if rep.seg_log is None else rep.seg_log.share for rep in reps]
-        self.n_per_model = np.bincount(ri[:, R_MODEL], minlength=pool.n_models)
-        self.cap_blocks = np.array([rep.cap_blocks for rep in reps], np.int64)  # (what a dispatch policy sees)
-        # a local plan the host wrote (`KernelPolicies._plan`; as long as the request arrays: a plan lists at most
-        # every live request, and the arrays are never replaced while the loop runs)
-        self.plan = np.zeros(L + 64, np.int64)
-        self.on_run = np.zeros(L + 64, np.int64)
-        ri[:, R_SCLK] = [rep.gpu.clock_idx if rep.seg_log is None else prof.clock_index(rep.seg_log.clock_mhz) for rep in reps]
-        ri[:, R_LOGGED] = [rep.seg != SEG_NONE and rep.seg_log is not None for rep in reps]
-        for col, name in ((R_T0, "t0"), (R_T1, "t1"), (R_BT0, "T0"), (R_D, "D"), (R_E0, "E0"), (R_F, "F"),
-                          (R_FT, "ft"), (R_FE, "fe"), (R_ENERGY, "seg_energy"), (R_FLOOR_W, "seg_floor_w"),
-                          (R_FLOOR_T, "seg_floor_t"), (R_FLOOR_ACC, "seg_floor_acc")):
-            rf[:, col] = [getattr(rep, name) for rep in reps]
-        for x, rep in enumerate(reps):
-            if rep.running:
-                if len(rep.running) > rep.max_seqs:
-                    raise ValueError(f"kernel: replica {x} runs {len(rep.running)} requests, above max_seqs "
-                                     f"{rep.max_seqs}")
-                ri[x, R_RUN_N] = len(rep.running)
-                self.run[x, : len(rep.running)] = [index[id(r)] for r in rep.running]
-            if rep.waiting:  # (the linked list of `_wpush_back`, written at once)
-                w = [index[id(r)] for r in rep.waiting]
-                self.wq[w[:-1]] = w[1:]
-                ri[x, R_WHEAD], ri[x, R_WTAIL], ri[x, R_WLEN] = w[0], w[-1], len(w)
-            if rep.seg == SEG_STEP:
-                ri[x, R_BATCH_N] = len(rep.batch)
-                self.bq[x, : len(rep.batch)] = [index[id(r)] for r, _ in rep.batch]
-                self.bk[x, : len(rep.batch)] = [k for _, k in rep.batch]
-            elif rep.seg == SEG_RUN:
-                ri[x, R_BATCH_N] = len(rep.run_reqs)
-                self.bq[x, : len(rep.run_reqs)] = [index[id(r)] for r in rep.run_reqs]
-        self.gi = np.zeros((G, 4), np.int64)
-        self.gf = np.zeros((G, 6))
-        self.gh = np.full((G, R), -1, np.int64)  # replicas hosted, in order (instances move: room for every one)
-        for g, gpu in enumerate(gpus):
-            self.gh[g, : len(gpu.replicas)] = [r.index for r in gpu.replicas]
-        self.gi[:, G_NHOST] = [len(g.replicas) for g in gpus]
-        # each GPU's idle floor (active, draining, standby) at each clock, from the profile that sets it, multiplied
-        # as `GPU.floor_power` does
-        gprof = [g.profile if g.profile is not None else g.replicas[0].profile for g in gpus]
-        self.floor_tab = self._floor_table([g.power_factor for g in gpus], gprof)
-        self.gf[:, GF_POWER] = [g.power_factor for g in gpus]
-        self.gf[:, GF_CLOCK_LAT] = [p.latencies.clock_change_s for p in gprof]
-        self.gi[:, G_CLOCK] = [gpu.clock_idx for gpu in gpus]
-        self.gi[:, G_PENDING] = [-1 if gpu.pending_clock is None else gpu.pending_clock for gpu in gpus]
-        self.gi[:, G_VER] = [gpu.version for gpu in gpus]
-        self.gf[:, GF_PENDING_T] = [gpu.pending_t for gpu in gpus]
-        self.gf[:, GF_FLOOR_W] = [gpu.floor_w for gpu in gpus]
-        self.gf[:, GF_T_FLOOR] = [gpu.t_floor for gpu in gpus]
-        self.gf[:, GF_E_FLOOR] = [gpu.e_floor for gpu in gpus]
-        self.e_dyn = np.array([gpu.e_dyn for gpu in gpus], dtype=np.float64)
-        self._sources(pool)
-        self._counters(pool)
-        self.si[I_N] = self.si[I_CURSOR] = L
-        self.si[I_NMIG] = sum(rep.state == MOVING for rep in reps)
-        for r in pool.unrouted:
-            _upush_back(self.si, self.wq, index[id(r)])
-        self._ensure(pool.now)
-        self.pend = np.zeros(R, np.int64)
-        heap = pool._heap
-        size = max(heap_size, 4 * R + 8, 2 * len(heap)) if heap_size else 8 * R + 64 + 2 * len(heap)
-        self.ht = np.zeros(size)
-        self.hk, self.hs, self.hi, self.hv = (np.zeros(size, np.int64) for _ in range(4))
-        self.si[I_HEAP] = len(heap)
-        if heap:  # (heapq's list is a binary heap under the same order: copied as it stands)
-            slot_index = {r.slot: k for k, r in enumerate(live)}  # (a landing names its request by slot there)
-            heap = [e if e[1] != EV_LAND else (e[0], e[1], e[2], slot_index[e[3]], e[4]) for e in heap]
-            cols = list(zip(*heap))
-            self.ht[: len(heap)] = cols[0]
-            for a, col in zip((self.hk, self.hs, self.hi, self.hv), cols[1:]):
-                a[: len(heap)] = col
-        self._load(pool.now)
-        # the step log (`Pool.log`, `Pool.on_step`): written by the compiled loop, drained into `StepLogEntry`s after
-        # every call (`take_log`)
-        self._mhz = np.array(self.clock_mhz, np.int64)
-        self._log_out: list = []
-        self._new_log_arrays(bool(self.sched[S_LOG]))
 
     @staticmethod
     def _floor_table(power: list[float], profiles: list) -> np.ndarray:
@@ -249,7 +66,6 @@ class KernelState(KernelExport, KernelPolicies, KernelReads, KernelPrefix, Kerne
         """The scalars (``si``, ``sf``) from ``pool``'s clock, counters and migration link; no request loaded."""
         self.si = np.zeros(N_SI, np.int64)
         self.si[I_PLAN_REP] = -1
-        self.si[I_SEQ] = pool._seq
         self.si[I_LIVE], self.si[I_EVENTS] = pool.live, pool.events
         self.si[I_CAPLEFT], self.si[I_CAPARR] = pool.captured_left, pool._capture_arrivals
         self.si[I_COLD], self.si[I_MIGRATED] = pool.cold_starts, pool.migrated

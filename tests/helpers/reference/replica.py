@@ -23,7 +23,7 @@ from commitenv.sim.request import Req
 from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
 
 if TYPE_CHECKING:  # pragma: no cover
-    from commitenv.sim.gpu import GPU
+    from helpers.reference.gpu import GPU
 
 
 def batch_terms(batch: list[tuple[Req, int]], flags: list[bool] | None = None) -> tuple[int, int, int, int]:
@@ -265,7 +265,6 @@ class Replica:
             batch.append((r, k))
             budget -= k
         return batch, False
-
 
     def schedule_ordered(self, order: tuple[int, ...]) -> list[tuple[Req, int]]:
         """Form the next step's batch from a local policy's plan (`commitenv.sim.local`): the listed slots in

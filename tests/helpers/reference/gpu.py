@@ -8,7 +8,7 @@ from commitenv.sim.states import ACTIVE, DRAINING, LOADING, MOVING, WAKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from commitenv.profiles.schema import Profile
-    from commitenv.sim.replica import Replica
+    from helpers.reference.replica import Replica
 
 
 class GPU:
