@@ -1,6 +1,6 @@
 """The engine's codes in one place: replica lifecycle states, segment kinds and event kinds.
 
-Imported by `commitenv.sim.replica`, `commitenv.sim.pool` and the compiled `commitenv.sim.kernel` (numba reads them
+Imported by `commitenv.sim.pool`, the compiled `commitenv.sim.kernel` and the tests' reference engine (numba reads them
 as compile-time constants: after changing a value here, clear the numba cache so cached kernels pick it up).
 """
 

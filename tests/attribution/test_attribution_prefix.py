@@ -11,6 +11,7 @@ import pytest
 
 from helpers.profiles import attn_toy_profile, toy_profile
 
+from commitenv.sim.kernel.prefix import P_HIT
 from commitenv.attribution import (
     PrefixModelGame,
     ReplayGame,
@@ -102,7 +103,7 @@ def test_prefix_split_equals_exact_shapley_of_the_engine_game(seed, spacing):
     table = table_with(np.arange(n) * spacing, prompts, outputs, hashes)
     prof = attn_profile()
     pool = serve(table, prof)
-    assert pool.replicas[0].pcache.hit_tokens > 0
+    assert pool._ks.pfx[0][0, P_HIT] > 0  # (replica 0's cache was hit)
     law = StepLaw.from_profiles(prof)
     att = prefix_split(pool.log, table, law, 4, players=range(n), scale="none")
     game = ReplayGame(table, prof, prefix_block_tokens=4)

@@ -352,10 +352,10 @@ def test_snapshot_holds_arrived_requests_with_predicted_lengths(env_after_three_
         assert 0 <= slot < env.pool.arrived
         assert env.table.arrival_s[slot] <= now
         assert snap.deadlines[slot] == pytest.approx(env.pool.deadline[slot])
-    live = snap._engine.live_requests()
-    assert {r.slot for r in live} == set(snap.deadlines)
-    for r in live:
-        assert r.out == max(int(env.pool.pred_out[r.slot]), r.generated + 1)
+    rq = snap.requests
+    assert set(rq.slot.tolist()) == set(snap.deadlines)
+    for slot, out, gen in zip(rq.slot.tolist(), rq.output_tokens.tolist(), rq.generated_tokens.tolist()):
+        assert out == max(int(env.pool.pred_out[slot]), gen + 1)
     assert snap._engine.table is None  # the copy carries no workload
 
 

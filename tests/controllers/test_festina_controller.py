@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from commitenv.sim.devices import device_state
 from commitenv.evaluation import run_episode
 from commitenv_controllers import make
 from commitenv_controllers.festina.controller import Festina
@@ -65,8 +66,8 @@ def test_consolidation_packs_memory_reservations(tmp_path):
     ctrl = Festina()
     ctrl.reset(ControllerContext.from_env(env))
     usage = {r: (10.0, 1000.0, 0.1) for r in range(5)}  # busy s, F_l MHz, SM_l
-    placed = env.pool.replicas
-    assert [r.mem_share for r in placed] == [0.5, 0.5, 1.0, 0.6, 0.4]
-    assert ctrl._consolidated(usage, [r.mem_share for r in placed]) is None
+    mem = device_state(env.pool).replica_mem_share.tolist()
+    assert mem == [0.5, 0.5, 1.0, 0.6, 0.4]
+    assert ctrl._consolidated(usage, mem) is None
     moved = ctrl._consolidated(usage, [0.1] * 5)
     assert moved and len(set(ctrl.gpu_of)) < 3

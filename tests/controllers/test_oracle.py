@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from commitenv.hindsight import fork_pool
 from commitenv.control import Controller, ControllerContext
 from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import evaluate, refuses_hindsight, run_episode
@@ -179,24 +180,34 @@ def test_table_dp_rejects_bad_tables():
 
 
 # ------------------------------------------------------------------------------------------ ground-truth forks
+_FORK_POOL = fork_pool
+
+
+def _forks_keep(monkeypatch, counts: bool) -> None:
+    """From here on, ground-truth forks keep counts of late requests (``counts``, as `TruthRun` makes them) or every
+    request's result."""
+    from commitenv import hindsight
+
+    monkeypatch.setattr(hindsight, "fork_pool", lambda pool, memo=None, *, results=True: _FORK_POOL(
+        pool, memo, results=results if counts else True))
+
+
 @pytest.mark.parametrize("realism", ["paper", "ideal"])
-@pytest.mark.parametrize("on_kernel", [True, False], ids=["kernel", "python-loop"])
-def test_forks_meter_what_the_environment_meters(tiny, realism, on_kernel, monkeypatch):
+@pytest.mark.parametrize("counts", [True, False], ids=["counts", "results"])
+def test_forks_meter_what_the_environment_meters(tiny, realism, counts, monkeypatch):
     """A fork stepped with the actions the environment then receives settles the same joules and misses the same
     requests, bit for bit: at realism paper (truth factors, overheads, predicted deadlines) and ideal (the legacy,
-    order-dependent per-segment noise), a copy of the kernel's arrays and, with the kernel off, the deep copy of the
-    Python loop's objects."""
-    from commitenv.sim import kernel
-
-    monkeypatch.setattr(kernel, "ENABLED", on_kernel)
+    order-dependent per-segment noise), a fork that keeps counts (as `TruthRun` does) and one that keeps every
+    request's result."""
+    _forks_keep(monkeypatch, counts)
     path = tiny if realism == "paper" else tiny.with_name("toy-oracle-ideal.yaml")
     if realism == "ideal":
         path.write_text(tiny.read_text().replace("realism: paper", "realism: ideal").replace("name: toy-oracle",
                                                                                             "name: toy-oracle-ideal"))
     env, access = _access(path, seed=5)
     assert isinstance(env.pool.noise, TruthSource if realism == "paper" else NoiseSource)
-    assert (env.pool._ks is not None) == on_kernel
     run = access.fork()
+    assert (run.pool.late_done is not None) == counts
     blob = access.dumps(run)  # what parallel planning ships between processes
     rng = np.random.default_rng(0)
     acts = [TINY_CONFIGS[i] for i in rng.integers(0, 4, 3)]
@@ -211,7 +222,7 @@ def test_forks_meter_what_the_environment_meters(tiny, realism, on_kernel, monke
         assert r.meter_j == env.settlement.energy_j.sum()
         assert r.closed_kwh == env.settlement.cost_kwh.sum()
         assert r.misses() == env.misses
-        if r.pool.late_done is None:  # (a fork on the compiled kernel keeps counts, not per-request results)
+        if r.pool.late_done is None:  # (a fork that keeps counts has no per-request results)
             assert np.array_equal(r.pool.finish_t, env.pool.finish_t, equal_nan=True)
     with pytest.raises(RuntimeError, match="already run"):
         run.step(1, 500)
@@ -230,15 +241,12 @@ def test_fork_is_exact_on_the_benchmark_pool():
 
 
 def test_forks_without_results_count_the_misses_of_forks_with_them(monkeypatch):
-    """A ground-truth fork on the compiled kernel keeps counts instead of per-request results; its certain misses,
-    optimistic estimates, energies and final misses equal those of forks on the Python loop, which keep every result,
-    over a chain of forks stepped with random configurations on the H200 benchmark hour (late and live requests,
-    rejected prompts)."""
-    from commitenv.sim import kernel
-
+    """A ground-truth fork keeps counts instead of per-request results; its certain misses, optimistic estimates,
+    energies and final misses equal those of forks that keep every result, over a chain of forks stepped with random
+    configurations on the H200 benchmark hour (late and live requests, rejected prompts)."""
     runs = {}
     for on in (True, False):
-        monkeypatch.setattr(kernel, "ENABLED", on)
+        _forks_keep(monkeypatch, on)
         env = CommitServeEnv("bench-h200-hour-fixed-a30")
         env.reset(seed=100001)
         runs[on] = ControllerContext.from_env(env, hindsight=True).hindsight.fork()
@@ -249,7 +257,7 @@ def test_forks_without_results_count_the_misses_of_forks_with_them(monkeypatch):
         a, c = int(rng.integers(1, 33)), int(rng.choice([1035, 1380, 1710]))
         out = []
         for on in (True, False):
-            monkeypatch.setattr(kernel, "ENABLED", on)
+            _forks_keep(monkeypatch, on)
             runs[on] = runs[on].fork()
             e = runs[on].step(a, c)
             est = runs[on].optimistic_misses() if k % 6 == 5 else None
@@ -262,10 +270,8 @@ def test_forks_without_results_count_the_misses_of_forks_with_them(monkeypatch):
 def test_forks_without_results_count_rejected_and_late_requests(tmp_path, monkeypatch):
     """The same on the toy pool forked mid-episode, after an interval at the lowest configuration (late requests
     already finished: the fork's starting count comes from the environment's results), with prompts over the context
-    limit arriving in every interval (rejected: always missed): every count equals the Python loop's and, at the end,
-    the environment's own."""
-    from commitenv.sim import kernel
-
+    limit arriving in every interval (rejected: always missed): every count equals that of forks keeping results and,
+    at the end, the environment's own."""
     rng = np.random.default_rng(11)
     t = np.sort(np.concatenate([[0.0], rng.uniform(1, 3590, 70), np.full(10, 100.0), np.full(10, 1500.0)]))
     prompts = rng.integers(4, 30, len(t))
@@ -275,7 +281,7 @@ def test_forks_without_results_count_rejected_and_late_requests(tmp_path, monkey
                           interval_s=1200, alpha=4.0, epsilon=0.25, commitment={"mj": [0.3]}, realism="paper")
     out, final = {}, {}
     for on in (True, False):
-        monkeypatch.setattr(kernel, "ENABLED", on)
+        _forks_keep(monkeypatch, on)
         env = CommitServeEnv(str(path))
         env.reset(seed=1)
         env.step({"active": 1, "clock": 0})
@@ -295,14 +301,12 @@ def test_forks_without_results_count_rejected_and_late_requests(tmp_path, monkey
 
 def test_misses_by_hour_are_the_scores_misses_by_arrival_hour(two_hours, monkeypatch):
     """A fork's misses by arrival hour sum to its certain misses after every interval of a chain of forks and are
-    the same on the compiled kernel (counts by hour) and on the Python loop (per-request results); after the last
-    interval they equal the scores' misses by hour (`slo_outcome`: arrivals - met), with late requests of both
-    hours and a rejected prompt in each."""
-    from commitenv.sim import kernel
-
+    the same on forks keeping counts by hour and on forks keeping per-request results; after the last interval they
+    equal the scores' misses by hour (`slo_outcome`: arrivals - met), with late requests of both hours and a rejected
+    prompt in each."""
     seen = {}
     for on in (True, False):
-        monkeypatch.setattr(kernel, "ENABLED", on)
+        _forks_keep(monkeypatch, on)
         env, access = _access(two_hours, seed=2)
         run = access.fork()
         assert (run.pool.late_done is not None) == on

@@ -1,7 +1,6 @@
-"""An environment's pool stays on the compiled loop for a whole episode: with attribution on (its step hook set at
-reset), on a shared pool with SM shares and placement, and with a snapshot taken before every decision, nothing hands
-the engine back to the Python loop and no replica or GPU object is ever built (the pool's state is made from its
-layout, `commitenv.sim.kernel.fresh`); rewards and attribution equal those of the same episode on the Python loop."""
+"""An environment with attribution on (its step hook set at reset), on a one-model pool and on a shared pool with SM
+shares and placement, with a snapshot taken before every decision: rewards and attribution on the compiled loop equal
+those of the same episode on the reference engine (tests/helpers/reference), both step by step."""
 
 from __future__ import annotations
 
@@ -10,8 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from helpers.reference import reference_snapshot, step_by_step, use_engine
+
 from commitenv.envs import CommitServeEnv
-from commitenv.sim import Pool, kernel, take_snapshot
+from commitenv.sim import Pool
 
 
 def _episode(scenario: str, steps: int, seed: int = 3) -> tuple[list[str], CommitServeEnv]:
@@ -21,7 +22,7 @@ def _episode(scenario: str, steps: int, seed: int = 3) -> tuple[list[str], Commi
     env.action_space.seed(seed)
     out = []
     for _ in range(steps):
-        take_snapshot(env.pool)
+        reference_snapshot(env.pool)
         _, r, term, trunc, info = env.step(env.action_space.sample())
         out.append(json.dumps([r, info.get("attribution")], default=lambda o: np.asarray(o).tolist(), sort_keys=True))
         if term or trunc:
@@ -30,17 +31,13 @@ def _episode(scenario: str, steps: int, seed: int = 3) -> tuple[list[str], Commi
 
 
 @pytest.mark.parametrize("scenario,steps", [("bench-h200-hour-fixed-a30", 20), ("festina-h100-shared", 12)])
-def test_an_episode_never_hands_the_pool_back(monkeypatch, scenario, steps):
-    def refuse(self):
-        raise AssertionError("the pool was handed back to the Python loop")
-
-    real = Pool._leave_kernel
-    monkeypatch.setattr(kernel, "ENABLED", True)
-    monkeypatch.setattr(Pool, "_leave_kernel", refuse)
+def test_an_episode_with_attribution_equals_the_reference(monkeypatch, scenario, steps):
+    step_by_step(monkeypatch)
+    use_engine(monkeypatch, reference=False)
     fast, env = _episode(scenario, steps)
-    assert "_replicas" not in env.pool.__dict__ and "_gpus" not in env.pool.__dict__  # (no device object was built)
-    monkeypatch.setattr(Pool, "_leave_kernel", real)
-    monkeypatch.setattr(kernel, "ENABLED", False)
-    slow, _ = _episode(scenario, steps)
+    assert type(env.pool) is Pool
+    use_engine(monkeypatch, reference=True)
+    slow, ref = _episode(scenario, steps)
+    assert type(ref.pool) is not Pool
     assert len(fast) == steps and "tenant_j" in fast[-1]  # (attribution was there to compare)
     assert fast == slow

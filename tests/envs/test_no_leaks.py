@@ -27,6 +27,7 @@ from commitenv.evaluation import run_episode, score_episode
 from commitenv.scenarios import load_scenario, scenario_workload
 from commitenv.scenarios.build import derived_seed
 from commitenv.sim import coeffs as _coeffs
+from commitenv.sim.kernel.layout import G_CLOCK, GF_FLOOR_W, GF_POWER, R_FE, R_FLOOR_W, R_FT, R_GPU, R_SEG
 from commitenv.sim.lref import reference_latency
 from commitenv_controllers import Controller
 
@@ -147,11 +148,27 @@ def test_snapshot_options_lists_and_engine_objects_are_copies(paper_env):
     snap = env.unwrapped.snapshot()
     assert snap._engine.opt is not pool.opt
     assert snap._engine.profiles is not pool.profiles
-    assert snap._engine.gpus is not pool.gpus and snap._engine.replicas is not pool.replicas
-    truth_ids = {id(x) for x in pool.gpus} | {id(x) for x in pool.replicas} | {id(r) for r in pool.live_requests()}
-    mine = [*snap._engine.gpus, *snap._engine.replicas, *snap._engine.live_requests()]
-    assert len(snap._engine.live_requests()) > 50, "expected a backlog"
-    assert not any(id(x) in truth_ids for x in mine)
+    assert snap._engine._ks is not pool._ks
+    assert len(snap.requests) > 50, "expected a backlog"
+    truth_arrays = _arrays(pool._ks)
+    mine = _arrays(snap._engine._ks)
+    assert len(mine) > 20 and len(truth_arrays) > 20
+    shared = [(a, b) for a, x in mine.items() for b, y in truth_arrays.items() if np.shares_memory(x, y)]
+    assert not shared, f"snapshot state arrays sharing memory with the truth's: {shared}"
+
+
+def _arrays(ks) -> dict[str, np.ndarray]:
+    """Every array a kernel state holds (its attributes, those inside tuples such as the prefix cache's, and those of
+    the objects it holds such as its workload rows), by name."""
+    out = {}
+    for name, v in vars(ks).items():
+        parts = v if isinstance(v, tuple) else (v,)
+        if hasattr(v, "__dict__") and not isinstance(v, np.ndarray):
+            parts = tuple(vars(v).values())
+        for k, x in enumerate(parts):
+            if isinstance(x, np.ndarray) and x.size:
+                out[f"{name}[{k}]" if len(parts) > 1 or parts is not (v,) else name] = x
+    return out
 
 
 def _option_attack_run(env: CommitServeEnv, attack: str) -> dict:
@@ -170,7 +187,8 @@ def _option_attack_run(env: CommitServeEnv, attack: str) -> dict:
         env.step(_act(env, k))
         if k >= 3:
             s = env.unwrapped.snapshot()
-            seen.append(sorted((r.slot, r.out, r.deadline) for r in s._engine.live_requests()))
+            rq = s.requests
+            seen.append(sorted(zip(rq.slot.tolist(), rq.output_tokens.tolist(), rq.deadline_s.tolist())))
     pool = env.pool
     return {
         "snapshots": seen,
@@ -269,23 +287,27 @@ def _snap_and_factor(env: CommitServeEnv):
 def test_snapshot_gpus_have_the_nominal_power_factor_only(paper_env):
     env = paper_env
     snap, ef = _snap_and_factor(env)
-    truth_pf = np.array([g.power_factor for g in env.pool.gpus])
+    truth_pf = env.pool._ks.gf[:, GF_POWER]
     assert np.ptp(truth_pf) > 0, "the truth should have per-GPU power factors"
-    for g, tg in zip(snap._engine.gpus, env.pool.gpus):
-        assert g.power_factor == pytest.approx(ef, rel=1e-12)
-        assert not np.any(np.isclose(g.power_factor, truth_pf, rtol=1e-9, atol=0.0))
-        assert g.floor_w == pytest.approx(g.floor_power(), rel=1e-12)  # the nominal idle floor x ef
+    ks = snap._engine._ks
+    for g in range(ks.G):
+        assert ks.gf[g, GF_POWER] == pytest.approx(ef, rel=1e-12)
+        assert not np.any(np.isclose(ks.gf[g, GF_POWER], truth_pf, rtol=1e-9, atol=0.0))
+        # the idle floors: the nominal ones x ef, and the GPU's floor now one of them
+        np.testing.assert_allclose(ks.floor_tab[g, :, :3], ks.floor_tab[g, :, 3:] * ef, rtol=1e-12)
+        assert ks.gf[g, GF_FLOOR_W] in ks.floor_tab[g, ks.gi[g, G_CLOCK], :3].tolist()
 
 
 def test_snapshot_segments_in_flight_are_nominal(paper_env):
     env = paper_env
     snap, ef = _snap_and_factor(env)
-    busy = [(r, t) for r, t in zip(snap._engine.replicas, env.pool.replicas) if r.seg]
+    mine, truth = snap._engine._ks, env.pool._ks
+    busy = [x for x in range(mine.R) if mine.ri[x, R_SEG]]
     assert busy, "expected segments in flight"
-    assert any(t.ft != 1.0 for _, t in busy), "the truth's segments carry factors (else the check is vacuous)"
-    for r, _ in busy:
-        assert r.ft == 1.0
-        assert r.fe == pytest.approx(ef, rel=1e-12)
+    assert any(truth.rf[x, R_FT] != 1.0 for x in busy), "the truth's segments carry factors (else the check is vacuous)"
+    for x in busy:
+        assert mine.rf[x, R_FT] == 1.0
+        assert mine.rf[x, R_FE] == pytest.approx(ef, rel=1e-12)
 
 
 def test_snapshot_idle_replicas_carry_no_truth_factors(paper_env):
@@ -296,21 +318,24 @@ def test_snapshot_idle_replicas_carry_no_truth_factors(paper_env):
     snap, ef = _snap_and_factor(env)
     prof = env.profile
     nominal_floors = sorted({w for c in prof.clocks for w in (c.active_idle_w, c.draining_idle_w)} | {prof.standby_w})
-    truth_pf = np.array([g.power_factor for g in env.pool.gpus])
-    idle = [(r, t) for r, t in zip(snap._engine.replicas, env.pool.replicas) if not r.seg]
+    mine, truth = snap._engine._ks, env.pool._ks
+    truth_pf = truth.gf[:, GF_POWER]
+    idle = [x for x in range(mine.R) if not mine.ri[x, R_SEG]]
     assert idle, "expected idle replicas"
-    assert any(t.ft != 1.0 for _, t in idle), "the truth's idle replicas hold factors (else the check is vacuous)"
+    assert any(truth.rf[x, R_FT] != 1.0 for x in idle), "the truth's idle replicas hold factors (else vacuous)"
     leaks, off_nominal = [], []
-    for r, t in idle:
-        if (r.ft, r.fe) == (t.ft, t.fe) and (t.ft != 1.0 or t.fe not in (1.0, ef)):
-            leaks.append(f"replica {r.index}: ft={r.ft:.4f} fe={r.fe:.4f}, the truth's factors of its last step")
-        elif r.ft != 1.0 or not np.isclose(r.fe, ef, rtol=1e-12):
-            off_nominal.append(f"replica {r.index}: ft={r.ft:.4f} fe={r.fe:.4f} (nominal: 1, {ef:.4f})")
-        if r.seg_floor_w:
-            implied = r.seg_floor_w / np.array(nominal_floors)
-            if np.any(np.isclose(implied, truth_pf[r.gpu.index], rtol=1e-9, atol=0.0)):
-                leaks.append(f"replica {r.index}: seg_floor_w / nominal idle power = {truth_pf[r.gpu.index]:.6f}, "
-                             f"the truth's power factor of GPU {r.gpu.index}")
+    for x in idle:
+        ft, fe, tft, tfe = mine.rf[x, R_FT], mine.rf[x, R_FE], truth.rf[x, R_FT], truth.rf[x, R_FE]
+        if (ft, fe) == (tft, tfe) and (tft != 1.0 or tfe not in (1.0, ef)):
+            leaks.append(f"replica {x}: ft={ft:.4f} fe={fe:.4f}, the truth's factors of its last step")
+        elif ft != 1.0 or not np.isclose(fe, ef, rtol=1e-12):
+            off_nominal.append(f"replica {x}: ft={ft:.4f} fe={fe:.4f} (nominal: 1, {ef:.4f})")
+        floor_w, g = mine.rf[x, R_FLOOR_W], int(mine.ri[x, R_GPU])
+        if floor_w:
+            implied = floor_w / np.array(nominal_floors)
+            if np.any(np.isclose(implied, truth_pf[g], rtol=1e-9, atol=0.0)):
+                leaks.append(f"replica {x}: its segment's floor / nominal idle power = {truth_pf[g]:.6f}, "
+                             f"the truth's power factor of GPU {g}")
     assert not leaks + off_nominal, (f"{len(leaks)} truth factors and {len(off_nominal)} non-nominal factors in idle "
                                      "replicas of the snapshot:\n" + "\n".join(leaks + off_nominal))
 
@@ -339,10 +364,9 @@ def _recovered(env: CommitServeEnv):
     alpha = env.scenario.alpha
     cap = np.maximum(prof.scheduler.context_limit - tab.prompt_tokens, 1)
     snap = env.unwrapped.snapshot()
-    live = snap._engine.live_requests()
-    slots = np.array([r.slot for r in live])
-    rec_snap = _invert_deadlines(prof, alpha, [r.arrival for r in live], [r.prompt for r in live],
-                                 [snap.deadlines[r.slot] for r in live])
+    rq = snap.requests
+    slots = rq.slot
+    rec_snap = _invert_deadlines(prof, alpha, rq.arrival_s, rq.prompt_tokens, [snap.deadlines[s] for s in slots.tolist()])
     n = pool.arrived
     rec_all = _invert_deadlines(prof, alpha, tab.arrival_s[:n], tab.prompt_tokens[:n], pool.visible_deadline[:n])
     pred = np.minimum(pool.pred_out, cap)
@@ -556,8 +580,8 @@ def test_info_energy_is_the_settlement_meter_at_ideal(ideal_env):
 
 
 def _slack_features(pool, deadlines) -> np.ndarray:
-    live = pool.live_requests()
-    s = np.array([deadlines[r.slot] for r in live]) - pool.now
+    slots, _ = pool.live_state()
+    s = deadlines[slots] - pool.now
     return np.array([np.tanh(s.min() / 60), np.tanh(s.mean() / 60), np.mean(s < 0)])
 
 
@@ -570,7 +594,7 @@ def test_obs_slack_features_use_visible_deadlines(paper_env):
     gaps = []
     for k in range(8):
         obs, *_ = env.step(_act(env, k))
-        if not env.pool.live_requests():
+        if not env.pool.live:
             continue
         vis = _slack_features(env.pool, env.pool.visible_deadline)
         true = _slack_features(env.pool, env.pool.deadline)

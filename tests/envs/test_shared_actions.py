@@ -17,6 +17,7 @@ import yaml
 from gymnasium.utils.env_checker import check_env
 
 import commitenv  # noqa: F401  (registers the scenarios' env ids)
+from commitenv.sim.devices import device_state
 from commitenv.control import ControllerContext
 from commitenv.envs import CommitServeEnv, SharedFlatActionWrapper
 from commitenv.envs.actions import placement_from_request, shares_from_weights
@@ -137,13 +138,14 @@ def _assert_legal(env: CommitServeEnv) -> None:
     its instances reserved fits (read from the engine's own replicas)."""
     cfg = env.shared_cfg
     mins = [env.profiles[i.model].sm_share.min_share for g in env.layout.gpus for i in g]
-    mem = [r.mem_share for r in env.pool.replicas]
+    d = device_state(env.pool)
+    mem = d.replica_mem_share.tolist()
     for g in range(env.n_gpus):
         on = [r for r, gg in enumerate(cfg.gpus) if gg == g]
         assert math.fsum(cfg.shares[r] for r in on) <= 1.0 + 1e-9
         assert math.fsum(mem[r] for r in on) <= 1.0 + 1e-9
     assert all(s >= m for s, m in zip(cfg.shares, mins)) and all(s <= 1.0 for s in cfg.shares)
-    assert [r.share for r in env.pool.replicas] == list(cfg.shares)  # what the engine holds
+    assert d.replica_share.tolist() == list(cfg.shares)  # what the engine holds
 
 
 def test_300_seeded_flat_draws_all_step_and_keep_every_gpu_within_its_simplex(tmp_path):

@@ -137,7 +137,7 @@ def test_the_shared_gpu_scenario():
     assert sum(sc.workload.tenant_mix.values()) == pytest.approx(1.0) and sc.workload.seed is None
     assert sc.commitment.mj == [10.09]
     assert sc.miss_penalty_kwh > 0 and sc.seeds is not None
-    assert len(Pool(scenario_profiles(sc), scenario_layout(sc)).replicas) == 14  # every instance fits its memory
+    assert len(Pool(scenario_profiles(sc), scenario_layout(sc)).replica_models) == 14  # every instance fits its memory
     for key in ("pool", "workload", "commitment", "slo", "realism"):
         assert sc.paper.get(key), f"paper.{key} missing"
 
@@ -557,7 +557,7 @@ def test_reference_key_follows_the_engine_source_code(tmp_path, monkeypatch):
         shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "data"))
     h0 = cm.source_sha256(tmp_path)
     assert h0 == cm.engine_code_sha256()
-    target = tmp_path / "sim" / "replica.py"
+    target = tmp_path / "sim" / "pool.py"
     target.write_bytes(target.read_bytes() + b"\n")
     h1 = cm.source_sha256(tmp_path)
     assert h1 != h0

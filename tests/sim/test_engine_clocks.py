@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.reference import ReferencePool, reference_device_state
 from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
@@ -33,7 +34,8 @@ def lo_e(P=0, n=0, L=0):
 
 def make(arrivals, prompts, outputs, *, latency=0.05, closed_form=True, clock_mhz=None, n=1):
     prof = toy_profile(latencies=dict(clock_change_s=latency, activation_s=1.0))
-    pool = Pool(prof, PoolLayout.single(n), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form), clock_mhz=clock_mhz)
+    pool = (Pool if closed_form else ReferencePool)(prof, PoolLayout.single(n), EngineOptions(
+        noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form), clock_mhz=clock_mhz)
     pool.attach(make_table(arrivals, prompts, outputs))
     return pool
 
@@ -117,7 +119,7 @@ def test_cancelled_pending_change_has_no_effect():
     pool.run_until(5.0)
     assert pool.finish_t[0] == base.finish_t[0]
     assert pool.energy_j(5.0) == pytest.approx(base.energy_j(5.0), abs=1e-12)
-    assert pool.gpus[0].clock_idx == 1
+    assert reference_device_state(pool).gpu_clock_idx[0] == 1
 
 
 def test_repeating_the_pending_clock_does_not_delay_it():

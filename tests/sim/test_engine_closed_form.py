@@ -1,4 +1,4 @@
-"""Closed-form decode runs vs the step-by-step reference engine (`EngineOptions(closed_form=False)`): on random
+"""Closed-form decode runs on the compiled loop vs the step-by-step reference engine (tests/helpers/reference): on random
 small cases with several replicas, arrivals, preemptions, periodic `run_until(t); settle(t)` boundaries and
 controller actions (active count, clock, SM share) at those boundaries, completion and first-token times,
 preemption counts, per-GPU energies at every boundary and the executed steps agree."""
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helpers.profiles import toy_profile
+from helpers.reference import ReferencePool
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
 from commitenv.workload.table import make_table
@@ -23,7 +24,8 @@ def expand(pool):
 
 
 def make(layout, prof, table, closed_form):
-    pool = Pool(prof, layout, EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form))
+    """The closed form on the compiled loop; without it, the reference engine (tests/helpers/reference)."""
+    pool = (Pool if closed_form else ReferencePool)(prof, layout, EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form))
     pool.attach(table)
     return pool
 
@@ -64,7 +66,7 @@ def test_closed_form_equals_step_by_step(seed, n, rate, n_gpus, dt, actions, clo
         layout = PoolLayout.single(n_gpus)
     a = make(layout, prof, table, True)
     b = make(layout, prof, table, False)
-    n_rep = len(a.replicas)
+    n_rep = len(a.replica_models)
     t_end = float(table.arrival_s[-1]) + 10.0
     t = 0.0
     n_actions = 0

@@ -8,13 +8,11 @@ import pytest
 
 from commitenv.envs import CommitServeEnv
 from commitenv.sim import kernel
-from commitenv.sim.kernel import KernelState
 
 
 @pytest.fixture
-def python_pool(monkeypatch):
-    """The bench hour's pool on the Python loop; each test drives its own `KernelState` from it."""
-    monkeypatch.setattr(kernel, "ENABLED", False)
+def bench_pool():
+    """The bench hour's pool, reset; each test drives its `KernelState` directly."""
     env = CommitServeEnv("bench-h200-hour-fixed-a30")
     env.reset(seed=100000)
     return env.pool
@@ -25,11 +23,11 @@ def _layouts(dispatcher) -> set[str]:
     return {str(a.layout) for sig in dispatcher.signatures for a in sig if hasattr(a, "layout")}
 
 
-def test_truth_tables_stay_contiguous_and_equal_the_truths_cells(python_pool):
+def test_truth_tables_stay_contiguous_and_equal_the_truths_cells(bench_pool):
     """Grown hour by hour to a day and a half (the truth's cache re-allocates on the way), the tables are contiguous
     and hold the truth's factors of cells [cell0, cell0 + width) for every GPU."""
-    ks = KernelState(python_pool)
-    truth = python_pool.truth
+    ks = bench_pool._ks
+    truth = bench_pool.truth
     for hour in range(1, 37):
         ks.sf[0] = 3600.0 * hour  # (the engine clock, as `advance` would leave it)
         ks._ensure(3600.0 * hour + 60.0)
@@ -41,10 +39,10 @@ def test_truth_tables_stay_contiguous_and_equal_the_truths_cells(python_pool):
             assert ks.ftab[g, 0] == ft[0] and ks.ftab[g, w - 1] == ft[1]
 
 
-def test_advancing_past_table_regrowth_compiles_no_other_layout(python_pool):
+def test_advancing_past_table_regrowth_compiles_no_other_layout(bench_pool):
     """Three hours on the kernel (the tables regrow twice after the first hour): `advance` and `set_active` are only
     ever compiled for C-contiguous arrays."""
-    ks = KernelState(python_pool)
+    ks = bench_pool._ks
     for k in range(1, 19):
         ks.set_active(600.0 * k - 1.0, 16 + k % 8)
         ks.advance(600.0 * k)

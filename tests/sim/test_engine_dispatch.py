@@ -9,9 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from helpers.reference import ReferencePool
 from helpers.profiles import toy_profile
 
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+from commitenv.sim import EngineOptions, NoiseSpec, PoolLayout
 from commitenv.sim.dispatch import ArrivalView, DispatchPolicy, LeastUnfinished, PrefixAffinity, make_dispatch
 from commitenv.workload.table import make_table
 from helpers.paths import ROOT
@@ -26,7 +27,7 @@ def with_hashes(table, hashes):
 
 
 def pool_of(n_rep, *, policy=None, sched=BIG, noise=False, **opt):
-    p = Pool(toy_profile(scheduler=sched), PoolLayout.single(n_rep),
+    p = ReferencePool(toy_profile(scheduler=sched), PoolLayout.single(n_rep),
              EngineOptions(noise=NoiseSpec() if noise else NoiseSpec(0, 0), prefix_block_tokens=4, **opt))
     p.dispatch = policy
     return p

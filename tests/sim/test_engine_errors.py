@@ -8,6 +8,8 @@ import pytest
 from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout, observed_arrivals, simulate, take_snapshot
+from commitenv.sim.devices import device_state
+from commitenv.sim.kernel.layout import G_PENDING, I_HEAP
 from commitenv.workload.table import make_table
 
 
@@ -24,13 +26,19 @@ def busy_pool(n=3):
 
 
 def fingerprint(pool):
+    """Everything an action could change: replica states and shares, clocks and pending clock changes, where each
+    live request is and what it computed, the pending events."""
+    ks = pool._ks
+    d = device_state(pool)
+    rows = ks.view_rows()
     return (
-        [r.state for r in pool.replicas],
-        [g.clock_idx for g in pool.gpus],
-        [g.pending_clock for g in pool.gpus],
-        [r.share for r in pool.replicas],
-        sorted((r.slot, r.replica, r.computed) for r in pool.live_requests()),
-        len(pool.heap),
+        d.replica_state.tolist(),
+        d.gpu_clock_idx.tolist(),
+        ks.gi[:, G_PENDING].tolist(),
+        d.replica_share.tolist(),
+        sorted(zip(rows["slot"].tolist(), rows["replica"].tolist(), rows["computed_tokens"].tolist())),
+        int(ks.si[I_HEAP]),
+        ks.ht[: int(ks.si[I_HEAP])].tolist(),
     )
 
 

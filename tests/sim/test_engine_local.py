@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.reference import ReferencePool
 from helpers.profiles import toy_profile
 
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+from commitenv.sim import EngineOptions, NoiseSpec, PoolLayout
 from commitenv.sim.local import FcfsLocal, LocalPolicy, StepPlan
 from commitenv.workload.table import make_table
 
@@ -18,7 +19,7 @@ BIG = dict(token_budget=32, max_seqs=8, context_limit=64, block_size=4, kv_capac
 
 
 def pool_of(n_rep=1, *, policy=None, sched=BIG, noise=False, **opt):
-    p = Pool(toy_profile(scheduler=sched), PoolLayout.single(n_rep),
+    p = ReferencePool(toy_profile(scheduler=sched), PoolLayout.single(n_rep),
              EngineOptions(noise=NoiseSpec() if noise else NoiseSpec(0, 0), closed_form=False, log_steps=True, **opt))
     p.set_local_policy(policy)
     return p

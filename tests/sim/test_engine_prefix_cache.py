@@ -12,8 +12,11 @@ import pytest
 
 from helpers.prefix import SMALL_SCHED, tree_hashes, with_hashes
 from helpers.profiles import attn_toy_profile, toy_profile
+from helpers.reference import ReferencePool
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+from commitenv.sim.kernel.layout import R_FREE
+from commitenv.sim.kernel.prefix import P_HIT
 from commitenv.workload.loaders import load_mooncake_jsonl
 from commitenv.workload.table import WorkloadError, make_table
 
@@ -21,14 +24,23 @@ BIG = SMALL_SCHED
 
 
 def serve(arrivals, prompts, outputs, hashes, *, bt=4, caching=True, sched=BIG, closed_form=True, t_end=100.0,
-          profile=None):
+          profile=None, reference=False):
+    """One replica serving the requests to ``t_end``: on the compiled loop, or (``reference``, for tests that read the
+    caches' objects) on the step-by-step reference engine."""
     prof = profile or toy_profile(scheduler=sched)
     opts = EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, prefix_caching=caching, prefix_block_tokens=bt,
-                         closed_form=closed_form)
-    pool = Pool(prof, PoolLayout.single(1), opts)
+                         closed_form=closed_form and not reference)
+    pool = (ReferencePool if reference else Pool)(prof, PoolLayout.single(1), opts)
     pool.attach(with_hashes(make_table(arrivals, prompts, outputs), hashes))
     pool.run_until(t_end)
     return pool
+
+
+def hit_tokens(pool) -> int:
+    """Prompt tokens replica 0 skipped by cache hits (the reference's cache object, the compiled loop's arrays)."""
+    if isinstance(pool, ReferencePool):
+        return pool.replicas[0].pcache.hit_tokens
+    return int(pool._ks.pfx[0][0, P_HIT])
 
 
 def first_entry(pool, slot):
@@ -49,13 +61,14 @@ def test_later_request_skips_cached_blocks():
     eb = first_entry(pool, 1)
     assert eb.energy_j == pytest.approx(1.0 + 0.1 * 2, abs=1e-12)  # E = a + c1 P with P = 2
     assert eb.t1 - eb.t0 == pytest.approx(0.01 + 0.001 * 2, abs=1e-12)
-    assert pool.replicas[0].pcache.hit_tokens == 8
+    assert hit_tokens(pool) == 8
 
 
-def test_caching_off_computes_everything():
-    pool = serve([0.0, 1.0], [10, 10], [1, 1], [[1, 2], [1, 2]], caching=False)
+@pytest.mark.parametrize("reference", [False, True], ids=["compiled", "reference"])
+def test_caching_off_computes_everything(reference):
+    pool = serve([0.0, 1.0], [10, 10], [1, 1], [[1, 2], [1, 2]], caching=False, reference=reference)
     assert chunk_of(pool, 1) == (10, 0)
-    assert pool.replicas[0].pcache is None
+    assert (pool.replicas[0].pcache is None) if reference else (pool._ks._pa is None)
 
 
 def test_same_pass_admission_hits_blocks_registered_when_scheduled():
@@ -97,7 +110,7 @@ def test_hit_with_attention_term_prices_the_context():
 
 def test_shared_blocks_count_once_in_kv_memory():
     # A and B share 2 blocks; each holds 1 private block for tokens 9-10 -> 4 blocks in use of 16
-    pool = serve([0.0, 0.0], [10, 10], [5, 5], [[1, 2], [1, 2]], t_end=0.001)
+    pool = serve([0.0, 0.0], [10, 10], [5, 5], [[1, 2], [1, 2]], t_end=0.001, reference=True)
     rep = pool.replicas[0]
     assert rep.free_blocks == 16 - 4
     assert [e.ref for e in rep.pcache.entries.values()] == [2, 2]
@@ -110,7 +123,7 @@ def test_freed_blocks_are_evicted_in_free_queue_order_tail_first():
     # A (p=9, hashes [1,2]) takes blocks 0,1,2 and frees them tail first -> [3..15, 2, 1(h2), 0(h1)];
     # C (p=52) takes 3..15 and frees them -> [2, 1(h2), 0(h1), 15..3]; D (p=8) takes 2 blocks: pops block 2
     # and block 1, evicting hash 2; B (hashes [1,2]) then hits only hash 1: 5 tokens after 4 cached.
-    pool = serve([0.0, 1.0, 2.0, 3.0], [9, 52, 8, 9], [1, 1, 1, 1], [[1, 2], [], [], [1, 2]])
+    pool = serve([0.0, 1.0, 2.0, 3.0], [9, 52, 8, 9], [1, 1, 1, 1], [[1, 2], [], [], [1, 2]], reference=True)
     rep = pool.replicas[0]
     assert chunk_of(pool, 3) == (5, 4)
     assert rep.pcache.evictions == 1
@@ -156,21 +169,22 @@ def test_random_prefix_trees_keep_kv_invariants_and_match_step_by_step(seed, bt,
     hashes = tree_hashes(rng, prompts, bt)  # three prefix trees, ids name prefixes
     sched = dict(BIG, token_budget=budget, kv_capacity_tokens=80)
     runs = []
-    for cf in (True, False):
+    for cf in (True, False):  # the closed form on the compiled loop; the reference, step by step, checked every step
         prof = toy_profile(scheduler=sched)
         opts = EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, prefix_block_tokens=bt, closed_form=cf)
-        pool = Pool(prof, PoolLayout.single(1), opts)
+        pool = (Pool if cf else ReferencePool)(prof, PoolLayout.single(1), opts)
         pool.attach(with_hashes(make_table(arrivals, prompts, outputs), hashes))
-        pool.on_step = lambda e, rep=pool.replicas[0]: _check_kv(rep)
+        if not cf:
+            pool.on_step = lambda e, rep=pool.replicas[0]: _check_kv(rep)
         pool.run_until(1e6)
         assert pool.completed == n
-        rep = pool.replicas[0]
-        assert rep.free_blocks == rep.cap_blocks
+        free = pool.replicas[0].free_blocks if not cf else int(pool._ks.ri[0, R_FREE])
+        assert free == int(pool._ks.cap_blocks[0] if cf else pool.replicas[0].cap_blocks)
         runs.append(pool)
     a, b = runs
     np.testing.assert_allclose(a.finish_t, b.finish_t, rtol=0, atol=1e-9)
     assert a.energy_j() == pytest.approx(b.energy_j(), rel=1e-12)
-    pc = a.replicas[0].pcache
+    pc = b.replicas[0].pcache
     assert pc.hit_tokens > 0 and pc.evictions > 0 and a.preemptions.sum() > 0  # every path was exercised
     # caching only ever saves prefill: the same workload without it computes more tokens
     off = serve(arrivals, prompts, outputs, hashes, caching=False, sched=sched, t_end=1e6, bt=bt)
@@ -182,7 +196,7 @@ def test_clone_keeps_the_cache():
     # at t = 0.6, A (blocks 1-3 registered) is decoding and B (hit on them) too: both reference the entries
     ha = [1, 2, 3]
     sched = dict(BIG, context_limit=128, kv_capacity_tokens=256)
-    pool = serve([0.0, 0.5], [13, 13], [100, 60], [ha, ha], t_end=0.6, sched=sched)
+    pool = serve([0.0, 0.5], [13, 13], [100, 60], [ha, ha], t_end=0.6, sched=sched, reference=True)
     rp = pool.replicas[0].pcache
     assert [e.ref for e in rp.entries.values()] == [2, 2, 2]
     c = pool.clone(hide_lengths=False)

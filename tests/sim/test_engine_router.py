@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.reference import ReferencePool
 from helpers.profiles import toy_profile
 
-from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
+from commitenv.sim import EngineOptions, Instance, NoiseSpec, PoolLayout
 from commitenv.workload.table import make_table
 
 STANDBY_W = 20.0
@@ -21,7 +22,7 @@ def exact(**kw) -> EngineOptions:
 
 
 def make(arrivals, prompts, outputs, n=2, profile=None, tenants=None):
-    pool = Pool(profile or toy_profile(), PoolLayout.single(n), exact())
+    pool = ReferencePool(profile or toy_profile(), PoolLayout.single(n), exact())
     pool.attach(make_table(arrivals, prompts, outputs, tenant=tenants))
     return pool
 
@@ -173,7 +174,7 @@ def test_per_model_routing():
     p0 = toy_profile()
     p1 = toy_profile(name="toy-b")
     layout = PoolLayout(((Instance(0),), (Instance(1),), (Instance(0),)))
-    pool = Pool([p0, p1], layout, exact())
+    pool = ReferencePool([p0, p1], layout, exact())
     tenants = [0, 1, 1, 0, 1, 0]
     pool.attach(
         make_table([0.0, 0.001, 0.002, 0.003, 0.004, 0.005], [4] * 6, [20] * 6, tenant=tenants, tenant_names=("a", "b")),
@@ -214,7 +215,7 @@ def drain_profile():
 
 def test_draining_replica_with_no_work_left_never_meters_draining_floor_when_idle():
     # an idle replica never sits in the draining state: it goes straight to standby
-    pool = Pool(drain_profile(), PoolLayout.single(2), exact())
+    pool = ReferencePool(drain_profile(), PoolLayout.single(2), exact())
     pool.attach(make_table([5.0], [4], [2]))
     pool.run_until(1.0)
     pool.set_active(1.0, 1)
@@ -225,7 +226,7 @@ def test_draining_replica_with_no_work_left_never_meters_draining_floor_when_idl
 def test_draining_replica_meter_equals_its_steps_then_standby():
     # GPU meter contract (gpu.py): step energies plus idle gaps at the state's idle power. A draining replica
     # running work has no idle gap, so the draining-idle power (30 W) must not leak into its steps.
-    pool = Pool(drain_profile(), PoolLayout.single(2), exact())
+    pool = ReferencePool(drain_profile(), PoolLayout.single(2), exact())
     pool.attach(make_table([0.0, 0.0001], [8, 8], [30, 20]))  # R1 -> replica 1
     pool.run_until(0.02)
     pool.settle(0.02)

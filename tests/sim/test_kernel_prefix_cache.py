@@ -1,7 +1,7 @@
 """The compiled prefix cache (commitenv/sim/kernel/prefix.py) against the Python `PrefixCache`: hand-computed cases
 (FIFO eviction of freed entries deepest first, a partly used entry leaving an uncached rest, O(1) removal of a hit
 entry from the middle of the queue, shared references, reset), the hash map under insertions and deletions, the
-import/export round trip, and long random operation sequences on several replicas at once, compared after every
+arrays for new caches, and long random operation sequences on several replicas at once, compared after every
 operation (return values, queue contents in order, counters, entries with ref counts, head_free, free_entries)."""
 
 from __future__ import annotations
@@ -328,57 +328,27 @@ def test_random_operations_match_the_python_cache(seed):
     t.pa.check()
 
 
-def test_export_import_round_trip_and_copy():
+def test_a_copy_is_independent():
     rng = np.random.default_rng(11)
     t = Twin(SPECS)
-    for i in range(1500):
+    for i in range(300):
         step(t, rng)
-        if i % 300 != 299:
-            continue
-        # export into fresh caches: equal to the Python ones
-        fresh, maps = t.pa.export()
-        for a, b in zip(fresh, t.py):
-            assert py_queue(a) == py_queue(b) and {h: e.ref for h, e in a.entries.items()} == \
-                {h: e.ref for h, e in b.entries.items()}
-            assert (a.evictable, a.hit_tokens, a.evictions, a.per_entry, a.block_tokens) == \
-                (b.evictable, b.hit_tokens, b.evictions, b.per_entry, b.block_tokens)
-            assert a.head_free() == b.head_free() and a.free_entries() == b.free_entries()
-        for r, m in enumerate(maps):
-            assert {e.h for e in m.values()} == set(t.py[r].entries)
-        # export into the Python caches themselves keeps their entry objects (requests hold them)
-        before = [dict(c.entries) for c in t.py]
-        t.pa.export(t.py)
-        for b, c in zip(before, t.py):
-            assert all(c.entries[h] is e for h, e in b.items())
-        # a copy is independent
-        cp = t.pa.copy()
-        kp.give(cp.pr, cp.ps, cp.nd, 0, 3)
-        assert cp.queue(0) != t.pa.queue(0)
-        # import the Python caches: equal arrays; continue on them, the requests' ids translated by hash
-        pa, ids = PrefixArrays.from_caches(t.py, [cap for _, _, cap in SPECS])
-        compare(pa, t.py)
-        pa.check()
-        for r, reqs in enumerate(t.reqs):
-            for q in reqs:
-                q["ids"] = [ids[r][e.h] for e in q["py"]]
-        t.pa = pa
+    cp = t.pa.copy()
+    kp.give(cp.pr, cp.ps, cp.nd, 0, 3)
+    assert cp.queue(0) != t.pa.queue(0)
     t.compare()
 
 
-def test_import_of_engine_like_caches_with_none():
-    # a replica without a cache stays empty; from_caches of a cache with referenced and queued entries
+def test_arrays_for_new_caches_hold_their_free_runs():
+    # a replica without a cache stays empty; a new cache's free blocks are one run; a cache with entries is refused
+    pa = PrefixArrays.for_caches([None, PrefixCache(8, 4, 10)], [0, 10])
+    assert pa.queue(0) == [] and pa.queue(1) == [("r", 10)] and pa.entries(1) == {}
+    pa.check()
     c = PrefixCache(8, 4, 10)
     c.take(4)
-    a, b = c.register(7), c.register(8)
-    c.give(2)
-    c.release([a, b])
-    c.take(3)
-    pa, ids = PrefixArrays.from_caches([None, c], [0, 10])
-    assert pa.queue(0) == [] and pa.queue(1) == py_queue(c)
-    compare(pa, [PrefixCache(4, 4, 0), c])
-    out, _ = pa.export([None, PrefixCache(8, 4, 0)])
-    assert out[0] is None and py_queue(out[1]) == py_queue(c)
-    pa.check()
+    c.register(7)
+    with pytest.raises(ValueError, match="holds entries"):
+        PrefixArrays.for_caches([c], [10])
 
 
 def test_node_and_entry_pools_hold_the_worst_case():
@@ -471,9 +441,10 @@ class _One:
 @pytest.mark.parametrize("bt,budget", [(4, 16), (8, 12), (16, 12)])
 def test_a_served_workload_replayed_on_the_arrays(bt, budget, seed):
     # the random prefix-tree workload of test_engine_prefix_cache (tight KV: preemptions, evictions): every cache
-    # call the Python engine makes is repeated on the arrays, results and state compared after each
+    # call the reference engine makes is repeated on the arrays, results and state compared after each
     from helpers.profiles import toy_profile
-    from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
+    from helpers.reference import ReferencePool
+    from commitenv.sim import EngineOptions, NoiseSpec, PoolLayout
     from commitenv.workload.table import make_table
     from helpers.prefix import SMALL_SCHED as BIG
     from helpers.prefix import tree_hashes, with_hashes
@@ -486,10 +457,10 @@ def test_a_served_workload_replayed_on_the_arrays(bt, budget, seed):
     hashes = tree_hashes(rng, prompts, bt)
     sched = dict(BIG, token_budget=budget, kv_capacity_tokens=80)
     opts = EngineOptions(noise=NoiseSpec(0, 0), log_steps=False, prefix_block_tokens=bt, closed_form=False)
-    pool = Pool(toy_profile(scheduler=sched), PoolLayout.single(1), opts)
+    pool = ReferencePool(toy_profile(scheduler=sched), PoolLayout.single(1), opts)
     pool.attach(with_hashes(make_table(arrivals, prompts, outputs), hashes))
     rep = pool.replicas[0]
-    pa, _ = PrefixArrays.from_caches([None, rep.pcache], [0, rep.cap_blocks])  # replica 1 of two
+    pa = PrefixArrays.for_caches([None, rep.pcache], [0, rep.cap_blocks])  # replica 1 of two
     mirror = _mirrored(pa, 1)
     rep.pcache.__class__ = mirror
     pool.run_until(1e6)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from helpers.reference import ReferencePool, reference_snapshot
 from helpers.profiles import toy_profile
 
 from commitenv.envs import CommitServeEnv
@@ -24,7 +25,7 @@ from commitenv.scenarios import ScenarioError, load_scenario, parse_scenario, sc
 from commitenv.scenarios.build import engine_options, minute_modulation, realism_of, truth_spec
 from commitenv.scenarios.loader import scenarios_dir
 from commitenv.scenarios.realism import PRESETS, Arrivals, GpuVariation, LatencyFriction, Meters, Realism
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout, simulate, take_snapshot
+from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout, simulate
 from commitenv.sim.lref import reference_latency
 from commitenv.sim.truth import NominalModel, TruthSource, TruthSpec
 from commitenv.workload.table import make_table
@@ -409,13 +410,13 @@ def test_whatif_of_idle_pool_meters_nominal_over_one_plus_bias():
     spec = TruthSpec(power_bias=b, power_sigma=0.1, speed_sigma=0.1, time_sigma=0.05, energy_sigma=0.05,
                      drift_time_sigma=0.03, drift_energy_sigma=0.03, straggler_prob=0.05, straggler_factor=1.5)
     n = 3
-    pool = Pool(toy_profile(), PoolLayout.single(n), EngineOptions(truth=spec, noise=NoiseSpec(0, 0), seed=4))
+    pool = ReferencePool(toy_profile(), PoolLayout.single(n), EngineOptions(truth=spec, noise=NoiseSpec(0, 0), seed=4))
     pool.run_until(100.0)
     pool.settle(100.0)
     # the truth's idle floor carries each GPU's power factor (50 W active idle on the toy profile)
     power = TruthSource(spec, 4, n).power
     assert pool.energy_j(100.0) == pytest.approx(50.0 * 100.0 * power.sum(), rel=1e-12)
-    snap = take_snapshot(pool)
+    snap = reference_snapshot(pool)
     H = 600.0
     w = simulate(snap, active=3, clock_mhz=1000, horizon_s=H)
     assert w.energy_j == pytest.approx(3 * 50.0 * H / (1 + b), rel=1e-12)
@@ -433,11 +434,11 @@ def test_whatif_of_idle_pool_meters_nominal_over_one_plus_bias():
     assert c.energy_j(100.0 + H) - e0 == pytest.approx(3 * 50.0 * H / (1 + b), rel=1e-12)
     # without a bias the copy is the nominal profile itself
     opt0 = EngineOptions(truth=TruthSpec(power_sigma=0.2), noise=NoiseSpec(0, 0))
-    p0 = Pool(toy_profile(), PoolLayout.single(n), opt0)
+    p0 = ReferencePool(toy_profile(), PoolLayout.single(n), opt0)
     p0.run_until(10.0)
     c0 = p0.clone(hide_lengths=False)
     assert all(g.power_factor == 1.0 for g in c0.gpus)
-    assert simulate(take_snapshot(p0), 3, 1000, H).energy_j == pytest.approx(3 * 50.0 * H, rel=1e-12)
+    assert simulate(reference_snapshot(p0), 3, 1000, H).energy_j == pytest.approx(3 * 50.0 * H, rel=1e-12)
 
 
 def test_whatif_of_busy_pool_is_nominal_prediction_over_one_plus_bias():
@@ -451,7 +452,7 @@ def test_whatif_of_busy_pool_is_nominal_prediction_over_one_plus_bias():
 
     def make(truth):
         opt = EngineOptions(truth=truth, noise=NoiseSpec(0, 0), seed=6, oracle_lengths=True)
-        p = Pool(toy_profile(), PoolLayout.single(3), opt)
+        p = ReferencePool(toy_profile(), PoolLayout.single(3), opt)
         p.attach(table)
         p.run_until(0.0)  # every request arrives at 0: the first steps start
         p.settle(0.0)
@@ -459,7 +460,7 @@ def test_whatif_of_busy_pool_is_nominal_prediction_over_one_plus_bias():
 
     real, nominal = make(spec), make(None)
     assert any(r.ft != 1.0 for r in real.replicas if r.seg)  # the truth's first steps run off-nominal
-    s_real, s_nom = take_snapshot(real), take_snapshot(nominal)
+    s_real, s_nom = reference_snapshot(real), reference_snapshot(nominal)
     for rep in s_real._engine.replicas:
         if rep.seg:
             assert rep.ft == 1.0 and rep.fe == pytest.approx(1 / (1 + b), rel=1e-15)

@@ -12,6 +12,7 @@ import yaml
 
 from helpers.scenarios import shared_scenario
 
+from commitenv.sim.devices import device_state
 from commitenv.envs import CommitServeEnv
 from commitenv.evaluation import run_episode
 from commitenv.scenarios import ScenarioError, load_scenario, scenario_layout, scenario_workload
@@ -64,7 +65,7 @@ def test_each_tenant_is_served_by_its_own_model_and_scored_per_model(tmp_path):
     env, res = run_episode("vllm", str(shared_scenario(tmp_path)), 0)
     pool, table = env.pool, env.table
     served = pool.replica_of >= 0
-    model_of_replica = np.array([r.model for r in pool.replicas])
+    model_of_replica = device_state(pool).replica_model
     want = np.array([{"s": 0, "b": 1}[n] for n in table.tenant_names])[table.tenant]  # s -> small, b -> big
     assert np.array_equal(model_of_replica[pool.replica_of[served]], want[served])
     assert np.array_equal(pool.model_of, want)
@@ -82,10 +83,10 @@ def test_per_model_active_per_gpu_clocks_and_shares_reach_the_engine(tmp_path):
     assert set(sample) == {"active", "clock", "clocks", "share_weights", "gpu_request", "migrate"}
     # small: 3 instances (GPU 0, 1, 2), big: 2 (GPU 0, 2); replicas in placement order: s0 b0 | s1 | b2 s2
     env.step({"active": [2, 1], "clock": 1, "clocks": [0, 1, 1], "shares": [0.3, 0.7, 1.0, 0.5, 0.5]})
-    pool = env.pool
-    assert [g.clock_idx for g in pool.gpus] == [0, 1, 1]
-    assert [r.share for r in pool.replicas] == [0.3, 0.7, 1.0, 0.5, 0.5]
-    states = [r.state for r in pool.replicas]
+    d = device_state(env.pool)
+    assert d.gpu_clock_idx.tolist() == [0, 1, 1]
+    assert d.replica_share.tolist() == [0.3, 0.7, 1.0, 0.5, 0.5]
+    states = d.replica_state.tolist()
     from commitenv.sim.states import ACTIVE, STANDBY
 
     assert states[4] != ACTIVE and states[3] != ACTIVE  # small's 3rd instance and big's 2nd are off

@@ -9,6 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from helpers.reference import step_by_step, use_engine
+
 from commitenv.control import ControllerContext, ReplicaView, RequestView, Snapshot
 from commitenv.envs.commit_serve import CommitServeEnv
 from commitenv.sim import simulate
@@ -20,14 +22,24 @@ BENCH = "bench-h200-hour-fixed-a30"  # paper realism: predicted deadlines, nomin
 
 @pytest.fixture(scope="module", params=[HOUR, BENCH])
 def loaded(request):
-    """10 minutes with 4 replicas at the lowest clock, then 12 at the top (long queues, some draining)."""
-    env = CommitServeEnv(request.param)
-    env.reset(seed=0)
-    for k in range(10):
-        env.step({"active": 4, "clock": 0})
-    env.step({"active": 12, "clock": len(env.clocks_mhz) - 1})
-    env.step({"active": 3, "clock": 0})
-    return env, env.snapshot()
+    """10 minutes with 4 replicas at the lowest clock, then 12 at the top (long queues, some draining), step by step:
+    the environment on the reference engine (its queues are objects to read) and the compiled loop's snapshot of the
+    same episode."""
+    out = []
+    with pytest.MonkeyPatch.context() as mp:
+        step_by_step(mp)
+        for reference in (True, False):
+            use_engine(mp, reference)
+            env = CommitServeEnv(request.param)
+            env.reset(seed=0)
+            for k in range(10):
+                env.step({"active": 4, "clock": 0})
+            env.step({"active": 12, "clock": len(env.clocks_mhz) - 1})
+            env.step({"active": 3, "clock": 0})
+            out.append(env)
+    ref, lib = out
+    assert type(lib.pool) is not type(ref.pool)
+    return ref, lib.snapshot()
 
 
 def test_requests_are_the_engine_queues_in_order(loaded):

@@ -25,13 +25,10 @@ of free blocks: an instance moving GPUs). Entry ids are stable while an entry li
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from itertools import count
 
 import numpy as np
 from numba import njit
 
-from commitenv.sim.prefix_cache import PrefixCache, PrefixEntry
 
 
 # per-replica columns (``pr``)
@@ -377,27 +374,6 @@ def reset(pr, ps, nd, ent, tab, r, free_blocks):
     give(pr, ps, nd, r, free_blocks)
 
 
-@njit(cache=True)
-def _load_entry(pr, ps, nd, ent, tab, r, h, ref):
-    """Import: cache hash ``h`` in replica ``r`` with ``ref`` references (unreferenced ones are queued by
-    `_load_queued`); its entry id."""
-    e = _ent_new(ps, ent, r, h)
-    ent[e, E_REF] = ref
-    _tab_insert(ent, tab, e)
-    pr[r, P_NENT] += 1
-    return e
-
-
-@njit(cache=True)
-def _load_queued(pr, ps, nd, r, e):
-    """Import: append unreferenced entry ``e`` to replica ``r``'s free queue."""
-    node = _node_new(ps, nd, K_ENT, e)
-    _link_tail(pr, nd, r, node)
-    pr[r, P_EVICT] += pr[r, P_PE]
-    pr[r, P_QBLK] += pr[r, P_PE]
-    return node
-
-
 # ------------------------------------------------------------------------------------------------- host side
 def _pow2(n: int) -> int:
     p = 8
@@ -408,8 +384,8 @@ def _pow2(n: int) -> int:
 
 class PrefixArrays:
     """The prefix caches of ``R`` replicas on arrays (``pr``, ``ps``, ``nd``, ``ent``, ``tab``), sized from each
-    replica's KV capacity ``caps[r]`` (blocks) and ``per_entry[r]``; built empty (one run of ``free[r]`` blocks) or
-    from `PrefixCache` objects (`from_caches`), written back by `export`."""
+    replica's KV capacity ``caps[r]`` (blocks) and ``per_entry[r]``; built empty (one run of ``free[r]`` blocks, or as
+    new `PrefixCache` objects hold them: `for_caches`)."""
 
     __slots__ = ("pr", "ps", "nd", "ent", "tab")
 
@@ -449,33 +425,16 @@ class PrefixArrays:
         return self.pr.shape[0]
 
     @classmethod
-    def from_caches(cls, caches, caps) -> tuple["PrefixArrays", list[dict[int, int]]]:
-        """Arrays holding `PrefixCache` objects ``caches`` (None: a replica without a cache, left empty) of
-        replicas with ``caps`` KV blocks: the same entries, ref counts, queue order and counters. Returns them and
-        per replica the hash -> entry id map (to translate requests' ``prefix`` lists)."""
+    def for_caches(cls, caches, caps) -> "PrefixArrays":
+        """Arrays for new `PrefixCache` objects ``caches`` (None: a replica without a cache, left empty) of replicas
+        with ``caps`` KV blocks: no entry, every free block in one run, as a new cache holds them."""
+        for r, c in enumerate(caches):
+            if c is not None and c.entries:
+                raise ValueError(f"PrefixArrays: replica {r}'s cache holds entries; only new caches are taken")
         pe = [c.per_entry if c is not None else 1 for c in caches]
         bt = [c.block_tokens if c is not None else 1 for c in caches]
-        pa = cls(caps, pe, bt)
-        ids: list[dict[int, int]] = []
-        for r, c in enumerate(caches):
-            m: dict[int, int] = {}
-            ids.append(m)
-            if c is None:
-                continue
-            for h, e in c.entries.items():
-                m[h] = _load_entry(pa.pr, pa.ps, pa.nd, pa.ent, pa.tab, r, h, e.ref)
-            for key, item in c.queue.items():
-                if key[0] == "e":
-                    eid = m[key[1]]
-                    pa.ent[eid, E_NODE] = _load_queued(pa.pr, pa.ps, pa.nd, r, eid)
-                else:
-                    give(pa.pr, pa.ps, pa.nd, r, int(item))
-            if pa.pr[r, P_EVICT] != c.evictable:
-                raise ValueError(f"PrefixArrays: replica {r}'s cache counts {c.evictable} evictable blocks, its "
-                                 f"queue holds {int(pa.pr[r, P_EVICT])}")
-            pa.pr[r, P_HIT] = c.hit_tokens
-            pa.pr[r, P_EVICTIONS] = c.evictions
-        return pa, ids
+        free = [sum(v for k, v in c.queue.items() if k[0] == "r") if c is not None else 0 for c in caches]
+        return cls(caps, pe, bt, free=free)
 
     def queue(self, r: int) -> list[tuple[str, int]]:
         """Replica ``r``'s free queue, head first: ("r", blocks) per run, ("e", hash) per entry."""
@@ -494,48 +453,6 @@ class PrefixArrays:
         """Replica ``r``'s cached hashes -> ref counts."""
         rows = np.nonzero(self.ent[:, E_REP] == r)[0]
         return {int(self.ent[e, E_HASH]): int(self.ent[e, E_REF]) for e in rows}
-
-    def export(self, caches=None) -> tuple[list, list[dict[int, PrefixEntry]]]:
-        """Write the arrays into `PrefixCache` objects ``caches`` (new ones when None; None items are skipped),
-        keeping the `PrefixEntry` object a cache already has for a hash. Returns the caches and per replica the
-        entry id -> `PrefixEntry` map (to rebuild requests' ``prefix`` lists)."""
-        if caches is None:
-            caches = []
-            for r in range(self.R):
-                c = PrefixCache.__new__(PrefixCache)
-                c.block_tokens, c.per_entry = int(self.pr[r, P_BT]), int(self.pr[r, P_PE])
-                c.entries = {}
-                caches.append(c)
-        maps: list[dict[int, PrefixEntry]] = []
-        for r, c in enumerate(caches):
-            m: dict[int, PrefixEntry] = {}
-            maps.append(m)
-            if c is None:
-                continue
-            old = c.entries
-            c.block_tokens, c.per_entry = int(self.pr[r, P_BT]), int(self.pr[r, P_PE])
-            c.entries = {}
-            for e in np.nonzero(self.ent[:, E_REP] == r)[0]:
-                h = int(self.ent[e, E_HASH])
-                pe = old.get(h)
-                if pe is None:
-                    pe = PrefixEntry(h)
-                pe.ref = int(self.ent[e, E_REF])
-                c.entries[h] = pe
-                m[int(e)] = pe
-            ids = count()
-            q: OrderedDict = OrderedDict()
-            for kind, v in self.queue(r):
-                if kind == "e":
-                    q[("e", v)] = c.entries[v]
-                else:
-                    q[("r", next(ids))] = v
-            c.queue = q
-            c._ids = ids
-            c.evictable = int(self.pr[r, P_EVICT])
-            c.hit_tokens = int(self.pr[r, P_HIT])
-            c.evictions = int(self.pr[r, P_EVICTIONS])
-        return caches, maps
 
     def copy(self) -> "PrefixArrays":
         """An independent copy of every array."""

@@ -33,18 +33,16 @@ class KernelPrefix:
             return
         if any(c is None for c in caches):
             raise ValueError("kernel: some replicas have a prefix cache and some do not")
-        pa, ids = PrefixArrays.from_caches(caches, caps)
+        pa = PrefixArrays.for_caches(caches, caps)
         head: list[int] = []
         pe_head: list[int] = []
         for k, r in enumerate(live):
             hashes = tuple(r.hashes)
             self.qi[k, Q_HOFF], self.qi[k, Q_NH], self.qi[k, Q_PFXN] = len(head), len(hashes), r.pfx_next
-            pos = {h: j for j, h in enumerate(hashes)}
-            ent = [-1] * len(hashes)
-            for e in r.prefix:  # (entries of the replica holding it)
-                ent[pos[e.h]] = ids[r.replica][e.h]
+            if r.prefix:
+                raise ValueError(f"kernel: request {r.slot} holds cache entries of a cache that is not new")
             head.extend(hashes)
-            pe_head.extend(ent)
+            pe_head.extend([-1] * len(hashes))
         self._hh0 = len(head)
         longest = max([1] + [len(r.hashes) for r in live])
         rows = np.zeros(0, _I64)

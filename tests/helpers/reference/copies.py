@@ -165,3 +165,28 @@ def reference_snapshot(pool, model: int = 0, meter_j: float | None = None):
     active = clone.active_count(model)
     clock = clone.profiles[0].clocks[clone.gpus[0].clock_idx].mhz
     return Snapshot(pool.now, active, clock, requests, replicas, meter_j, clone)
+
+
+def reference_device_state(pool):
+    """`commitenv.sim.devices.device_state` of a `ReferencePool`, read off its objects (a pool on the compiled loop:
+    the library's own)."""
+    from commitenv.sim.devices import DeviceState, device_state
+
+    if pool._ks is not None:
+        return device_state(pool)
+    reps, gpus = pool.replicas, pool.gpus
+    i64, f64 = np.int64, np.float64
+    return DeviceState(np.array([r.gpu.index for r in reps], i64), np.array([r.model for r in reps], i64),
+                       np.array([r.share for r in reps], f64), np.array([r.mem_share for r in reps], f64),
+                       np.array([r.state for r in reps], i64), np.array([r.seg for r in reps], i64),
+                       np.array([r.t0 for r in reps], f64), np.array([len(g.replicas) for g in gpus], i64),
+                       np.array([g.clock_idx for g in gpus], i64), np.array([g.floor_w for g in gpus], f64))
+
+
+def free_blocks(pool) -> list[int]:
+    """Each replica's free KV blocks, on either engine."""
+    from commitenv.sim.kernel.layout import R_FREE
+
+    if pool._ks is not None:
+        return pool._ks.ri[: pool._ks.R, R_FREE].tolist()
+    return [r.free_blocks for r in pool.replicas]

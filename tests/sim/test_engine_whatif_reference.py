@@ -1,8 +1,8 @@
 """A controller's snapshot and its what-if copies made on the compiled loop (`KernelState.whatif_copy`) against those
-`Pool.clone` makes from the Python loop's objects, exactly: the same request and replica views, and the same `WhatIf`
-for every candidate (with and without replayed arrivals, followed or not), on a truth pool at `paper`, a pool under
-the legacy noise, two models sharing GPUs with instances moving and with dispatch and local policies, and prefix
-caches; the copy never hands the original back, and a copy that is handed back itself runs on as the Python one."""
+the reference engine (tests/helpers/reference) makes from its objects, both step by step, exactly: the same request
+and replica views, and the same `WhatIf` for every candidate (with and without replayed arrivals, followed or not), on
+a truth pool at `paper`, a pool under the legacy noise, two models sharing GPUs with instances moving and with dispatch
+and local policies, and prefix caches."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import pytest
 
 from helpers.prefix import tree_hashes, with_hashes
 from helpers.profiles import toy_profile
+from helpers.reference import ReferencePool, step_by_step, use_engine
+from helpers.reference.copies import reference_snapshot
 
 from commitenv.envs import CommitServeEnv
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, kernel, observed_arrivals, simulate, take_snapshot
+from commitenv.sim import EngineOptions, NoiseSpec, Pool, observed_arrivals, simulate, take_snapshot
 from commitenv.sim.dispatch import LeastUnfinished
-from commitenv.sim.kernel import I_HEAP, KernelState
 from commitenv.sim.local import FcfsLocal
 from commitenv.sim.pool import Instance, PoolLayout
 from commitenv.workload.table import make_table
@@ -27,23 +28,18 @@ TAIL = 300.0  # what-if runs follow the captured requests this long after the ho
 LAYOUT = ((Instance(0, 0.5), Instance(1, 0.5)), (Instance(0, 0.4), Instance(1, 0.4)), (Instance(0, 0.3),))
 
 
-@pytest.fixture(autouse=True)
-def kernel_on(monkeypatch):
-    monkeypatch.setattr(kernel, "ENABLED", True)
-
-
 def _toy():
     return toy_profile(scheduler=SCHED, latencies=dict(clock_change_s=0.05, activation_s=1.0, load_s=3.0, load_w=70.0),
                        model=dict(name="toy-model", params_b=1, weight_gb=1, kv_bytes_per_token=1e5))
 
 
-def _shared(seed: int, kind: str) -> Pool:
+def _shared(seed: int, kind: str, cls: type = Pool) -> Pool:
     """Two models on three GPUs (SM shares), the legacy noise; ``kind``: "policies" (a dispatch and a local policy),
     "prefix" (prefix caches) or "plain"."""
     rng = np.random.default_rng(seed)
     bt = 8
-    pool = Pool([_toy(), _toy()], PoolLayout(LAYOUT),
-                EngineOptions(noise=NoiseSpec(0.03, 0.03), seed=seed, closed_form=kind == "plain",
+    pool = cls([_toy(), _toy()], PoolLayout(LAYOUT),
+               EngineOptions(noise=NoiseSpec(0.03, 0.03), seed=seed, closed_form=False,
                               prefix_block_tokens=bt))
     if kind == "policies":
         pool.dispatch = LeastUnfinished()
@@ -93,24 +89,6 @@ def _views_equal(a, b) -> None:
                 assert not x.flags.writeable
 
 
-def _heaps_equal(a: Pool, b: Pool, monkeypatch) -> None:
-    """A copy's event heap made from the kernel's arrays holds the entries (time, kind, sequence number, index,
-    version) that the Python loop's copy pushes, imported: ties at one time are broken the same way."""
-    ca = a.clone(hide_lengths=False)
-    with monkeypatch.context() as m:
-        m.setattr(KernelState, "can_clone", lambda self: False)
-        cb = b.clone(hide_lengths=False)
-    b.use_kernel()
-    assert cb.use_kernel()
-    ka, kb = ca._ks, cb._ks
-
-    def entries(k):
-        n = int(k.si[I_HEAP])
-        return sorted(zip(*(a[:n].tolist() for a in (k.ht, k.hk, k.hs, k.hi, k.hv))))
-
-    assert entries(ka) and entries(ka) == entries(kb)
-
-
 def _candidates(pool: Pool) -> list:
     mhz = [lvl.mhz for lvl in pool.profiles[0].clocks]
     if pool.n_models > 1:
@@ -120,40 +98,25 @@ def _candidates(pool: Pool) -> list:
 
 
 def _compare(twins: tuple[Pool, Pool], monkeypatch) -> int:
-    """Snapshots of twin pools, one copied on the kernel, one by the Python loop's `Pool.clone`; their views and every
-    candidate's `WhatIf` equal. Returns the candidates checked."""
+    """Snapshots of twin pools, one on the compiled loop, one on the reference; their views and every candidate's
+    `WhatIf` equal. Returns the candidates checked."""
     a, b = twins
-    snap_a = take_snapshot(a)
-    assert a._ks is not None and snap_a._engine._ks is not None  # (no hand-back, the copy on the kernel)
-    with monkeypatch.context() as m:
-        m.setattr(KernelState, "can_clone", lambda self: False)
-        snap_b = take_snapshot(b)
-    assert b._ks is None  # (the Python clone reads the objects)
-    b.use_kernel()
+    snap_a, snap_b = take_snapshot(a), reference_snapshot(b)
+    assert type(snap_b._engine) is ReferencePool
     _views_equal(snap_a, snap_b)
-    _heaps_equal(a, b, monkeypatch)
     replay = observed_arrivals(a, 30.0)
     checked = 0
     for active, mhz in _candidates(a):
         for arrivals, track in ((None, False), (replay, False), (replay, True)):
             got = simulate(snap_a, active, mhz, 30.0, arrivals, max_tail_s=TAIL, track_arrivals=track)
-            assert snap_a._engine._ks is not None
             assert got == simulate(snap_b, active, mhz, 30.0, arrivals, max_tail_s=TAIL, track_arrivals=track)
             checked += 1
-    # a copy made on the kernel and handed back to the Python loop (the kernel off for the what-if run) runs on its own
-    # objects, as the Python clone does
-    active, mhz = _candidates(a)[1]
-    ref = simulate(snap_b, active, mhz, 30.0, replay, max_tail_s=TAIL, track_arrivals=True)
-    monkeypatch.setattr(kernel, "ENABLED", False)
-    got = simulate(snap_a, active, mhz, 30.0, replay, max_tail_s=TAIL, track_arrivals=True)
-    monkeypatch.setattr(kernel, "ENABLED", True)
-    assert snap_a._engine._ks is None and got == ref
-    return checked + 1
+    return checked
 
 
 @pytest.mark.parametrize("kind", ["plain", "policies", "prefix"])
-def test_what_if_copies_made_on_the_kernel_of_a_shared_pool(monkeypatch, kind):
-    twins = (_shared(3, kind), _shared(3, kind))
+def test_what_if_copies_of_a_shared_pool_equal_the_reference(monkeypatch, kind):
+    twins = (_shared(3, kind), _shared(3, kind, ReferencePool))
     rngs = [np.random.default_rng(11) for _ in twins]
     checked = 0
     for k in range(1, 9):
@@ -164,17 +127,20 @@ def test_what_if_copies_made_on_the_kernel_of_a_shared_pool(monkeypatch, kind):
             p.settle(t)
         if k % 2 == 0:
             checked += _compare(twins, monkeypatch)
-    assert checked == 4 * 10
+    assert checked == 4 * 9
     assert twins[0].events == twins[1].events
 
 
 @pytest.mark.parametrize("scenario", ["bench-h200-hour-fixed-a30", "epact-h200-hour-fixed-a30"], ids=["paper", "ideal"])
-def test_what_if_copies_made_on_the_kernel_of_an_environment(monkeypatch, scenario):
+def test_what_if_copies_of_an_environment_equal_the_reference(monkeypatch, scenario):
     """An environment's pool (``paper``: the truth model, the copy nominal with the power bias' factor; ``ideal``: the
     legacy noise) with few replicas serving, so that queues form, snapshotted between events (segments in flight)."""
-    envs = [CommitServeEnv(scenario) for _ in range(2)]
-    for e in envs:
-        e.reset(seed=100001)
+    step_by_step(monkeypatch)
+    envs = []
+    for reference in (False, True):
+        use_engine(monkeypatch, reference)
+        envs.append(CommitServeEnv(scenario))
+        envs[-1].reset(seed=100001)
     pools = (envs[0].pool, envs[1].pool)
     rngs = [np.random.default_rng(5) for _ in envs]
     mhz = [lvl.mhz for lvl in pools[0].profiles[0].clocks]
@@ -187,4 +153,5 @@ def test_what_if_copies_made_on_the_kernel_of_an_environment(monkeypatch, scenar
             p.settle(t)
         if k % 2 == 0:
             assert len(take_snapshot(pools[0]).requests) > 20  # (queues)
+            assert type(pools[1]) is ReferencePool
             _compare(pools, monkeypatch)

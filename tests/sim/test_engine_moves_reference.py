@@ -1,6 +1,6 @@
 """Instances moving between GPUs on the compiled loop (`Pool.move` on a pool the kernel runs: cold starts waiting for
 memory and SMs, requests migrating with their KV in every mode, requests left unrouted while no instance of their
-model serves) against the Python loop on the same requests, exactly: states, queues, meters and counters at every
+model serves) against the reference engine (tests/helpers/reference), both step by step, on the same requests, exactly: states, queues, meters and counters at every
 action, the step log, and every request's completion."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from helpers.profiles import toy_profile
+from helpers.reference import ReferencePool
 
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, kernel
+from commitenv.sim import EngineOptions, NoiseSpec, Pool
 from commitenv.sim.dispatch import LeastUnfinished
 from commitenv.sim.local import FcfsLocal, StepPlan
 from commitenv.sim.pool import Instance, PoolLayout
@@ -45,9 +46,8 @@ def _profile():
 def _episode(monkeypatch, on_kernel: bool, seed: int, policies: bool, closed_form: bool) -> dict:
     """Random moves (every migration mode), SM shares shrinking, activations and clocks on two models sharing three
     GPUs, then every request served: what the pool shows at each action and at the end."""
-    monkeypatch.setattr(kernel, "ENABLED", on_kernel)
     rng = np.random.default_rng(seed)
-    pool = Pool([_profile(), _profile()], PoolLayout(LAYOUT),
+    pool = (Pool if on_kernel else ReferencePool)([_profile(), _profile()], PoolLayout(LAYOUT),
                 EngineOptions(noise=NoiseSpec(0.03, 0.03), seed=seed, closed_form=closed_form, log_steps=True))
     if policies:
         pool.dispatch = _LoadAware()
@@ -96,10 +96,10 @@ def _episode(monkeypatch, on_kernel: bool, seed: int, policies: bool, closed_for
 
 @pytest.mark.parametrize("policies", [False, True], ids=["vllm", "dispatch+local"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_moves_on_the_kernel_equal_the_python_loop(monkeypatch, seed, policies):
-    ref = _episode(monkeypatch, False, seed, policies, closed_form=not policies)
-    got = _episode(monkeypatch, True, seed, policies, closed_form=not policies)
-    assert got.pop("on_kernel") and not ref.pop("on_kernel")  # (the kernel ran it throughout, never handing back)
+def test_moves_on_the_compiled_loop_equal_the_reference(monkeypatch, seed, policies):
+    ref = _episode(monkeypatch, False, seed, policies, closed_form=False)
+    got = _episode(monkeypatch, True, seed, policies, closed_form=False)
+    assert got.pop("on_kernel") and not ref.pop("on_kernel")
     for (a, b) in zip(ref["seen"], got["seen"]):
         assert a == b, f"at t={a[0]}"
     assert ref == got
@@ -114,9 +114,8 @@ def _swap(monkeypatch, on_kernel: bool, share: float, grow: float | None) -> dic
     """Two one-instance GPUs, one busy with a long request: the instances swap GPUs (the busy one drains in place),
     so the arriving one waits for the memory (``share`` > 0.5) or, loaded, for the SMs (``grow``: the busy one's SM
     share grown) its departing neighbour still holds."""
-    monkeypatch.setattr(kernel, "ENABLED", on_kernel)
-    pool = Pool(_profile(), PoolLayout(((Instance(0, share),), (Instance(0, share),))),
-                EngineOptions(noise=NoiseSpec(0, 0), closed_form=True, log_steps=True))
+    pool = (Pool if on_kernel else ReferencePool)(_profile(), PoolLayout(((Instance(0, share),), (Instance(0, share),))),
+                EngineOptions(noise=NoiseSpec(0, 0), closed_form=False, log_steps=True))
     pool.attach(make_table(np.array([0.0, 30.0]), np.array([100, 50]), np.array([1000, 20])))
     pool.run_until(0.5)
     states = []
@@ -134,7 +133,7 @@ def _swap(monkeypatch, on_kernel: bool, share: float, grow: float | None) -> dic
 
 
 @pytest.mark.parametrize("share,grow", [(0.6, None), (0.5, 0.7)], ids=["memory", "sms"])
-def test_a_swap_waiting_for_its_neighbour_on_the_kernel_equals_the_python_loop(monkeypatch, share, grow):
+def test_a_swap_waiting_for_its_neighbour_equals_the_reference(monkeypatch, share, grow):
     ref = _swap(monkeypatch, False, share, grow)
     got = _swap(monkeypatch, True, share, grow)
     assert got.pop("on_kernel") and not ref.pop("on_kernel")

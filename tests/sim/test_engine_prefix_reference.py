@@ -1,8 +1,8 @@
-"""The prefix cache on the compiled loop (`kernel/cached.py` over `kernel/prefix.py`) against the Python loop's
-`PrefixCache` on the same requests, exactly: three prefix trees over two models and three GPUs, tight KV (preemptions,
-evictions inside decode runs), the vLLM scheduler or a local policy's plans, a prefix-aware dispatch policy, instances
-moving with migration, and a hand-back to the Python loop half way: the same events, completions, step log, meters and
-cache counters."""
+"""The prefix cache on the compiled loop (`kernel/cached.py` over `kernel/prefix.py`) against the reference engine's
+`PrefixCache` (tests/helpers/reference) on the same requests, both step by step, exactly: three prefix trees over two
+models and three GPUs, tight KV (preemptions, evictions), the vLLM scheduler or a local policy's plans, a prefix-aware
+dispatch policy, instances moving with migration: the same events, completions, step log, meters and cache
+counters."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ import pytest
 
 from helpers.prefix import tree_hashes, with_hashes
 from helpers.profiles import toy_profile
+from helpers.reference import ReferencePool
 
-from commitenv.sim import EngineOptions, NoiseSpec, Pool, kernel
+from commitenv.sim import EngineOptions, NoiseSpec, Pool
 from commitenv.sim.dispatch import PrefixAffinity
+from commitenv.sim.kernel.layout import R_FREE
+from commitenv.sim.kernel.prefix import P_EVICTIONS, P_HIT
 from commitenv.sim.local import FcfsLocal
 from commitenv.sim.pool import Instance, PoolLayout
 from commitenv.workload.table import make_table
@@ -41,12 +44,11 @@ def _workload(seed: int, n: int, bt: int):
     return dataclasses.replace(table, tenant=rng.integers(0, 2, n).astype(np.int32), tenant_names=("a", "b"))
 
 
-def _run(monkeypatch, on_kernel: bool, seed: int, mode: str, hand_back: bool = False) -> dict:
-    monkeypatch.setattr(kernel, "ENABLED", on_kernel)
+def _run(on_kernel: bool, seed: int, mode: str) -> dict:
     bt = 8
-    pool = Pool([_profile(), _profile()], PoolLayout(LAYOUT),
-                EngineOptions(noise=NoiseSpec(0.03, 0.03), seed=seed, closed_form=mode != "local", log_steps=True,
-                              prefix_block_tokens=bt))
+    pool = (Pool if on_kernel else ReferencePool)(
+        [_profile(), _profile()], PoolLayout(LAYOUT),
+        EngineOptions(noise=NoiseSpec(0.03, 0.03), seed=seed, closed_form=False, log_steps=True, prefix_block_tokens=bt))
     if mode in ("dispatch", "moves"):
         pool.dispatch = PrefixAffinity()
     if mode == "local":
@@ -63,13 +65,14 @@ def _run(monkeypatch, on_kernel: bool, seed: int, mode: str, hand_back: bool = F
             if where[x] != where[y]:
                 pool.move(t, {x: where[y], y: where[x]}, migrate=("all", "latency_aware", "none")[k // 2 % 3])
                 where[x], where[y] = where[y], where[x]
-        if hand_back and k == 8 and pool._ks is not None:
-            pool._leave_kernel()
         seen.append((t, pool.counts(), pool.gpu_energy_j(t).tolist(), pool.cold_starts, pool.migrated))
-    on = pool._ks is not None
     pool.run_until(math.inf)
-    caches = [(r.pcache.hit_tokens, r.pcache.evictions, r.free_blocks) for r in pool.replicas]
-    return {"on_kernel": on, "seen": seen, "events": pool.events, "finish": pool.finish_t.tolist(),
+    if on_kernel:
+        pr, ri = pool._ks.pfx[0], pool._ks.ri
+        caches = [(int(pr[x, P_HIT]), int(pr[x, P_EVICTIONS]), int(ri[x, R_FREE])) for x in range(pool._ks.R)]
+    else:
+        caches = [(r.pcache.hit_tokens, r.pcache.evictions, r.free_blocks) for r in pool.replicas]
+    return {"seen": seen, "events": pool.events, "finish": pool.finish_t.tolist(),
             "first": pool.first_t.tolist(), "preempt": pool.preemptions.tolist(), "replica": pool.replica_of.tolist(),
             "log": [(e.gpu, e.replica, e.t0, e.t1, e.slots, e.new_tokens, e.computed_before, e.energy_j)
                     for e in pool.log], "caches": caches}
@@ -77,10 +80,9 @@ def _run(monkeypatch, on_kernel: bool, seed: int, mode: str, hand_back: bool = F
 
 @pytest.mark.parametrize("mode", ["vllm", "local", "dispatch", "moves"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_prefix_cache_on_the_kernel_equals_the_python_loop(monkeypatch, seed, mode):
-    ref = _run(monkeypatch, False, seed, mode)
-    got = _run(monkeypatch, True, seed, mode)
-    assert got.pop("on_kernel") and not ref.pop("on_kernel")  # (the kernel ran it to the end)
+def test_the_prefix_cache_on_the_compiled_loop_equals_the_reference(seed, mode):
+    ref = _run(False, seed, mode)
+    got = _run(True, seed, mode)
     for a, b in zip(ref["seen"], got["seen"]):
         assert a == b, f"at t={a[0]}"
     assert ref == got
@@ -88,13 +90,3 @@ def test_the_prefix_cache_on_the_kernel_equals_the_python_loop(monkeypatch, seed
     assert sum(ref["preempt"]) > 0 and all(f > 0 for f in ref["finish"])
     if mode == "moves":
         assert ref["seen"][-1][3] > 0 and ref["seen"][-1][4] > 0  # instances moved (fresh caches), requests migrated
-
-
-def test_a_hand_back_half_way_with_caches_equals_the_python_loop(monkeypatch):
-    """The kernel's caches, hash blocks and prefix lists written back into the Python objects (`export_to`) at 16 s;
-    the Python loop continues from there exactly."""
-    ref = _run(monkeypatch, False, 3, "dispatch")
-    got = _run(monkeypatch, True, 3, "dispatch", hand_back=True)
-    ref.pop("on_kernel")
-    assert not got.pop("on_kernel")
-    assert ref == got
