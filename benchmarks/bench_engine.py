@@ -34,43 +34,33 @@ def long_context_table(seconds: float, rate: float, limit: int, seed: int = 0):
                         request_id=np.arange(n, dtype=np.int64))
 
 
-def whatif_wall(prof, table, gpus: int, t_snap: float, candidates: int, horizon: float,
-                copies_on_kernel: bool = True) -> tuple[float, int, int, int, float, float]:
+def whatif_wall(prof, table, gpus: int, t_snap: float, candidates: int,
+                horizon: float) -> tuple[float, int, int, int, float, float]:
     """Serve ``table`` to ``t_snap`` (60-s boundaries), snapshot, and time ``candidates`` what-if runs of
     ``horizon`` s replaying the last ``horizon`` s of arrivals, after one untimed warm-up run (the compiled kernel's
     first call loads or compiles it): (wall s, candidates, live, replayed, warm-up s, snapshot s: one decision's
-    snapshot, with the pool's return to the compiled loop where it was handed back). Without
-    ``copies_on_kernel`` the snapshot and every candidate's copy are made as `Pool.clone` makes them from the Python
-    loop's objects (the pool handed back first), the way before the copies were made from the kernel's arrays."""
+    snapshot)."""
     from commitenv.sim import Pool, PoolLayout
-    from commitenv.sim.kernel import KernelState
 
-    can_clone = KernelState.can_clone
-    if not copies_on_kernel:
-        KernelState.can_clone = lambda self: False
-    try:
-        pool = Pool(prof, PoolLayout.single(gpus), EngineOptions(seed=0))
-        pool.attach(table)
-        for k in range(1, int(t_snap // 60) + 1):
-            pool.run_until(60.0 * k)
-            pool.settle(60.0 * k)
-        snap = take_snapshot(pool)  # (untimed: the first call loads the copy's compiled helpers)
-        ts = time.perf_counter()
-        for _ in range(5):  # (the Python loop's copies: the pool handed back, taken back by the next interval)
-            pool.use_kernel()
-            snap = take_snapshot(pool)
-        snap_s = (time.perf_counter() - ts) / 5
-        replay = observed_arrivals(pool, horizon)
-        reps = np.unique(np.linspace(1, gpus, 8).round().astype(int))
-        cands = [(int(r), int(c)) for r in reps for c in prof.clock_mhz][:candidates]
-        t0 = time.perf_counter()
-        simulate(snap, *cands[0], horizon, replay)
-        t1 = time.perf_counter()
-        for r, c in cands:
-            simulate(snap, r, c, horizon, replay)
-        return time.perf_counter() - t1, len(cands), snap.n_requests, len(replay), t1 - t0, snap_s
-    finally:
-        KernelState.can_clone = can_clone
+    pool = Pool(prof, PoolLayout.single(gpus), EngineOptions(seed=0))
+    pool.attach(table)
+    for k in range(1, int(t_snap // 60) + 1):
+        pool.run_until(60.0 * k)
+        pool.settle(60.0 * k)
+    snap = take_snapshot(pool)  # (untimed: the first call loads the copy's compiled helpers)
+    ts = time.perf_counter()
+    for _ in range(5):
+        snap = take_snapshot(pool)
+    snap_s = (time.perf_counter() - ts) / 5
+    replay = observed_arrivals(pool, horizon)
+    reps = np.unique(np.linspace(1, gpus, 8).round().astype(int))
+    cands = [(int(r), int(c)) for r in reps for c in prof.clock_mhz][:candidates]
+    t0 = time.perf_counter()
+    simulate(snap, *cands[0], horizon, replay)
+    t1 = time.perf_counter()
+    for r, c in cands:
+        simulate(snap, r, c, horizon, replay)
+    return time.perf_counter() - t1, len(cands), snap.n_requests, len(replay), t1 - t0, snap_s
 
 
 def main() -> None:
@@ -97,8 +87,6 @@ def main() -> None:
     t_snap = busiest * 3600.0 + 1800.0
     whatif, n_cands, live, replayed, warm, snap_s = whatif_wall(prof, table, args.gpus, t_snap, args.candidates,
                                                                  args.horizon)
-    py_whatif, _, _, _, _, py_snap_s = whatif_wall(prof, table, args.gpus, t_snap, args.candidates, args.horizon,
-                                                   copies_on_kernel=False)
     long_table = long_context_table(3600.0, args.long_rate, prof.scheduler.context_limit)
     long_wall, _, long_live, long_replayed, long_warm, _ = whatif_wall(prof, long_table, args.gpus, 1800.0,
                                                                        args.candidates, args.horizon)
@@ -106,8 +94,6 @@ def main() -> None:
     print(f"what-if: {n_cands} candidates x {args.horizon:.0f} s horizon from t={t_snap:.0f} s "
           f"({live} live, {replayed} replayed arrivals): {whatif:.3f} s (target 0.2 s); first run {warm:.2f} s; "
           f"snapshot {snap_s * 1e3:.1f} ms")
-    print(f"  the same with copies made from the Python loop's objects (as before they were made from the kernel's "
-          f"arrays): {py_whatif:.3f} s, snapshot {py_snap_s * 1e3:.1f} ms")
     print(f"what-if, long-context hour (synthetic: {len(long_table)} requests, median prompt 7,000 tokens): "
           f"{n_cands} candidates x {args.horizon:.0f} s from t=1800 s ({long_live} live, {long_replayed} replayed): "
           f"{long_wall:.3f} s (target 0.5 s); first run {long_warm:.2f} s")
@@ -124,8 +110,6 @@ def main() -> None:
         "whatif_wall_s": round(whatif, 4),
         "whatif_first_run_s": round(warm, 3),
         "snapshot_s": round(snap_s, 5),
-        "whatif_python_copies_wall_s": round(py_whatif, 4),
-        "snapshot_python_copy_s": round(py_snap_s, 5),
         "whatif_long_context_wall_s": round(long_wall, 4),
         "whatif_long_context_live": long_live,
         "whatif_long_context_requests": int(len(long_table)),

@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace) -> None:
             def begin(snap, replay, horizon_s, *a, **k):
                 inner_begin(snap, replay, horizon_s, *a, **k)
                 # deadlines and arrivals of captured and forecast requests, for margin-rule counterfactuals
-                live = {r.slot: r.arrival for r in snap.pool.live_requests()}
+                live = dict(zip(snap.requests.slot.tolist(), snap.requests.arrival_s.tolist()))
                 slots = list(snap.deadlines)
                 state["cap"] = (slots, np.array([live[s_] for s_ in slots]), np.array([snap.deadlines[s_] for s_ in slots]))
                 prof = snap.pool.profiles[0]

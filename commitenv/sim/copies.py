@@ -66,6 +66,8 @@ class Copies:
         """`clone`'s serving state made from the kernel's arrays (`KernelState.whatif_copy`), sharing nothing with
         this pool."""
         ks = self._ks
+        if not ks.can_clone():  # (a pool takes every result and log entry after each kernel call)
+            raise RuntimeError("clone: the kernel state holds results or log entries not yet taken, or a pending start")
         ef = c.noise.energy_factor if isinstance(c.noise, NominalModel) else 1.0
         hide = (self.pred_out, self.visible_deadline, self._n_results) if hide_lengths and self._n_results else None
         c._ks = ks.whatif_copy(hide=hide, nominal=nominal, energy_factor=ef, profiles=c.profiles)

@@ -35,7 +35,7 @@ class NoiseSource:
     """Per-replica streams of (time factor, energy factor), deterministic from the seed.
 
     Each stream's generator yields the factors in blocks of `_BLOCK`; a stream's sequence is the same whoever
-    consumes it (the Python loop by `draw`, the compiled kernel by `take` / `block` / `put_back`)."""
+    consumes it (the compiled kernel by `take` / `block` / `put_back`, the tests' reference engine by `draw`)."""
 
     _BLOCK = 4096
 

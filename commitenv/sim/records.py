@@ -1,8 +1,8 @@
 """The engine's records: pool layout, engine options, the step log (entries, column batches, the fields a segment
 in flight carries) and the metered part of a segment in flight.
 
-Plain data shared by the Python loop (`commitenv.sim.pool`), the compiled loop (`commitenv.sim.kernel`) and their
-readers (attribution, backends), so none of them imports another to name a record.
+Plain data shared by the pool (`commitenv.sim.pool`), the compiled loop (`commitenv.sim.kernel`) and their readers
+(attribution, backends), so none of them imports another to name a record.
 """
 
 from __future__ import annotations

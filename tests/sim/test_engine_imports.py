@@ -87,6 +87,6 @@ def test_type_checking_imports_are_left_out():
 
 def test_no_import_circle_in_the_engine():
     graph = _graph()
-    assert "commitenv.sim.states" in graph and "commitenv.sim.kernel" in graph["commitenv.sim.pool"]
+    assert "commitenv.sim.states" in graph and "commitenv.sim.kernel.state" in graph["commitenv.sim.pool"]
     assert "commitenv.sim.kernel.layout" in graph["commitenv.sim.kernel.loop"]
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))

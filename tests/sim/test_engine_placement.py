@@ -11,6 +11,7 @@ from helpers.reference import ReferencePool
 from helpers.profiles import COLOCATE, toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec
+from commitenv.sim.devices import device_state
 from commitenv.sim.migration import MigrationSpec
 from commitenv.sim.pool import Instance, PoolLayout
 from commitenv.sim.states import ACTIVE, LOADING, MOVING, STANDBY
@@ -253,16 +254,17 @@ def test_the_env_moves_an_instance_with_its_placement_key_and_reports_it():
     fit[2] = fit[4] = 0.2  # the SMs would fit (0.2 + 0.2 + 0.6), but both Qwens keep the 0.4 of memory they were placed with
     with pytest.raises(ValueError, match="GPU 3 would reserve 1.400 > 1 of its memory"):
         env.step(ctx.action(ctx.all_active, 1980, shares=fit, placement=bad))
-    assert [r.share for r in env.pool.replicas] == shares  # refused whole: not even the shares changed
+    assert device_state(env.pool).replica_share.tolist() == shares  # refused whole: not even the shares changed
     good = gpus.copy()
     good[2], good[4] = 3, 2  # the two Qwen instances swap GPUs
     _, _, _, _, info = env.step(ctx.action(ctx.all_active, 1980, placement=good, migrate="all"))
     assert info["placement"][:6] == [0, 1, 3, 2, 2, 3] and info["cold_starts"] == 2 and info["moves"] == 2
     pool = env.pool
-    assert pool.replicas[2].gpu.index == 3 and sorted(r.index for r in pool.gpus[2].replicas) == [3, 4]
-    assert pool.replicas[2].state in (ACTIVE, LOADING)
+    d = device_state(pool)
+    assert d.replica_gpu[2] == 3 and np.flatnonzero(d.replica_gpu == 2).tolist() == [3, 4]
+    assert d.replica_state[2] in (ACTIVE, LOADING)
     env.step(ctx.action(ctx.all_active, 1980))  # placement absent: it stays
-    assert pool.replicas[2].state == ACTIVE and pool.moves == 2
+    assert device_state(pool).replica_state[2] == ACTIVE and pool.moves == 2
     snap = ctx.probe.snapshot()
     assert snap.replicas.gpu[2] == 3 and snap.replicas.state[2] == "active"
 

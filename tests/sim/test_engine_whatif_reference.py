@@ -56,7 +56,7 @@ def _shared(seed: int, kind: str, cls: type = Pool) -> Pool:
 
 
 def _n_of(pool: Pool, model: int) -> int:
-    """Instances of ``model`` in the pool's layout (read without handing the pool back to the Python loop)."""
+    """Instances of ``model`` in the pool's layout."""
     return sum(inst.model == model for insts in pool.layout.gpus for inst in insts)
 
 

@@ -5,7 +5,8 @@ meters and the step log live in numpy arrays; `KernelState.advance` runs every a
 in one numba call, and `set_active`, `set_clock`, `set_share` and `settle` act as the pool's. It is the only
 engine: every `commitenv.sim.pool.Pool` runs here. tests/helpers/reference holds a step-by-step object engine that
 it is held to, bit for bit, on generated cases (tests/sim/test_engine_reference.py); ``NUMBA_DISABLE_JIT=1`` runs
-this same source as plain Python for debugging.
+this same source as plain Python for debugging. Docstrings here name the reference's method each function matches
+(`Replica.start`, `GPU.floor_power`, `ReferencePool._route`, ... in tests/helpers/reference).
 
 The package, by concern: `layout` (the state arrays' columns), `heap` (the event heap and the waiting queues),
 `segment` (scheduling, KV admission, a segment's start and end), `prefix` and `cached` (the prefix cache on arrays

@@ -1,6 +1,6 @@
-"""A `KernelState`'s what-if copy (mixed into it): the arrays of `Pool.clone` made from the kernel's own, so that a
-controller's snapshot and each candidate it simulates stay on the compiled loop (no hand-back to the Python loop),
-with the requests the copy captures and the hypothetical arrivals it replays."""
+"""A `KernelState`'s copies (mixed into it): the arrays of `Pool.clone` (a controller's snapshot, each candidate it
+simulates) made from the kernel's own, with the requests the copy captures and the hypothetical arrivals it replays;
+and the forks' copies (`copy`)."""
 
 from __future__ import annotations
 

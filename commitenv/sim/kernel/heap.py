@@ -194,7 +194,7 @@ def _left(idx, qi):
 @njit(cache=True)
 def _task_rows(x, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
     """Replica ``x``'s requests in the engine's order (running, then waiting) as a local policy sees them
-    (`PolicyHooks._task_view`): int rows (kernel index, slot, running, decode, tokens left, computed, prompt,
+    (`ReferenceHooks._task_view`): int rows (kernel index, slot, running, decode, tokens left, computed, prompt,
     generated, predicted output, blocks) and float rows (arrival, visible deadline). ``tvi``: the head's length, the
     first row's slot, the first row, and whether predictions and visible deadlines come from the pool's arrays by slot
     (``pred_out``, ``vis_dl``; else the lengths and deadlines the requests run to)."""

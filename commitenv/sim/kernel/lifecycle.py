@@ -65,7 +65,7 @@ def _floor_power(g, ri, rf, gi, gf, gh, floor_tab):
 
 @njit(cache=True)
 def _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab):
-    """`Pool._floor_changed`: re-evaluate GPU ``g``'s floor power at ``t`` after a lifecycle change."""
+    """`ReferencePool._floor_changed`: re-evaluate GPU ``g``'s floor power at ``t`` after a lifecycle change."""
     p = _floor_power(g, ri, rf, gi, gf, gh, floor_tab)
     if p != gf[g, GF_FLOOR_W]:
         _set_floor(t, g, p, ri, rf, gi, gf, gh)

@@ -71,7 +71,7 @@ def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run,
             last = t
             sf[F_LAST] = t
             si[I_EVENTS] += 1
-            if kind == EV_CLOCK:  # `Pool._apply_clock`: a step in flight keeps its law, a run is cut
+            if kind == EV_CLOCK:  # `ReferencePool._apply_clock`: a step in flight keeps its law, a run is cut
                 g = rep
                 if gi[g, G_VER] != ver:
                     continue

@@ -1,6 +1,7 @@
 """The compiled loop's calls back to the host answered: a dispatch policy's choice of replica for an arrival (or a
 re-routed request) and a local policy's plan for a replica's next step, from views built off the kernel's arrays
-exactly as `commitenv.sim.hooks` builds them off the Python loop's objects (and timed into the same counters)."""
+as the step-by-step reference engine (tests/helpers/reference) builds them off its objects, timed into the
+pool's counters (`dispatch_s`, `local_s`)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class KernelPolicies:
     # ------------------------------------------------------------------------------------------ dispatch
     @staticmethod
     def _seen_in_pool(pool) -> bool:
-        """Whether a policy sees the pool's predicted lengths and visible deadlines by slot (`PolicyHooks._seen`); else,
+        """Whether a policy sees the pool's predicted lengths and visible deadlines by slot (`ReferenceHooks._seen`); else,
         in a what-if copy or a replay, the lengths and deadlines the requests run to."""
         return pool is not None and pool._slot_base == 0 and pool.pred_out is not None
 
@@ -62,7 +63,7 @@ class KernelPolicies:
         return self.qi[idx, Q_OUT], self.deadlines(idx)
 
     def _choose(self, pool, r: int, t: float) -> int:
-        """`PolicyHooks._dispatched` for request ``r`` at ``t``: the active replica of its model the dispatch policy
+        """`ReferenceHooks._dispatched` for request ``r`` at ``t``: the active replica of its model the dispatch policy
         chooses (the loop routes it there; it called only with one active replica at least)."""
         ri, qi = self.ri, self.qi
         model = int(qi[r, Q_MODEL])
@@ -92,7 +93,7 @@ class KernelPolicies:
 
     # ------------------------------------------------------------------------------------------ local plans
     def _plan(self, pool, x: int, t: float, ints: np.ndarray, flts: np.ndarray) -> None:
-        """`PolicyHooks._local_order` for replica ``x`` at ``t``: its local policy's plan, a clock in it requested for
+        """`ReferenceHooks._local_order` for replica ``x`` at ``t``: its local policy's plan, a clock in it requested for
         the replica's GPU, the order checked and written for the compiled loop (``plan``, ``on_run``)."""
         c0 = time.perf_counter()
         rows = ints.tolist()
@@ -138,7 +139,7 @@ class KernelPolicies:
         si[I_PLAN_N] = n
 
     def _flush_all(self, pool, t: float) -> None:
-        """`Pool._flush` at ``t`` on the host side of an actuation: start the replicas that received work, planning the
+        """`ReferencePool._flush` at ``t`` on the host side of an actuation: start the replicas that received work, planning the
         steps of those with a local policy."""
         CURRENT.append((self, pool))
         try:
@@ -151,7 +152,7 @@ class KernelPolicies:
 
     def _task_args(self, pool) -> tuple:
         """The arguments after ``on_run`` of `advance` and `_flush`: what `heap._task_rows` needs to build a replica's
-        tasks as its local policy sees them (`PolicyHooks._seen`: the pool's predictions and visible deadlines by slot,
+        tasks as its local policy sees them (`ReferenceHooks._seen`: the pool's predictions and visible deadlines by slot,
         or in a what-if copy or a replay the lengths and deadlines the requests run to)."""
         seen_pool = self._seen_in_pool(pool)
         tvi = np.array([self.n_live, self.slot_base + self.row0, self.row0, seen_pool], np.int64)

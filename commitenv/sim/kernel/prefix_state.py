@@ -58,7 +58,7 @@ class KernelPrefix:
 
     def _prefix_rows(self, lo: int, hi: int, a: int, b: int) -> None:
         """The hash blocks of workload rows ``lo:hi`` (at indices ``a:b``): where they start and how many are
-        shareable (`PrefixCache.shareable`, as `Pool._arrive` takes them)."""
+        shareable (`PrefixCache.shareable`, as `ReferencePool._arrive` takes them)."""
         if self._row_hoff is None:
             return
         off = self._row_hoff

@@ -28,7 +28,7 @@ class KernelReads:
     @property
     def closed_form(self) -> bool:
         """Whether the segments that start from now on advance decode runs in closed form (`EngineOptions.closed_form`;
-        segments in flight keep the form they started with, as on the Python loop)."""
+        segments in flight keep the form they started with)."""
         return bool(self.sched[S_CLOSED])
 
     @closed_form.setter
@@ -70,7 +70,7 @@ class KernelReads:
 
     def start_logging(self) -> None:
         """Write the step log from here on: the segments that start from now are logged (those in flight are not, as
-        on the Python loop, whose segments carry their log record from their start)."""
+        as a segment carries its log record from its start)."""
         if self.logging:
             return
         self._new_log_arrays(True)
@@ -92,7 +92,7 @@ class KernelReads:
         self.stop_logging()
 
     def _seg_log(self, x: int) -> SegmentLog:
-        """`Replica.seg_log` of replica ``x``'s segment in flight, as the Python loop records it at its start (a run's
+        """`Replica.seg_log` of replica ``x``'s segment in flight, as recorded at its start (a run's
         computed tokens advanced by the steps already booked, as `Pool.settle` advances them)."""
         nb, ri = int(self.ri[x, R_BATCH_N]), self.ri
         members = self.bq[x, :nb]
@@ -213,7 +213,7 @@ class KernelReads:
 
     def results_into(self, done: np.ndarray, rows: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:
         """Per-request results of the finished requests ``done`` (kernel indices) into the pool's result arrays at
-        ``rows``, as `Pool._complete` records them."""
+        ``rows``, as `ReferencePool._complete` records them."""
         finish_t[rows] = self.qf[done, Q_FINISH]
         first_t[rows] = self.qf[done, Q_FIRST]
         replica_of[rows] = self.qi[done, Q_REPLICA]

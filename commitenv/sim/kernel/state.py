@@ -114,7 +114,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         self.row0 = self.row_end = pool._cursor
         self._stopped = False
         caches = [None] * self.R
-        if pool._hashes is not None:  # (new caches: every KV block free, as `Pool._attach_prefixes` makes them)
+        if pool._hashes is not None:  # (new caches: every KV block free)
             bt = pool.opt.prefix_block_tokens
             caches = [PrefixCache(bt, int(self.ri[x, R_BS]), int(self.ri[x, R_FREE])) for x in range(self.R)]
         self._import_prefix(pool, [], caches, self.cap_blocks.tolist())
@@ -239,7 +239,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
 
     def _refill(self) -> None:
         """Under the legacy noise, a draw left for every replica: an exhausted stream gets its source's next block
-        (the sequence the Python loop would draw)."""
+        (the sequence a step-by-step draw would take)."""
         if self.noise is not None and _noise_low(self.ri):
             draws = [self._draws(x) for x in range(self.R)]
             self._set_draws([d if len(d) else self.noise.block(x) for x, d in enumerate(draws)])

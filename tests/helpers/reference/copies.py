@@ -69,7 +69,7 @@ class ReferenceCopies:
         c.live, c.completed, c.events = len(reqmap), 0, 0
 
     def _build_objects(self, cidx: int, caps: list[int], power: tuple[float, ...]) -> None:
-        """The Python loop's GPU and replica objects of a new pool (`COMMITENV_KERNEL=0`): idle, at clock level
+        """The GPU and replica objects of a new pool: idle, at clock level
         ``cidx``, with KV blocks ``caps`` and power factors ``power``."""
         self.gpus, self.replicas = [], []
         for g, insts in enumerate(self.layout.gpus):

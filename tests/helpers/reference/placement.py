@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from commitenv.sim.prefix_cache import PrefixCache
-from commitenv.sim.states import (ACTIVE, DRAINING, EV_LAND, EV_LOAD, EV_SEG, LOADING, MOVING, SEG_NONE, SEG_RUN,
-                                  STANDBY, WAKING)
+from commitenv.sim.states import ACTIVE, DRAINING, EV_LAND, EV_LOAD, LOADING, MOVING, SEG_NONE, STANDBY, WAKING
 
 from helpers.reference.gpu import GPU
 from helpers.reference.replica import Replica
@@ -16,10 +15,7 @@ class ReferencePlacement:
     def _apply_share(self, t: float, replica: int, share: float, prof) -> None:
         rep = self.replicas[replica]
         rep.share = share
-        rep.invalidate_coeffs()
-        if rep.seg == SEG_RUN and rep.cut(t):
-            rep.version += 1
-            self._push(rep.t1, EV_SEG, rep.index, rep.version)
+        rep.invalidate_coeffs()  # (from its next step on)
 
     def _apply_moves(self, t: float, moves: dict[int, int], migrate: str) -> None:
         for replica, gpu in moves.items():
@@ -61,9 +57,6 @@ class ReferencePlacement:
         if rep.seg == SEG_NONE:
             if migrate != "none":
                 self._migrate_out(rep, t)
-        elif migrate != "none" and rep.seg == SEG_RUN and rep.cut(t):  # leave at the next step end
-            rep.version += 1
-            self._push(rep.t1, EV_SEG, rep.index, rep.version)
         self._redistribute(rep.model, t)  # its queued requests go elsewhere; idle, it unloads at once
         self._flush(t)
 

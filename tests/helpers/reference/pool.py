@@ -14,8 +14,7 @@ from commitenv.sim.pool import Pool
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.records import InFlightPart, SegmentLog, StepLogEntry
 from commitenv.sim.request import Req, live_state
-from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING,
-                                  SEG_NONE, SEG_RUN, STANDBY, WAKING)
+from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, STANDBY, WAKING)
 from commitenv.sim.kernel.fresh import placement_caps
 from commitenv.workload.table import RequestTable
 
@@ -87,7 +86,7 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
 
     def _push(self, t: float, kind: int, idx: int, version: int) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t, kind, self._seq, idx, version))  # (Python loop only: no hand-over check)
+        heapq.heappush(self._heap, (t, kind, self._seq, idx, version))
 
     def _start(self, rep: Replica, t: float) -> None:
         if rep.state == MOVING:
@@ -101,9 +100,9 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
             return  # nothing to schedule (the common end of a request on a lightly loaded replica)
         record = self.log is not None or self.on_step is not None
         if local is not None:
-            started = rep.start(t, self.noise, False, record, self._local_order(rep, t))
+            started = rep.start(t, self.noise, record, self._local_order(rep, t))
         else:
-            started = rep.start(t, self.noise, False, record)  # (step by step: no closed form)
+            started = rep.start(t, self.noise, record)
         if started:
             rep.version += 1
             self._push(rep.t1, EV_SEG, rep.index, rep.version)
@@ -118,9 +117,6 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
             if rep.state in (ACTIVE, DRAINING) and not rep.pending_start:
                 rep.pending_start = True
                 self._pending.append(rep)
-        elif rep.seg == SEG_RUN and rep.cut(t):
-            rep.version += 1
-            self._push(rep.t1, EV_SEG, rep.index, rep.version)
 
     def _flush(self, t: float) -> None:
         """Start the steps of replicas that received work at ``t``."""
@@ -240,8 +236,7 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
                 self.on_step(e)
 
     def _finish_segment(self, rep: Replica, t: float) -> None:
-        n_steps = rep.run_k if rep.seg == SEG_RUN else 1
-        self._book(rep, rep.t0, rep.t1, rep.seg_energy, rep.floor_part(rep.t1), rep.seg_log, n_steps)
+        self._book(rep, rep.t0, rep.t1, rep.seg_energy, rep.floor_part(rep.t1), rep.seg_log, 1)
         for r in rep.finish():
             self._complete(r, t)
 
@@ -367,33 +362,17 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
         self._push(gpu.pending_t, EV_CLOCK, gpu.index, gpu.version)
 
     def _apply_clock(self, gpu: GPU, t: float) -> None:
-        """The clock becomes effective: a step in flight finishes under the law it started with; decode runs
-        are cut at their next step end so that every later step uses the new clock."""
+        """The clock becomes effective: a step in flight finishes under the law it started with, the next uses the
+        new clock."""
         for rep in gpu.replicas:
             rep.invalidate_coeffs()
-            if rep.seg == SEG_RUN and rep.cut(t):
-                rep.version += 1
-                self._push(rep.t1, EV_SEG, rep.index, rep.version)
         gpu.clock_idx = gpu.pending_clock
         gpu.pending_clock = None
         gpu.update_floor(t)
 
     def settle(self, t: float) -> None:
-        """Cut every decode run at the first step end >= ``t`` and apply the steps that ended before, so each
-        replica has at most one step in flight. The environment calls this at every decision boundary
-        (whether or not a controller looks), so observation never changes the ground truth."""
-        for rep in self.replicas:
-            if rep.seg == SEG_RUN:
-                if rep.cut(t):
-                    rep.version += 1
-                    self._push(rep.t1, EV_SEG, rep.index, rep.version)
-                entry = rep.seg_log
-                part = rep.split_before(t)
-                if part is not None:
-                    t0, t1, e, floor_j, m = part
-                    self._book(rep, t0, t1, e, floor_j, entry, m)
-                    if entry is not None:
-                        rep.seg_log = entry.advanced(m)
+        """Nothing to do: every segment here is a single step, already at most one in flight per replica (the
+        compiled loop splits its decode runs here)."""
 
     def in_flight(self, t: float) -> list[InFlightPart]:
         """The logged segments in flight that started before ``t``, each with what the meter has counted of it by
@@ -401,7 +380,7 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
         out = []
         for rep in self.replicas:
             if rep.seg != SEG_NONE and rep.t0 < t and rep.seg_log is not None:
-                out.append(InFlightPart(rep.index, rep.gpu.index, rep.t0, rep.run_k if rep.seg == SEG_RUN else 1,
+                out.append(InFlightPart(rep.index, rep.gpu.index, rep.t0, 1,
                                         rep.energy_until(t), rep.floor_part(min(t, rep.t1)), rep.seg_log))
         return out
 

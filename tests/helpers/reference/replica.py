@@ -1,11 +1,6 @@
-"""One model replica with vLLM V1 scheduling: running first, then waiting in arrival order, chunked prefill,
-KV blocks with preemption by recompute, and closed-form advance of fixed decode batches.
-
-A replica always holds at most one *segment* in flight: a single scheduled step, or a *run* of k decode steps
-whose batch cannot change before the run ends (no admission possible, no completion before the last step, KV
-blocks suffice). A run's step durations and energies form arithmetic series, so it is advanced in O(n), not
-O(n*k). External events (an arrival routed here, a clock change, a boundary) cut a run at the first step end
-at or after the event, which is exactly where a step-by-step engine would next reschedule.
+"""The reference engine's model replica with vLLM V1 scheduling: running first, then waiting in arrival order, chunked
+prefill, KV blocks with preemption by recompute, the prefix cache. It holds at most one step in flight and schedules
+every step afresh (no closed-form decode runs): the plainest statement of the semantics the compiled loop keeps.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from commitenv.sim.local import check_plan
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.records import SegmentLog
 from commitenv.sim.request import Req
-from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_RUN, SEG_STEP
+from commitenv.sim.states import ACTIVE, SEG_NONE, SEG_STEP
 
 if TYPE_CHECKING:  # pragma: no cover
     from helpers.reference.gpu import GPU
@@ -81,9 +76,6 @@ class Replica:
         self.t0 = 0.0
         self.t1 = 0.0
         self.batch: list[tuple[Req, int]] = []  # SEG_STEP: (request, new tokens)
-        self.run_reqs: list[Req] = []  # SEG_RUN
-        self.run_k = 0
-        self.T0 = self.D = self.E0 = self.F = 0.0
         self.ft = 1.0  # noise factors of the segment (time, energy)
         self.fe = 1.0
         self.seg_energy = 0.0  # energy of the whole segment (J)
@@ -314,7 +306,7 @@ class Replica:
         return batch
 
     # ----------------------------------------------------------------------------------------- segments
-    def start(self, t: float, noise, closed_form: bool, record: bool, order: tuple[int, ...] | None = None) -> bool:
+    def start(self, t: float, noise, record: bool, order: tuple[int, ...] | None = None) -> bool:
         """Schedule and start the next segment at time ``t`` (from a local policy's ``order`` when given; the
         vLLM scheduler when it fills nothing). Returns False when there is nothing to run."""
         batch: list[tuple[Req, int]] = []
@@ -330,35 +322,12 @@ class Replica:
         flags: list[bool] | None = [] if record else None
         self.seg_log = None  # (set below when recording: an unrecorded segment carries no entry, not a stale one)
         P, A, n, L = batch_terms(batch, flags)
-        all_decode = P == 0
-        ft, fe, t_next = noise.draw_for(self, t) if noise is not None else (1.0, 1.0, math.inf)
+        ft, fe, _ = noise.draw_for(self, t) if noise is not None else (1.0, 1.0, math.inf)
         self.ft, self.fe = ft, fe
         self.t0 = t
         self.seg_floor_w = self.gpu.floor_w
         self.seg_floor_t = t
         self.seg_floor_acc = 0.0
-        if closed_form and all_decode and not preempted:
-            kmax = min(r.out - r.generated for r, _ in batch)
-            if kmax >= 2:
-                kmax = self._kv_steps(batch, kmax)
-            if kmax >= 2:
-                reqs = [r for r, _ in batch]
-                self.seg = SEG_RUN
-                self.run_reqs = reqs
-                self.run_k = kmax
-                self.T0 = c.tau0 + c.tau2 * n + c.tau3 * L
-                self.D = c.tau3 * n
-                self.E0 = c.a + c.b * n + c.kappa * L
-                self.F = c.kappa * n
-                self.t1 = t + ft * (kmax * self.T0 + self.D * kmax * (kmax - 1) / 2)
-                self.seg_energy = fe * (kmax * self.E0 + self.F * kmax * (kmax - 1) / 2)
-                if self.t1 > t_next:
-                    self.cut(t_next)  # the truth's factors change at the next cell: a step engine redraws there
-                if record:
-                    self.seg_log = SegmentLog(tuple([r.slot for r in reqs]), (1,) * len(reqs),
-                                              tuple([r.computed for r in reqs]), tuple(flags),
-                                              self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
-                return True
         dt = ft * c.step_time(P, n, L, A)
         self.seg = SEG_STEP
         self.batch = batch
@@ -370,115 +339,13 @@ class Replica:
                                       self.profile.clocks[self.gpu.clock_idx].mhz, self.share)
         return True
 
-    def _kv_steps(self, batch: list[tuple[Req, int]], kmax: int) -> int:
-        """Largest j <= kmax such that the batch's KV blocks after j decode steps fit in the cache."""
-        bs = self.bs
-        free = self.free_blocks
-        pc = self.pcache
-        if pc is not None and pc.evictable and self.waiting and self.waiting[0].hashes:
-            # an eviction inside the run could change the waiting head's cache hit and so its admission:
-            # end the run before the first allocation that would evict
-            free = pc.head_free()
-        cap = free + sum(r.blocks for r, _ in batch)
-        comp = [r.computed for r, _ in batch]
-
-        def fits(j: int) -> bool:
-            return sum(-(-(c + j) // bs) for c in comp) <= cap
-
-        if fits(kmax):
-            return kmax
-        if not fits(2):
-            return 1
-        lo, hi = 2, kmax
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
     def floor_part(self, t: float) -> float:
         """GPU floor energy the segment is charged against over [t0, t] (the rest of its energy is dynamic)."""
         return self.seg_floor_acc + self.seg_floor_w * (t - self.seg_floor_t)
 
-    def run_steps_done_by(self, t: float) -> int:
-        """Number of run steps whose end is <= t (0..run_k)."""
-        x = (t - self.t0) / self.ft
-        if x <= 0:
-            return 0
-        T0, D, k = self.T0, self.D, self.run_k
-        if D <= 0:
-            m = int(math.floor(x / T0 + 1e-12))
-        else:
-            b = T0 - D / 2
-            m = int(math.floor((-b + math.sqrt(b * b + 2 * D * x)) / D + 1e-9))
-        m = max(0, min(m, k))
-        # fix floating error at the edges
-        while m < k and (m + 1) * T0 + D * (m + 1) * m / 2 <= x:
-            m += 1
-        while m > 0 and m * T0 + D * m * (m - 1) / 2 > x:
-            m -= 1
-        return m
-
-    def _run_time(self, m: int) -> float:
-        return self.ft * (m * self.T0 + self.D * m * (m - 1) / 2)
-
-    def _run_energy(self, m: int) -> float:
-        return self.fe * (m * self.E0 + self.F * m * (m - 1) / 2)
-
-    def cut(self, t: float) -> bool:
-        """Shorten a run so that it ends at the first step end >= t. Returns True if the end moved."""
-        if self.seg != SEG_RUN or t >= self.t1:
-            return False
-        m = self.run_steps_done_by(t)
-        if self.t0 + self._run_time(m) < t or m == 0:
-            m += 1
-        if m >= self.run_k:
-            return False
-        self.run_k = m
-        self.t1 = self.t0 + self._run_time(m)
-        self.seg_energy = self._run_energy(m)
-        return True
-
-    def split_before(self, t: float) -> tuple[float, float, float, float, int] | None:
-        """Apply the run steps that ended before ``t`` so that only one step remains in flight.
-
-        Returns (t_start, t_end, energy, floor_energy, steps) of the finished part for the meter and the log,
-        or None.
-        """
-        if self.seg != SEG_RUN:
-            return None
-        m = self.run_steps_done_by(t)
-        if m >= self.run_k:
-            m = self.run_k - 1
-        if m <= 0:
-            return None
-        dt = self._run_time(m)
-        de = self._run_energy(m)
-        for r in self.run_reqs:
-            r.computed += m
-            r.generated += m
-            nb = -(-r.computed // self.bs)
-            self._alloc(nb - r.blocks)
-            r.blocks = nb
-        t_start = self.t0
-        t_mid = t_start + dt
-        floor_j = self.floor_part(t_mid)
-        # the remaining steps keep the same series, shifted by m steps
-        self.T0 += self.D * m
-        self.E0 += self.F * m
-        self.run_k -= m
-        self.t0 = t_mid
-        self.seg_floor_acc = 0.0
-        self.seg_floor_t = t_mid
-        self.seg_energy -= de
-        return t_start, t_mid, de, floor_j, m
-
     def finish(self) -> list[Req]:
         """Apply the segment's progress at its end time; returns the requests that completed."""
         done: list[Req] = []
-        bs = self.bs
         if self.seg == SEG_STEP:
             for r, k in self.batch:
                 r.computed += k
@@ -489,17 +356,6 @@ class Replica:
                     if r.generated >= r.out:
                         done.append(r)
             self.batch = []
-        elif self.seg == SEG_RUN:
-            k = self.run_k
-            for r in self.run_reqs:
-                r.computed += k
-                r.generated += k
-                nb = -(-r.computed // bs)
-                self._alloc(nb - r.blocks)
-                r.blocks = nb
-                if r.generated >= r.out:
-                    done.append(r)
-            self.run_reqs = []
         if done:
             ids = {id(r) for r in done}
             self.running = [r for r in self.running if id(r) not in ids]
@@ -515,14 +371,7 @@ class Replica:
             return 0.0
         if t >= self.t1:
             return self.seg_energy
-        if self.seg == SEG_STEP:
-            return self.seg_energy * (t - self.t0) / (self.t1 - self.t0)
-        m = self.run_steps_done_by(t)
-        e = self._run_energy(m)
-        ts = self.t0 + self._run_time(m)
-        step_t = self.ft * (self.T0 + self.D * m)
-        step_e = self.fe * (self.E0 + self.F * m)
-        return e + step_e * (t - ts) / step_t
+        return self.seg_energy * (t - self.t0) / (self.t1 - self.t0)
 
     # ----------------------------------------------------------------------------------------- copies
     def clone_into(self, other: "Replica", reqmap: dict[int, Req], *, nominal: bool = False, now: float = 0.0,
@@ -547,9 +396,6 @@ class Replica:
         other.seg = self.seg
         other.t0, other.t1 = self.t0, self.t1
         other.batch = [(reqmap[r.slot], k) for r, k in self.batch]
-        other.run_reqs = [reqmap[r.slot] for r in self.run_reqs]
-        other.run_k = self.run_k
-        other.T0, other.D, other.E0, other.F = self.T0, self.D, self.E0, self.F
         other.ft, other.fe = self.ft, self.fe
         other.seg_energy = self.seg_energy
         other.seg_floor_w = self.seg_floor_w
