@@ -1,24 +1,22 @@
 """The hindsight door: the episode's true workload and forks of the ground-truth engine, for bounds only.
 
 Everything else a controller can reach is causal (docs/architecture.md, "Truth and view"). `HindsightAccess` is the one,
-clearly named exception: it hands out the true trace (arrivals, true output lengths, true deadlines) and
-`TruthRun` forks of the environment's *ground-truth* engine, which a planner can step forward under any
-candidate schedule. It exists for the ``oracle`` controller (the hindsight lower-bound row of every
-comparison); a controller gets it only when its class declares ``hindsight = True`` (`uses_hindsight`),
-`commitenv.evaluation.run_episode` then marks the run (``"hindsight": true`` in summary.json), and the
-leaderboard refuses such controllers (`commitenv.evaluation.refuses_hindsight`).
+clearly named exception: it hands out the true trace (arrivals, true output lengths, true deadlines) and `TruthRun`
+forks of the environment's *ground-truth* engine, which a planner can step forward under any candidate schedule. It
+exists for the ``oracle`` controller (the hindsight lower-bound row of every comparison); a controller gets it only when
+its class declares ``hindsight = True`` (`uses_hindsight`), `commitenv.evaluation.run_episode` then marks the run
+(``"hindsight": true`` in summary.json), and the leaderboard refuses such controllers
+(`commitenv.evaluation.refuses_hindsight`).
 
-Exactness: a fork is a deep copy of the environment's engine (queues, KV blocks, segments in flight, meters,
-completion records) that shares only objects the engine never writes (the trace, the profiles, the options)
-and the truth model: `TruthSource` draws every (GPU, time cell) factor from that GPU's own seeded stream, so
-forks that extend it lazily all see the same factors, whatever their order; a legacy per-segment
-`NoiseSource` (order-dependent) is copied with its generators' states. `TruthRun.step` makes exactly the
-engine calls `CommitServeEnv.step` makes (apply at interval start + actuation delay (+ the scenario's fixed
-planning delay), settle at the boundary, read the settlement meter), so a fork stepped with the actions the
-environment later receives meters the same joules and misses the same requests, bit for bit
-(``tests/controllers/test_oracle.py`` checks it at realism ``paper``). The controller's meter (NVML-like counters) is not
-modelled: it never enters settlement.
-"""
+Exactness: a fork is a deep copy of the environment's engine (queues, KV blocks, segments in flight, meters, completion
+records) that shares only objects the engine never writes (the trace, the profiles, the options) and the truth model:
+`TruthSource` draws every (GPU, time cell) factor from that GPU's own seeded stream, so forks that extend it lazily all
+see the same factors, whatever their order; a legacy per-segment `NoiseSource` (order-dependent) is copied with its
+generators' states. `TruthRun.step` makes exactly the engine calls `CommitServeEnv.step` makes (apply at interval start
++ actuation delay (+ the scenario's fixed planning delay), settle at the boundary, read the settlement meter), so a fork
+stepped with the actions the environment later receives meters the same joules and misses the same requests, bit for bit
+(``tests/controllers/test_oracle.py`` checks it at realism ``paper``). The controller's meter (NVML-like counters) is
+not modelled: it never enters settlement."""
 
 from __future__ import annotations
 
@@ -90,10 +88,10 @@ def _read_only_parts(pool: Pool) -> dict[int, Any]:
 
 
 def _fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool:
-    """The copy of a pool: its state arrays copied, every other mutable part rebuilt, the read-only parts shared. Dispatch and local policies (they may hold state) are deep
-    copies of the original's. Without ``results`` the copy
-    records no per-request results, only how many requests end late (`Pool.late_done`): it copies nothing in
-    proportion to the workload."""
+    """The copy of a pool: its state arrays copied, every other mutable part rebuilt, the read-only parts shared.
+    Dispatch and local policies (they may hold state) are deep copies of the original's. Without ``results`` the copy
+    records no per-request results, only how many requests end late (`Pool.late_done`): it copies nothing in proportion
+    to the workload."""
     c = type(pool).__new__(type(pool))
     d = pool.__dict__
     c.__dict__.update(d)

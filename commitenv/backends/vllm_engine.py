@@ -83,10 +83,10 @@ def scheduled_chunks(scheduler_output: Any) -> list[tuple[str, int, int]]:
 
 
 def step_terms(chunks: Iterable[tuple[int, int, int, int]]) -> tuple[int, int, int, int]:
-    """The step laws' (P, A, n, L) from (c tokens scheduled, h computed before, prompt length, tokens generated
-    before the step) per request, as the simulator counts them (tests/helpers/reference/replica.py `batch_terms`, the compiled loop's `_decode_flags`): a request
-    decodes when it computes its one uncomputed token after a first output (L += h + 1); anything else is a prefill
-    chunk (P += c, A += c*h + c*(c+1)/2), recomputation after preemption included."""
+    """The step laws' (P, A, n, L) from (c tokens scheduled, h computed before, prompt length, tokens generated before
+    the step) per request, as the simulator counts them (tests/helpers/reference/replica.py `batch_terms`, the compiled
+    loop's `_decode_flags`): a request decodes when it computes its one uncomputed token after a first output (L += h +
+    1); anything else is a prefill chunk (P += c, A += c*h + c*(c+1)/2), recomputation after preemption included."""
     P = A = n = L = 0
     for c, h, prompt, generated in chunks:
         if c == 1 and generated >= 1 and h + 1 == prompt + generated:

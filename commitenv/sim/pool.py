@@ -25,7 +25,7 @@ from commitenv.sim.kernel.state import KernelState
 from commitenv.sim.local import LocalPolicy
 from commitenv.sim.noise import NoiseSource
 from commitenv.sim.placement import Placement
-from commitenv.sim.records import (EngineOptions, InFlightPart, Instance, PoolLayout, StepLogBatch,  # noqa: F401 (re-exported)
+from commitenv.sim.records import (EngineOptions, InFlightPart, Instance, PoolLayout, StepLogBatch,  # noqa: F401
                                    StepLogEntry)
 from commitenv.sim.results import KernelResults, _KernelPolicy, _StepSink
 from commitenv.sim.terms import RequestTerms, request_terms  # noqa: F401

@@ -366,7 +366,8 @@ def _recovered(env: CommitServeEnv):
     snap = env.unwrapped.snapshot()
     rq = snap.requests
     slots = rq.slot
-    rec_snap = _invert_deadlines(prof, alpha, rq.arrival_s, rq.prompt_tokens, [snap.deadlines[s] for s in slots.tolist()])
+    rec_snap = _invert_deadlines(prof, alpha, rq.arrival_s, rq.prompt_tokens,
+                                 [snap.deadlines[s] for s in slots.tolist()])
     n = pool.arrived
     rec_all = _invert_deadlines(prof, alpha, tab.arrival_s[:n], tab.prompt_tokens[:n], pool.visible_deadline[:n])
     pred = np.minimum(pool.pred_out, cap)

@@ -1,7 +1,7 @@
-"""Closed-form decode runs on the compiled loop vs the step-by-step reference engine (tests/helpers/reference): on random
-small cases with several replicas, arrivals, preemptions, periodic `run_until(t); settle(t)` boundaries and
-controller actions (active count, clock, SM share) at those boundaries, completion and first-token times,
-preemption counts, per-GPU energies at every boundary and the executed steps agree."""
+"""Closed-form decode runs on the compiled loop vs the step-by-step reference engine (tests/helpers/reference): on
+random small cases with several replicas, arrivals, preemptions, periodic `run_until(t); settle(t)` boundaries and
+controller actions (active count, clock, SM share) at those boundaries, completion and first-token times, preemption
+counts, per-GPU energies at every boundary and the executed steps agree."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def expand(pool):
 
 def make(layout, prof, table, closed_form):
     """The closed form on the compiled loop; without it, the reference engine (tests/helpers/reference)."""
-    pool = (Pool if closed_form else ReferencePool)(prof, layout, EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form))
+    opt = EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form)
+    pool = (Pool if closed_form else ReferencePool)(prof, layout, opt)
     pool.attach(table)
     return pool
 

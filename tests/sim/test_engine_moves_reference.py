@@ -1,7 +1,7 @@
 """Instances moving between GPUs on the compiled loop (`Pool.move` on a pool the kernel runs: cold starts waiting for
-memory and SMs, requests migrating with their KV in every mode, requests left unrouted while no instance of their
-model serves) against the reference engine (tests/helpers/reference), both step by step, on the same requests, exactly: states, queues, meters and counters at every
-action, the step log, and every request's completion."""
+memory and SMs, requests migrating with their KV in every mode, requests left unrouted while no instance of their model
+serves) against the reference engine (tests/helpers/reference), both step by step, on the same requests, exactly:
+states, queues, meters and counters at every action, the step log, and every request's completion."""
 
 from __future__ import annotations
 
@@ -114,8 +114,9 @@ def _swap(monkeypatch, on_kernel: bool, share: float, grow: float | None) -> dic
     """Two one-instance GPUs, one busy with a long request: the instances swap GPUs (the busy one drains in place),
     so the arriving one waits for the memory (``share`` > 0.5) or, loaded, for the SMs (``grow``: the busy one's SM
     share grown) its departing neighbour still holds."""
-    pool = (Pool if on_kernel else ReferencePool)(_profile(), PoolLayout(((Instance(0, share),), (Instance(0, share),))),
-                EngineOptions(noise=NoiseSpec(0, 0), closed_form=False, log_steps=True))
+    layout = PoolLayout(((Instance(0, share),), (Instance(0, share),)))
+    opt = EngineOptions(noise=NoiseSpec(0, 0), closed_form=False, log_steps=True)
+    pool = (Pool if on_kernel else ReferencePool)(_profile(), layout, opt)
     pool.attach(make_table(np.array([0.0, 30.0]), np.array([100, 50]), np.array([1000, 20])))
     pool.run_until(0.5)
     states = []

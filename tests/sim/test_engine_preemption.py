@@ -26,8 +26,8 @@ OUT = [24, 24, 2]
 
 
 def scenario(closed_form: bool) -> Pool:
-    pool = (Pool if closed_form else ReferencePool)(toy_profile(), PoolLayout.single(1),
-                                                    EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form))
+    opt = EngineOptions(noise=NoiseSpec(0, 0), log_steps=True, closed_form=closed_form)
+    pool = (Pool if closed_form else ReferencePool)(toy_profile(), PoolLayout.single(1), opt)
     pool.attach(make_table(ARR, PROMPT, OUT))
     pool.run_until(10.0)
     return pool

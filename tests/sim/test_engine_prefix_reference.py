@@ -48,7 +48,8 @@ def _run(on_kernel: bool, seed: int, mode: str) -> dict:
     bt = 8
     pool = (Pool if on_kernel else ReferencePool)(
         [_profile(), _profile()], PoolLayout(LAYOUT),
-        EngineOptions(noise=NoiseSpec(0.03, 0.03), seed=seed, closed_form=False, log_steps=True, prefix_block_tokens=bt))
+        EngineOptions(noise=NoiseSpec(0.03, 0.03), seed=seed, closed_form=False, log_steps=True,
+                      prefix_block_tokens=bt))
     if mode in ("dispatch", "moves"):
         pool.dispatch = PrefixAffinity()
     if mode == "local":

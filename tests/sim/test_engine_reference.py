@@ -161,7 +161,8 @@ def _drive(case) -> tuple[ReferencePool, Pool, set]:
         p.settle(t + 600.0)
     _same_now(ref, lib, t + 600.0)
     for name in ("finish_t", "first_t", "replica_of", "preemptions"):
-        assert np.array_equal(np.nan_to_num(getattr(ref, name), nan=-1.0), np.nan_to_num(getattr(lib, name), nan=-1.0)), name
+        a, b = (np.nan_to_num(getattr(p, name), nan=-1.0) for p in (ref, lib))
+        assert np.array_equal(a, b), name
     assert ref.log == lib.log
     assert lib.completed == int((~lib.rejected).sum()) > 0 and np.isinf(lib.finish_t[lib.rejected]).all()
     return ref, lib, kinds

@@ -35,8 +35,8 @@ def _poke(t, rep, ri, rf, si, pend, ht, hk, hs, hi, hv):
 @njit(cache=True)
 def _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
             pred_out, pfx):
-    """The first part of `ReferencePool._start` for a moving replica: its requests that migrate leave, and left without work it
-    leaves its GPU (returns True: nothing to start)."""
+    """The first part of `ReferencePool._start` for a moving replica: its requests that migrate leave, and left without
+    work it leaves its GPU (returns True: nothing to start)."""
     if ri[rep, R_MIGRATE] != MIG_NONE:
         _migrate_out(t, rep, ri, rf, qi, wq, run, coc, gi, sf, si, e_dyn, ht, hk, hs, hi, hv, tvi, live_slots,
                      pred_out, pfx)
@@ -49,8 +49,8 @@ def _depart(t, rep, ri, rf, qi, wq, run, coc, gi, gf, gh, floor_tab, sf, si, e_d
 @njit(cache=True)
 def _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
            hs, hi, hv, plan, on_run, pfx):
-    """`ReferencePool._start` after `_depart`: start ``rep``'s next segment at ``t`` (its local plan, if it has a policy,
-    already written by the host), or send a draining replica left without work to standby."""
+    """`ReferencePool._start` after `_depart`: start ``rep``'s next segment at ``t`` (its local plan, if it has a
+    policy, already written by the host), or send a draining replica left without work to standby."""
     if ri[rep, R_STATE] == ACTIVE and ri[rep, R_RUN_N] == 0 and ri[rep, R_WLEN] == 0:
         return
     if _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab, cell, sched, si, plan, on_run,
@@ -73,9 +73,9 @@ def _route_to(t, r, best, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
 
 @njit(cache=True)
 def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched):
-    """`ReferencePool._route`: to the least unfinished among the active replicas of the request's model (ties to the lowest
-    index), or where the dispatch policy chooses (called back on the host, `host.dispatch`); with no active replica
-    of its model the request waits, unrouted."""
+    """`ReferencePool._route`: to the least unfinished among the active replicas of the request's model (ties to the
+    lowest index), or where the dispatch policy chooses (called back on the host, `host.dispatch`); with no active
+    replica of its model the request waits, unrouted."""
     R = ri.shape[0]
     m = qi[r, Q_MODEL]
     best = -1
@@ -140,8 +140,8 @@ def _sift_down(heap, n, j, ri):
 
 @njit(cache=True)
 def _take_unstarted(model, ri, qi, wq):
-    """The first half of `ReferencePool._redistribute`: every queued request of ``model`` that has not started leaves its
-    queue; returned in index (arrival) order, the order they are routed again."""
+    """The first half of `ReferencePool._redistribute`: every queued request of ``model`` that has not started leaves
+    its queue; returned in index (arrival) order, the order they are routed again."""
     R = ri.shape[0]
     total = 0
     for x in range(R):
@@ -188,8 +188,8 @@ def _take_unrouted(model, si, wq, qi):
 
 @njit(cache=True)
 def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx):
-    """The last part of `ReferencePool._redistribute`: ``model``'s draining replicas left without work go to standby, its
-    moving ones leave their GPUs."""
+    """The last part of `ReferencePool._redistribute`: ``model``'s draining replicas left without work go to standby,
+    its moving ones leave their GPUs."""
     for x in range(ri.shape[0]):
         if ri[x, R_MODEL] == model and ri[x, R_SEG] == SEG_NONE and ri[x, R_RUN_N] == 0 and ri[x, R_WLEN] == 0:
             if ri[x, R_STATE] == DRAINING:
@@ -201,8 +201,8 @@ def _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, h
 
 @njit(cache=True)
 def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched, pfx):
-    """`ReferencePool._redistribute`: every queued request of ``model`` that has not started, and every unrouted one, is routed
-    again in arrival order (by the default router, in one pass, or one by one through the dispatch policy); its
+    """`ReferencePool._redistribute`: every queued request of ``model`` that has not started, and every unrouted one, is
+    routed again in arrival order (by the default router, in one pass, or one by one through the dispatch policy); its
     draining replicas left without work go to standby."""
     moved = _take_unstarted(model, ri, qi, wq)
     if si[I_ULEN]:
@@ -224,10 +224,10 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
 @njit(cache=True)
 def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
            pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx):
-    """Start the replicas that received work at ``t`` (`ReferencePool._flush`: the pending list as it stands, in the order
-    they received work; those that receive work meanwhile wait for the next flush); a moving one first sends off what
-    migrates (`_depart`), and one whose local policy plans its steps has the host write its plan (`host.plan`, called
-    back from here with the replica's tasks, `_task_rows`)."""
+    """Start the replicas that received work at ``t`` (`ReferencePool._flush`: the pending list as it stands, in the
+    order they received work; those that receive work meanwhile wait for the next flush); a moving one first sends off
+    what migrates (`_depart`), and one whose local policy plans its steps has the host write its plan (`host.plan`,
+    called back from here with the replica's tasks, `_task_rows`)."""
     n = si[I_PEND]
     if n == 0:
         return

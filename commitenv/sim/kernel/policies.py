@@ -51,8 +51,8 @@ class KernelPolicies:
     # ------------------------------------------------------------------------------------------ dispatch
     @staticmethod
     def _seen_in_pool(pool) -> bool:
-        """Whether a policy sees the pool's predicted lengths and visible deadlines by slot (`ReferenceHooks._seen`); else,
-        in a what-if copy or a replay, the lengths and deadlines the requests run to."""
+        """Whether a policy sees the pool's predicted lengths and visible deadlines by slot (`ReferenceHooks._seen`);
+        else, in a what-if copy or a replay, the lengths and deadlines the requests run to."""
         return pool is not None and pool._slot_base == 0 and pool.pred_out is not None
 
     def _seen(self, pool, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -93,8 +93,8 @@ class KernelPolicies:
 
     # ------------------------------------------------------------------------------------------ local plans
     def _plan(self, pool, x: int, t: float, ints: np.ndarray, flts: np.ndarray) -> None:
-        """`ReferenceHooks._local_order` for replica ``x`` at ``t``: its local policy's plan, a clock in it requested for
-        the replica's GPU, the order checked and written for the compiled loop (``plan``, ``on_run``)."""
+        """`ReferenceHooks._local_order` for replica ``x`` at ``t``: its local policy's plan, a clock in it requested
+        for the replica's GPU, the order checked and written for the compiled loop (``plan``, ``on_run``)."""
         c0 = time.perf_counter()
         rows = ints.tolist()
         tasks = tuple([TaskView(s, rn == 1, d == 1, lf, c, p, g, pr, a, v, b) for (_, s, rn, d, lf, c, p, g, pr, b), (a, v)
@@ -139,8 +139,8 @@ class KernelPolicies:
         si[I_PLAN_N] = n
 
     def _flush_all(self, pool, t: float) -> None:
-        """`ReferencePool._flush` at ``t`` on the host side of an actuation: start the replicas that received work, planning the
-        steps of those with a local policy."""
+        """`ReferencePool._flush` at ``t`` on the host side of an actuation: start the replicas that received work,
+        planning the steps of those with a local policy."""
         CURRENT.append((self, pool))
         try:
             _flush(t, self.ri, self.rf, self.qi, self.qf, self.wq, self.run, self.bq, self.bk, self.coc, self.gi,
@@ -152,8 +152,8 @@ class KernelPolicies:
 
     def _task_args(self, pool) -> tuple:
         """The arguments after ``on_run`` of `advance` and `_flush`: what `heap._task_rows` needs to build a replica's
-        tasks as its local policy sees them (`ReferenceHooks._seen`: the pool's predictions and visible deadlines by slot,
-        or in a what-if copy or a replay the lengths and deadlines the requests run to)."""
+        tasks as its local policy sees them (`ReferenceHooks._seen`: the pool's predictions and visible deadlines by
+        slot, or in a what-if copy or a replay the lengths and deadlines the requests run to)."""
         seen_pool = self._seen_in_pool(pool)
         tvi = np.array([self.n_live, self.slot_base + self.row0, self.row0, seen_pool], np.int64)
         po, vd = (pool.pred_out, pool.visible_deadline) if seen_pool else self._EMPTY

@@ -362,8 +362,8 @@ def _decode(ri, qi, bq, rep, m, bs, pfx):
 
 @njit(cache=True)
 def _log_segment(rep, t0, t1, n_steps, energy, floor_j, ri, rf, qi, bq, bk, si, lgi, lgf, lgm):
-    """`ReferencePool._book`'s step log entry of ``rep``'s segment (or its finished part), written before its progress is
-    applied: members with their new tokens, computed tokens before and decode flags (`batch_terms`)."""
+    """`ReferencePool._book`'s step log entry of ``rep``'s segment (or its finished part), written before its progress
+    is applied: members with their new tokens, computed tokens before and decode flags (`batch_terms`)."""
     e, mo, nb = si[I_LOG], si[I_LOGM], ri[rep, R_BATCH_N]
     if e >= lgi.shape[0] or mo + nb > lgm.shape[0]:
         raise RuntimeError("kernel: step log full (the caller drains it before each event)")

@@ -9,7 +9,12 @@ import numpy as np
 
 from commitenv.sim.kernel.actuate import _poke, _redistribute, _set_clock, _set_share, move, set_active
 from commitenv.sim.kernel.clone import KernelClone
-from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, INF, I_CAPARR, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG, I_MIGRATED, I_N, I_PLAN_REP, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_HOFF, Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BS, R_FREE, R_LOCAL, R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH, S_NOISE)
+from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, INF, I_CAPARR,
+                                         I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
+                                         I_MIGRATED, I_N, I_PLAN_REP, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_HOFF,
+                                         Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BS, R_FREE,
+                                         R_LOCAL, R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH,
+                                         S_NOISE)
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.policies import KernelPolicies
@@ -24,13 +29,14 @@ from commitenv.sim.states import ACTIVE, DRAINING
 
 class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
     """The arrays `advance` works on: a pool's replicas, GPUs, live requests, segments in flight and pending events,
-    built from its layout (`commitenv.sim.kernel.fresh`) or copied (`KernelClone`), and its workload's rows as the
-    clock nears them.
+    built from its layout (`commitenv.sim.kernel.fresh`) or copied (`KernelClone`), and its workload's rows as the clock
+    nears them.
 
-    Requests are indexed the head first (the requests live when the state was made or at the last compaction, by slot, so index
-    order is arrival order), then the workload's rows loaded: index ``n_live + row - row0``; `slots` maps indices
-    back to the pool's request slots. Rows are loaded ``LOOKAHEAD_S`` ahead; with ``compact`` the finished requests
-    are dropped when room is needed and on `copy`, so a state holds about the live requests and an hour of rows."""
+    Requests are indexed the head first (the requests live when the state was made or at the last compaction, by slot,
+    so index order is arrival order), then the workload's rows loaded: index ``n_live + row - row0``; `slots` maps
+    indices back to the pool's request slots. Rows are loaded ``LOOKAHEAD_S`` ahead; with ``compact`` the finished
+    requests are dropped when room is needed and on `copy`, so a state holds about the live requests and an hour of
+    rows."""
 
     LOOKAHEAD_S = 3600.0  # workload rows are loaded this far ahead of the engine clock
     COPY_LOOKAHEAD_S = 300.0  # ... and in a copy (a fork runs short stretches; it keeps only these rows, and loads on)

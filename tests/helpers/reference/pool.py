@@ -14,7 +14,8 @@ from commitenv.sim.pool import Pool
 from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.records import InFlightPart, SegmentLog, StepLogEntry
 from commitenv.sim.request import Req, live_state
-from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, STANDBY, WAKING)
+from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING,
+                                  SEG_NONE, STANDBY, WAKING)
 from commitenv.sim.kernel.fresh import placement_caps
 from commitenv.workload.table import RequestTable
 
