@@ -19,8 +19,20 @@ def bench_pool():
 
 
 def _layouts(dispatcher) -> set[str]:
-    """The memory layouts ('C', 'F', 'A') of every array argument of every signature compiled so far."""
-    return {str(a.layout) for sig in dispatcher.signatures for a in sig if hasattr(a, "layout")}
+    """The memory layouts ('C', 'F', 'A') of every array argument of every signature compiled so far, inside tuples
+    (`LoopArrays`) too."""
+    out: set[str] = set()
+
+    def walk(t) -> None:
+        if hasattr(t, "layout"):
+            out.add(str(t.layout))
+        for u in getattr(t, "types", ()):
+            walk(u)
+
+    for sig in dispatcher.signatures:
+        for a in sig:
+            walk(a)
+    return out
 
 
 def test_truth_tables_stay_contiguous_and_equal_the_truths_cells(bench_pool):

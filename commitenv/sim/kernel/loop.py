@@ -31,13 +31,14 @@ def _noise_low(ri):
 
 
 @njit(cache=True)
-def advance(t_end, stop_captured, si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv,
-            coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm, plan, on_run, tvi,
-            live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx):
-    """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until` for the covered subset); with
-    ``stop_captured``, stop at the segment end that finishes the last captured request. Returns `DONE`, or a
+def advance(t_end, stop_captured, a):
+    """Run every arrival and segment end at or before ``t_end`` (`Pool.run_until`) on the state ``a`` (`LoopArrays`);
+    with ``stop_captured``, stop at the segment end that finishes the last captured request. Returns `DONE`, or a
     question for the host (`ASK_HEAP`, `ASK_NOISE`, `ASK_LOG`, see `layout`), asked before anything it depends on is
     done: the host answers and calls again, and the loop continues exactly there."""
+    (si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, coc, gi, gf, gh, floor_tab, ftab,
+     fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
+     pred_out, vis_dl, pfx) = a
     n = si[I_N]
     # the most entries one event pushes: a wake re-routes to every replica, then starts; an instance's load ends,
     # others leave and load; migrating requests, one landing each

@@ -151,9 +151,10 @@ class KernelPolicies:
             CURRENT.pop()
 
     def _task_args(self, pool) -> tuple:
-        """The arguments after ``on_run`` of `advance` and `_flush`: what `heap._task_rows` needs to build a replica's
-        tasks as its local policy sees them (`ReferenceHooks._seen`: the pool's predictions and visible deadlines by
-        slot, or in a what-if copy or a replay the lengths and deadlines the requests run to)."""
+        """The `LoopArrays` fields after ``on_run`` (and the arguments after ``on_run`` of `_flush`): what
+        `heap._task_rows` needs to build a replica's tasks as its local policy sees them (`ReferenceHooks._seen`: the
+        pool's predictions and visible deadlines by slot, or in a what-if copy or a replay the lengths and deadlines the
+        requests run to)."""
         seen_pool = self._seen_in_pool(pool)
         tvi = np.array([self.n_live, self.slot_base + self.row0, self.row0, seen_pool], np.int64)
         po, vd = (pool.pred_out, pool.visible_deadline) if seen_pool else self._EMPTY

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 
 from commitenv.sim.kernel.actuate import _poke, _redistribute, _set_clock, _set_share, move, set_active
+from commitenv.sim.kernel.arrays import LoopArrays
 from commitenv.sim.kernel.clone import KernelClone
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, INF, I_CAPARR,
                                          I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
@@ -277,11 +278,11 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         self._drain_log()
 
     def _advance_once(self, t_end: float, stop_captured: bool, pool=None) -> int:
-        return advance(t_end, stop_captured, self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc,
-                       self.rejected, self.wq, self.run, self.bq, self.bk, self.pend, self.ht, self.hk, self.hs,
-                       self.hi, self.hv, self.coc, self.gi, self.gf, self.gh, self.floor_tab, self.ftab, self.fetab,
-                       self.cell, self.sched, self.e_dyn, self.done_out, self.lgi, self.lgf, self.lgm, self.plan,
-                       self.on_run, *self._task_args(pool), self.pfx)
+        return advance(t_end, stop_captured, LoopArrays(
+            self.si, self.sf, self.ri, self.rf, self.qi, self.qf, self.qc, self.rejected, self.wq, self.run, self.bq,
+            self.bk, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv, self.coc, self.gi, self.gf, self.gh,
+            self.floor_tab, self.ftab, self.fetab, float(self.cell), self.sched, self.e_dyn, self.done_out, self.lgi,
+            self.lgf, self.lgm, self.plan, self.on_run, *self._task_args(pool), self.pfx))
 
     def advance(self, t_end: float, stop_captured: bool = False, pool=None) -> None:
         """`Pool.run_until(t_end, stop_when_captured_done=stop_captured)`; to the end of all work when ``t_end`` is
