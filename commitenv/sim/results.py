@@ -49,8 +49,8 @@ class KernelResults:
     """`Pool`'s side of each kernel call (mixed into `Pool`)."""
 
     def sync_from_kernel(self, ks) -> None:
-        """Counters, completions, captured finishes and per-request results of the kernel's last call, as the Python
-        loop keeps them."""
+        """Counters, completions, captured finishes and per-request results of the kernel's last call, into the pool's
+        own fields (`completed`, `finish_t`, `captured_finish`, ...)."""
         c0 = self._cursor
         self._cursor, self.now, self.live, self.completed, self.events = ks.counters()
         self.cold_starts, self.migrated, self.migration_bytes, self.migration_j = ks.placement_counters()
