@@ -45,13 +45,8 @@ class PrefixCache:
     __slots__ = ("block_tokens", "per_entry", "entries", "queue", "evictable", "hit_tokens", "evictions", "_ids")
 
     def __init__(self, block_tokens: int, engine_block_size: int, free_blocks: int = 0) -> None:
-        if block_tokens < 1 or block_tokens % engine_block_size:
-            raise ValueError(
-                f"prefix_block_tokens: expected a positive multiple of the profile's block_size "
-                f"({engine_block_size}), got {block_tokens}"
-            )
         self.block_tokens = block_tokens
-        self.per_entry = block_tokens // engine_block_size  # engine KV blocks per prefix block
+        self.per_entry = self.blocks_per_entry(block_tokens, engine_block_size)
         self.entries: dict[int, PrefixEntry] = {}
         # free queue: ("r", n) -> block count of an uncached run, ("e", hash) -> an unreferenced cached entry
         self.queue: OrderedDict[tuple, int | PrefixEntry] = OrderedDict()
@@ -60,6 +55,16 @@ class PrefixCache:
         self.evictable = 0  # engine blocks held by unreferenced entries (a part of the replica's free blocks)
         self.hit_tokens = 0  # prompt tokens skipped by cache hits so far (statistics)
         self.evictions = 0
+
+    @staticmethod
+    def blocks_per_entry(block_tokens: int, engine_block_size: int) -> int:
+        """Engine KV blocks per prefix hash block (ValueError unless a positive multiple of the engine's block)."""
+        if block_tokens < 1 or block_tokens % engine_block_size:
+            raise ValueError(
+                f"prefix_block_tokens: expected a positive multiple of the profile's block_size "
+                f"({engine_block_size}), got {block_tokens}"
+            )
+        return block_tokens // engine_block_size
 
     @staticmethod
     def shareable(n_hashes: int, prompt: int, block_tokens: int) -> int:

@@ -72,7 +72,7 @@ class KernelResults:
                 if self.done_slots is not None:
                     self.done_slots.extend(rows.tolist())
             cap = ks.qc[done] != 0
-            if cap.any():  # (a captured request's finish carries no overhead: `KernelState.covers`)
+            if cap.any():  # (captures are a what-if copy's: no serving overhead)
                 self.captured_finish.update(zip(slots[cap].tolist(), ks.finish_t[done[cap]].tolist()))
         self.captured_left = int(ks.captured_left)
         self._take_log(ks)

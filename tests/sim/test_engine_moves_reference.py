@@ -79,7 +79,7 @@ def _episode(monkeypatch, on_kernel: bool, seed: int, policies: bool, closed_for
             pool.set_active(t, int(rng.integers(1, per_model[m] + 1)), model=m)
         if rng.random() < 0.3:
             pool.set_clock(t, int(mhz[rng.integers(len(mhz))]), [int(rng.integers(0, 3))])
-        states = pool._ks.states().tolist() if pool._ks is not None else [r.state for r in pool._replicas]
+        states = pool._ks.states().tolist() if pool._ks is not None else [r.state for r in pool.replicas]
         seen.append((t, states, pool.counts(), pool.gpu_energy_j(t).tolist(), pool.active_count(0),
                      pool.active_count(1), pool.cold_starts, pool.migrated, pool.moves, refused))
     for m in range(2):
@@ -125,7 +125,7 @@ def _swap(monkeypatch, on_kernel: bool, share: float, grow: float | None) -> dic
     pool.move(0.5, {0: 1, 1: 0})
     for t in (1.0, 5.4, 5.6, 6.0, 20.0, 40.0):
         pool.run_until(t)
-        states.append((pool._ks.states().tolist() if pool._ks is not None else [r.state for r in pool._replicas],
+        states.append((pool._ks.states().tolist() if pool._ks is not None else [r.state for r in pool.replicas],
                        pool.gpu_energy_j(t).tolist(), pool.cold_starts))
     pool.run_until(math.inf)
     return {"on_kernel": pool._ks is not None, "states": states, "finish": pool.finish_t.tolist(),

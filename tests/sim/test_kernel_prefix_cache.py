@@ -339,16 +339,13 @@ def test_a_copy_is_independent():
     t.compare()
 
 
-def test_arrays_for_new_caches_hold_their_free_runs():
-    # a replica without a cache stays empty; a new cache's free blocks are one run; a cache with entries is refused
-    pa = PrefixArrays.for_caches([None, PrefixCache(8, 4, 10)], [0, 10])
-    assert pa.queue(0) == [] and pa.queue(1) == [("r", 10)] and pa.entries(1) == {}
-    pa.check()
+def test_new_arrays_hold_what_a_new_cache_holds():
+    # a replica with no free block stays empty; the free blocks of a new cache are one run, as the Python cache's
     c = PrefixCache(8, 4, 10)
-    c.take(4)
-    c.register(7)
-    with pytest.raises(ValueError, match="holds entries"):
-        PrefixArrays.for_caches([c], [10])
+    pa = PrefixArrays([0, 10], [1, c.per_entry], [1, c.block_tokens], free=[0, 10])
+    assert pa.queue(0) == [] and pa.queue(1) == py_queue(c) == [("r", 10)] and pa.entries(1) == {}
+    compare(pa, [PrefixCache(4, 4, 0), c])
+    pa.check()
 
 
 def test_node_and_entry_pools_hold_the_worst_case():
@@ -460,7 +457,8 @@ def test_a_served_workload_replayed_on_the_arrays(bt, budget, seed):
     pool = ReferencePool(toy_profile(scheduler=sched), PoolLayout.single(1), opts)
     pool.attach(with_hashes(make_table(arrivals, prompts, outputs), hashes))
     rep = pool.replicas[0]
-    pa = PrefixArrays.for_caches([None, rep.pcache], [0, rep.cap_blocks])  # replica 1 of two
+    pc = rep.pcache  # (new: every block free, in one run); the arrays hold it as replica 1 of two
+    pa = PrefixArrays([0, rep.cap_blocks], [1, pc.per_entry], [1, pc.block_tokens], free=[0, rep.free_blocks])
     mirror = _mirrored(pa, 1)
     rep.pcache.__class__ = mirror
     pool.run_until(1e6)

@@ -126,7 +126,7 @@ def place_requests(ks, pool, running: list[list], waiting: list[list], unrouted:
         raise RuntimeError("kernel: requests placed into a state that has served")
     live = sorted([r for q in running + waiting for r in q] + list(unrouted), key=lambda r: r.slot)
     index = ks._head(pool, live)
-    ks._import_prefix(pool, live, [None] * ks.R, ks.cap_blocks.tolist())
+    ks._new_prefix_caches(pool, None)  # (a mirror's requests bring no cache)
     ks.plan, ks.on_run = np.zeros(len(live) + 64, np.int64), np.zeros(len(live) + 64, np.int64)
     ri = ks.ri
     for x in range(ks.R):

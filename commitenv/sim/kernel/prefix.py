@@ -384,8 +384,8 @@ def _pow2(n: int) -> int:
 
 class PrefixArrays:
     """The prefix caches of ``R`` replicas on arrays (``pr``, ``ps``, ``nd``, ``ent``, ``tab``), sized from each
-    replica's KV capacity ``caps[r]`` (blocks) and ``per_entry[r]``; built empty (one run of ``free[r]`` blocks, or as
-    new `PrefixCache` objects hold them: `for_caches`)."""
+    replica's KV capacity ``caps[r]`` (blocks) and ``per_entry[r]``; built empty (one run of ``free[r]`` blocks, as a new
+    `PrefixCache` holds them)."""
 
     __slots__ = ("pr", "ps", "nd", "ent", "tab")
 
@@ -423,18 +423,6 @@ class PrefixArrays:
     @property
     def R(self) -> int:
         return self.pr.shape[0]
-
-    @classmethod
-    def for_caches(cls, caches, caps) -> "PrefixArrays":
-        """Arrays for new `PrefixCache` objects ``caches`` (None: a replica without a cache, left empty) of replicas
-        with ``caps`` KV blocks: no entry, every free block in one run, as a new cache holds them."""
-        for r, c in enumerate(caches):
-            if c is not None and c.entries:
-                raise ValueError(f"PrefixArrays: replica {r}'s cache holds entries; only new caches are taken")
-        pe = [c.per_entry if c is not None else 1 for c in caches]
-        bt = [c.block_tokens if c is not None else 1 for c in caches]
-        free = [sum(v for k, v in c.queue.items() if k[0] == "r") if c is not None else 0 for c in caches]
-        return cls(caps, pe, bt, free=free)
 
     def queue(self, r: int) -> list[tuple[str, int]]:
         """Replica ``r``'s free queue, head first: ("r", blocks) per run, ("e", hash) per entry."""

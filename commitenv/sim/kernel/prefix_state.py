@@ -1,13 +1,13 @@
-"""A `KernelState`'s prefix caches (mixed into it): the ``pfx`` tuple `commitenv.sim.kernel.cached` works on, built from
-new `PrefixCache` objects and requests' hash blocks and prefix lists, and the workload rows' hash blocks as they are
-loaded."""
+"""A `KernelState`'s prefix caches (mixed into it): the ``pfx`` tuple `commitenv.sim.kernel.cached` works on, new and
+empty at attach, and the workload rows' hash blocks as they are loaded."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from commitenv.sim.kernel.layout import Q_HOFF, Q_NH, Q_PFXN, Q_PROMPT
+from commitenv.sim.kernel.layout import Q_HOFF, Q_NH, Q_PROMPT, R_BS, R_FREE
 from commitenv.sim.kernel.prefix import N_ENT, N_ND, N_PR, N_PS, PrefixArrays
+from commitenv.sim.prefix_cache import PrefixCache
 
 _I64 = np.int64
 
@@ -22,39 +22,24 @@ class KernelPrefix:
     """`KernelState`'s prefix caches: ``self.pfx`` (always set; no replica rows without a cache), ``self._pa`` (the
     `PrefixArrays`, or None), the table's hash blocks (``_row_hoff``, ``_hh0``: where they start in ``hh``)."""
 
-    def _import_prefix(self, pool, live: list, caches: list, caps: list[int]) -> None:
-        """The prefix caches ``caches`` (`PrefixCache` objects or None, one per replica, of ``caps`` KV blocks) and the
-        hash blocks of the live requests (``live``, at their indices) and of ``pool``'s workload rows (when it has
-        them)."""
+    def _new_prefix_caches(self, pool, block_tokens: int | None) -> None:
+        """Empty prefix caches on every replica, ``block_tokens`` tokens per hash block (None: no cache), every free
+        KV block in one run as a new `PrefixCache` holds it; and the hash blocks of ``pool``'s workload rows."""
         self._pa = None
         self._row_hoff = None
-        if all(c is None for c in caches):
+        if block_tokens is None:
             self.pfx = _no_cache()
             return
-        if any(c is None for c in caches):
-            raise ValueError("kernel: some replicas have a prefix cache and some do not")
-        pa = PrefixArrays.for_caches(caches, caps)
-        head: list[int] = []
-        pe_head: list[int] = []
-        for k, r in enumerate(live):
-            hashes = tuple(r.hashes)
-            self.qi[k, Q_HOFF], self.qi[k, Q_NH], self.qi[k, Q_PFXN] = len(head), len(hashes), r.pfx_next
-            if r.prefix:
-                raise ValueError(f"kernel: request {r.slot} holds cache entries of a cache that is not new")
-            head.extend(hashes)
-            pe_head.extend([-1] * len(hashes))
-        self._hh0 = len(head)
-        longest = max([1] + [len(r.hashes) for r in live])
-        rows = np.zeros(0, _I64)
-        if pool._hashes is not None:
-            rows = np.asarray(pool._hashes, _I64)
-            self._row_hoff = np.asarray(pool._hoff, _I64)
-            self._bt = int(pool.opt.prefix_block_tokens)
-            longest = max(longest, int(np.diff(self._row_hoff).max(initial=0)))
-        hh = np.concatenate([np.asarray(head, _I64), rows])
-        pe = np.concatenate([np.asarray(pe_head, _I64), np.full(len(rows), -1, _I64)])
+        per_entry = [PrefixCache.blocks_per_entry(block_tokens, int(bs)) for bs in self.ri[:, R_BS]]
+        pa = PrefixArrays(self.cap_blocks.tolist(), per_entry, [block_tokens] * self.R,
+                          free=self.ri[:, R_FREE].tolist())
+        self._hh0 = 0  # (no request holds hash blocks before the rows')
+        self._row_hoff = np.asarray(pool._hoff, _I64)
+        self._bt = int(block_tokens)
+        hh = np.asarray(pool._hashes, _I64)
+        longest = max(1, int(np.diff(self._row_hoff).max(initial=0)))
         self._pa = pa
-        self.pfx = (pa.pr, pa.ps, pa.nd, pa.ent, pa.tab, hh, pe, np.zeros(longest, _I64))
+        self.pfx = (pa.pr, pa.ps, pa.nd, pa.ent, pa.tab, hh, np.full(len(hh), -1, _I64), np.zeros(longest, _I64))
 
     def _prefix_rows(self, lo: int, hi: int, a: int, b: int) -> None:
         """The hash blocks of workload rows ``lo:hi`` (at indices ``a:b``): where they start and how many are

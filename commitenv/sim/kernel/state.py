@@ -13,9 +13,8 @@ from commitenv.sim.kernel.clone import KernelClone
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, INF, I_CAPARR,
                                          I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
                                          I_MIGRATED, I_N, I_PLAN_REP, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_HOFF,
-                                         Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_BS, R_FREE,
-                                         R_LOCAL, R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH,
-                                         S_NOISE)
+                                         Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_LOCAL,
+                                         R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH, S_NOISE)
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.policies import KernelPolicies
@@ -24,7 +23,6 @@ from commitenv.sim.kernel.reads import KernelReads
 from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.noise import NoiseSource
-from commitenv.sim.prefix_cache import PrefixCache
 from commitenv.sim.states import ACTIVE, DRAINING
 
 
@@ -82,7 +80,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
 
     def _head(self, pool, live: list) -> dict[int, int]:
         """The request arrays holding ``live`` (`Req` records, by slot) as the head, at indices 0.., with room for as
-        many more; returns the index of each (by object id). Prefix columns: `_import_prefix`."""
+        many more; returns the index of each (by object id)."""
         L = len(live)
         self.n_live = L  # the head: requests live at the import (or the last compaction), by slot
         self.live_slots = np.array([r.slot for r in live], np.int64)
@@ -120,11 +118,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         self.slot_base = pool._slot_base
         self.row0 = self.row_end = pool._cursor
         self._stopped = False
-        caches = [None] * self.R
-        if pool._hashes is not None:  # (new caches: every KV block free)
-            bt = pool.opt.prefix_block_tokens
-            caches = [PrefixCache(bt, int(self.ri[x, R_BS]), int(self.ri[x, R_FREE])) for x in range(self.R)]
-        self._import_prefix(pool, [], caches, self.cap_blocks.tolist())
+        self._new_prefix_caches(pool, pool.opt.prefix_block_tokens if pool._hashes is not None else None)
         self.sf[F_NOW] = self.sf[F_LAST] = pool.now
         self._ensure(pool.now)
         self._load(pool.now)

@@ -28,7 +28,6 @@ from helpers.reference.replica import Replica
 INF = math.inf
 _UNFINISHED = attrgetter("unf")  # the router's load measure: running + waiting requests
 _SLOT = attrgetter("slot")
-_STARTED = attrgetter("started")
 
 
 class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
@@ -54,40 +53,19 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
         self._pending: list[Replica] = []
         self.transit: dict[int, tuple[float, Req]] = {}
 
-    @property
-    def _heap(self) -> list[tuple]:
-        return self.heap
-
-    @property
-    def _replicas(self) -> list[Replica]:
-        return self.replicas
-
-    @property
-    def _gpus(self) -> list[GPU]:
-        return self.gpus
-
     def stop_arrivals(self) -> None:
         self._n = self._cursor
 
     def attach(self, table: RequestTable, tenant_model: dict[int, int] | None = None, t_start: float = 0.0) -> None:
+        """`Pool.attach`, with a prefix cache on every replica when the workload has hash blocks and caching is on."""
         self._bind_workload(table, tenant_model, t_start)
-        self._attach_prefixes(table)
-
-    def _attach_prefixes(self, table: RequestTable) -> None:
-        """Give every replica a prefix cache when the workload has hash blocks and caching is on."""
-        self._hashes = None
-        if not self.opt.prefix_caching or table.prefix_offsets is None or table.prefix_hashes is None:
-            return
-        bt = self.opt.prefix_block_tokens
-        for rep in self.replicas:
-            if rep.pcache is None:
-                rep.pcache = PrefixCache(bt, rep.bs, rep.free_blocks)
-        self._hashes = table.prefix_hashes.tolist()
-        self._hoff = table.prefix_offsets.tolist()
+        if self._hashes is not None:
+            for rep in self.replicas:
+                rep.pcache = PrefixCache(self.opt.prefix_block_tokens, rep.bs, rep.free_blocks)
 
     def _push(self, t: float, kind: int, idx: int, version: int) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t, kind, self._seq, idx, version))
+        heapq.heappush(self.heap, (t, kind, self._seq, idx, version))
 
     def _start(self, rep: Replica, t: float) -> None:
         if rep.state == MOVING:
