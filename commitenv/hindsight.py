@@ -103,13 +103,13 @@ def _fork(pool: Pool, results: bool, memo: dict[int, Any] | None) -> Pool:
     if pool.late_done is not None:
         c.late_done = pool.late_done.copy()
     elif results:
-        for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+        for name in ("finish_t", "first_t", "max_tbt_s", "replica_of", "preemptions"):
             setattr(c, name, d[name] if d[name] is None else d[name].copy())
     else:
         n = pool.arrived  # finished (or rejected) after their deadline so far; the live ones are the kernel's
         c.late_done = np.zeros(pool.late_hours(), dtype=np.int64)
         c.count_late(np.flatnonzero(pool.finish_t[:n] > pool.deadline[:n]))
-        c.finish_t = c.first_t = c.replica_of = c.preemptions = None
+        c.finish_t = c.first_t = c.max_tbt_s = c.replica_of = c.preemptions = None
     c.captured_finish = dict(pool.captured_finish)
     c.tenant_model = dict(pool.tenant_model)
     c._ks = pool._ks.copy(log=False)  # (a fork keeps no step log)

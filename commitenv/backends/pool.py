@@ -205,10 +205,15 @@ class DeviceWorker:
                     self.live[rid].preemptions += 1
                 for rid, computed, generated in rec.progress:  # as the engine counts them, after the step
                     r = self.live[rid]
+                    if generated > r.generated and r.first_t >= 0:  # a token after the first (per-token TBT)
+                        r.max_gap = max(r.max_gap, t_end - r.last_t)
+                        r.last_t = t_end
                     r.computed, r.generated, r.started = computed, generated, True
                 for rid in rec.first_token:
                     r = self.live[rid]
-                    r.first_t = t_end
+                    r.first_t = r.last_t = t_end
+                    if not rec.progress:  # no per-token progress: the gaps between tokens are not known
+                        r.max_gap = np.nan
                     if not rec.progress:  # an engine that does not report progress: the prompt is in
                         r.generated, r.computed = max(r.generated, 1), max(r.computed, r.prompt)
                 for rid in rec.finished:
@@ -263,6 +268,7 @@ class HardwarePool:
         self.deadline, self.pred_out, self.visible_deadline = t.deadline, t.pred_out, t.visible_deadline
         self.finish_t = np.full(n, np.nan)
         self.first_t = np.full(n, np.nan)
+        self.max_tbt_s = np.full(n, np.nan)  # NaN also where the engine reports no per-token progress
         self.replica_of = np.full(n, -1, dtype=np.int32)
         self.preemptions = np.zeros(n, dtype=np.int32)  # from the engines' step records (preempted ids)
         self._arr = table.arrival_s.tolist()
@@ -279,6 +285,7 @@ class HardwarePool:
             s = r.slot
             self.finish_t[s] = t_clock - self._origin
             self.first_t[s] = r.first_t - self._origin
+            self.max_tbt_s[s] = r.max_gap
             self.replica_of[s] = r.replica
             self.preemptions[s] = r.preemptions
             self.completed += 1

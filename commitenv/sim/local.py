@@ -3,8 +3,8 @@ calls one each time a replica with a policy can start a step).
 
 A policy sees a `LocalView` of the replica (plain records, never engine objects): its clock, SM share, free KV
 blocks, token budget and sequence cap, and one `TaskView` per request it holds, running ones first, then the
-waiting queue, each in the engine's order, with the request's progress, predicted output length and visible
-deadline (never the true ones). It returns a `StepPlan`: the slots to fill the step from, highest priority first,
+waiting queue, each in the engine's order, with the request's progress, the time of its latest output token
+(per-token TBT runs from it), predicted output length and visible deadline (never the true ones). It returns a `StepPlan`: the slots to fill the step from, highest priority first,
 and optionally a clock for the GPU (requested as the interval action's clock is: it applies after the
 profile's clock-change latency, and on every instance of the GPU). Or None: the engine's vLLM scheduler forms the
 step (`Replica.schedule`).
@@ -36,6 +36,7 @@ class TaskView(NamedTuple):
     arrival_s: float
     visible_deadline_s: float
     blocks: int  # KV blocks it holds
+    last_token_s: float  # when its latest output token was produced (-1: none yet): a decode's TBT clock
 
 
 class LocalView(NamedTuple):

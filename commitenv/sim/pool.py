@@ -169,6 +169,7 @@ class Pool(KernelResults, Placement, PolicyHooks, Copies):
             self._hoff = table.prefix_offsets.tolist()
         self.finish_t = np.full(n, np.nan)
         self.first_t = np.full(n, np.nan)
+        self.max_tbt_s = np.full(n, np.nan)  # the longest gap between consecutive output tokens (per-token TBT)
         self.replica_of = np.full(n, -1, dtype=np.int32)
         self.preemptions = np.zeros(n, dtype=np.int32)
         self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))

@@ -24,6 +24,8 @@ class Req:
         "started",
         "deadline",
         "first_t",
+        "last_t",
+        "max_gap",
         "preemptions",
         "model",
         "captured",
@@ -44,6 +46,8 @@ class Req:
         self.started = False
         self.deadline = deadline
         self.first_t = -1.0
+        self.last_t = -1.0  # when its latest output token was produced (-1: none yet)
+        self.max_gap = 0.0  # the longest gap between two consecutive output tokens so far
         self.preemptions = 0
         self.model = model
         self.captured = False

@@ -68,7 +68,8 @@ class KernelResults:
             elif self._n_results:
                 keep = slots < self._n_results
                 rows = slots[keep]
-                ks.results_into(done[keep], rows, self.finish_t, self.first_t, self.replica_of, self.preemptions)
+                ks.results_into(done[keep], rows, self.finish_t, self.first_t, self.max_tbt_s, self.replica_of,
+                                self.preemptions)
                 if self.done_slots is not None:
                     self.done_slots.extend(rows.tolist())
             cap = ks.qc[done] != 0

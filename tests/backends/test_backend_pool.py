@@ -77,6 +77,8 @@ def test_a_fake_pool_serves_every_request_once_and_meters_as_the_simulator_does(
     assert np.all(sim.finish_t <= sim.deadline)  # alpha 10: the deadlines are feasible (0.43 s of slack at least)
     assert np.array_equal(hw.replica_of, sim.replica_of)
     assert hw.finish_t == pytest.approx(sim.finish_t, abs=1e-9) and hw.first_t == pytest.approx(sim.first_t, abs=1e-9)
+    # per-token TBT from the engines' step records (each step's progress) equals the simulator's
+    assert hw.max_tbt_s == pytest.approx(sim.max_tbt_s, abs=1e-9) and (hw.max_tbt_s > 0).any()
 
 
 def test_a_fake_pool_in_scaled_real_time_serves_every_request_once():

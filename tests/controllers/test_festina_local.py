@@ -32,10 +32,12 @@ def lut() -> FestinaLUT:
     return FestinaLUT.from_profile(attn_toy_profile(scheduler=SCHED), LutGrid((500, 1000), DEFAULT_SHARES, TOY_LENS))
 
 
-def task(slot, *, running, prompt, computed, generated, pred, arrival, deadline, blocks):
+def task(slot, *, running, prompt, computed, generated, pred, arrival, deadline, blocks, last=None):
+    """A task view; a request with tokens had its latest one at ``last`` (default: t = 1 s, the views' time)."""
     left = prompt + generated - computed
+    last = (1.0 if generated else -1.0) if last is None else last
     return TaskView(slot, running, left == 1 and generated >= 1, left, computed, prompt, generated, pred, arrival,
-                    deadline, blocks)
+                    deadline, blocks, last)
 
 
 def view_of(tasks, *, t=1.0, clock=1000, share=1.0, free=3, budget=8, max_seqs=4):
@@ -90,6 +92,26 @@ def test_scores_and_order_by_hand(lut):
     assert plan.order == order
 
 
+def test_a_decode_deadline_runs_from_its_previous_token(lut):
+    """Per-token TBT: a decode whose previous token came 60 ms ago has 40 ms left of its 100 ms, whatever its
+    end-to-end budget; the sweep then needs a step that ends by then."""
+    pol = FestinaLocal(lut, beta=0.0)
+    late = task(10, running=True, prompt=12, computed=20, generated=9, pred=30, arrival=0.5, deadline=30.0, blocks=6,
+                last=0.94)
+    s = pol.scores(view_of([late]))[0]
+    assert s.deadline_s == pytest.approx(1.04, rel=1e-12)  # min(0.94 + 0.1, 1 + 29 / 21)
+    lat = 0.01 + 0.0001 + 1e-5 * 21
+    assert s.slack_s == pytest.approx(0.04 - lat, rel=1e-9)
+    b = pol.batch(view_of([late]), (10,))
+    assert b.decode_tbt_s == pytest.approx(0.04, rel=1e-9)
+    # a step of 41 ms (500 MHz: 0.012 + 0.0001 + 1.2e-5 * 21 + ...) misses it, 1000 MHz meets it
+    k500, k1000 = pol.coeffs(0, 500, 1.0), pol.coeffs(0, 1000, 1.0)
+    assert not pol.feasible(k500, b._replace(decode_tbt_s=0.012), 1.0, 8)[0]
+    assert pol.feasible(k1000, b, 1.0, 8)[0]
+    on_time = late._replace(last_token_s=1.0)
+    assert pol.scores(view_of([on_time]))[0].deadline_s == pytest.approx(1.1, rel=1e-12)
+
+
 def test_slo_class_matches_the_vectorised_one():
     p, o = np.meshgrid([1, 255, 256, 1023, 1024, 9000], [1, 99, 100, 349, 350, 2000])
     assert [slo_class_of(int(a), int(b)) for a, b in zip(p.ravel(), o.ravel())] == slo_class(p, o).ravel().tolist()
@@ -98,7 +120,8 @@ def test_slo_class_matches_the_vectorised_one():
 def sweep_view(arrival_lag, t=1.0, replica=0):
     """A decode (context 21, far deadline) and a waiting 6-token prompt that arrived ``arrival_lag`` s ago."""
     return view_of([
-        task(1, running=True, prompt=10, computed=20, generated=11, pred=100, arrival=0.0, deadline=100.0, blocks=6),
+        task(1, running=True, prompt=10, computed=20, generated=11, pred=100, arrival=0.0, deadline=100.0, blocks=6,
+             last=t),
         task(2, running=False, prompt=6, computed=0, generated=0, pred=10, arrival=t - arrival_lag,
              deadline=50.0, blocks=0),
     ], free=10, t=t)._replace(replica=replica)
@@ -221,5 +244,6 @@ def test_loose_deadlines_spend_less_energy_than_vllm_at_the_top_clock(lut):
     horizon = max(vllm.now, fest.now)
     assert fest.energy_j(horizon) < vllm.energy_j(horizon)
     for p in (vllm, fest):  # and every request still meets its TTFT and TBT SLOs
-        out = latency_outcome(table.arrival_s, p.first_t, p.finish_t, table.prompt_tokens, table.output_tokens)
+        out = latency_outcome(table.arrival_s, p.first_t, p.finish_t, p.max_tbt_s, table.prompt_tokens,
+                              table.output_tokens)
         assert out.met.all()

@@ -37,23 +37,28 @@ def test_mean_tbt_by_hand():
 
 
 def test_attainment_against_hand_computed_requests():
-    # arrival, first token, finish, prompt, output
+    # arrival, first token, finish, longest gap between tokens, prompt, output
     rows = [
-        (0.0, 0.20, 0.20 + 0.09 * 49, 100, 50),  # short: TTFT 200 ms <= 250, TBT 90 ms: met
-        (0.0, 0.30, 0.30 + 0.09 * 49, 100, 50),  # short: TTFT 300 ms > 250: TTFT missed
-        (0.0, 0.30, 0.30 + 0.11 * 199, 500, 200),  # medium: TTFT 300 <= 400, TBT 110 ms > 100: TBT missed
-        (0.0, 1.90, 1.90 + 0.05 * 399, 4000, 400),  # long: TTFT 1.9 s <= 2 s: met
-        (0.0, 0.10, np.nan, 100, 50),  # unfinished: misses both
-        (0.0, 0.10, 0.10 + 0.01 * 49, 100, 50),  # fast, but rejected (served False): misses both
+        (0.0, 0.20, 0.20 + 0.09 * 49, 0.095, 100, 50),  # short: TTFT 200 ms <= 250, every gap <= 100 ms: met
+        (0.0, 0.30, 0.30 + 0.09 * 49, 0.095, 100, 50),  # short: TTFT 300 ms > 250: TTFT missed
+        (0.0, 0.30, 0.30 + 0.11 * 199, 0.15, 500, 200),  # medium: TTFT 300 <= 400, mean 110 ms > 100: TBT missed
+        (0.0, 1.90, 1.90 + 0.05 * 399, 0.08, 4000, 400),  # long: TTFT 1.9 s <= 2 s: met
+        (0.0, 0.10, np.nan, np.nan, 100, 50),  # unfinished: misses both
+        (0.0, 0.10, 0.10 + 0.01 * 49, 0.01, 100, 50),  # fast, but rejected (served False): misses both
+        (0.0, 0.20, 0.20 + 0.05 * 49, 0.30, 100, 50),  # mean 50 ms, but one token 300 ms after the previous: missed
+        (0.0, 0.20, 0.20, 0.0, 100, 1),  # one token: no gap, meets TBT
+        (0.0, 0.20, 0.20 + 0.09 * 49, np.nan, 100, 50),  # the gaps are not known (an engine without progress)
     ]
-    a, f, fin, p, d = (np.array(c) for c in zip(*rows))
-    served = np.array([True, True, True, True, True, False])
-    out = latency_outcome(a, f, fin, p, d, served)
-    assert out.cls.tolist() == [0, 0, 1, 2, 0, 0]
-    assert out.ttft_met.tolist() == [True, False, True, True, False, False]
-    assert out.tbt_met.tolist() == [True, True, False, True, False, False]
-    assert out.met.tolist() == [True, False, False, True, False, False]
-    by = attainment_by(out.cls, out.met, ("short", "medium", "long"))
+    a, f, fin, g, p, d = (np.array(c) for c in zip(*rows))
+    served = np.array([True, True, True, True, True, False, True, True, True])
+    out = latency_outcome(a, f, fin, g, p, d, served)
+    assert out.cls.tolist() == [0, 0, 1, 2, 0, 0, 0, 0, 0]
+    assert out.ttft_met.tolist() == [True, False, True, True, False, False, True, True, True]
+    assert out.tbt_met.tolist() == [True, True, False, True, False, False, False, True, False]
+    assert out.tbt_mean_met.tolist() == [True, True, False, True, False, False, True, True, True]
+    assert out.met.tolist() == [True, False, False, True, False, False, False, True, False]
+    assert out.tbt_s[0] == 0.095 and np.isnan(out.tbt_s[5])  # (a rejected request has no measure)
+    by = attainment_by(out.cls[:6], out.met[:6], ("short", "medium", "long"))
     assert by == {"short": {"requests": 4, "attainment_pct": 25.0},
                   "medium": {"requests": 1, "attainment_pct": 0.0},
                   "long": {"requests": 1, "attainment_pct": 100.0}}

@@ -144,3 +144,29 @@ def test_budget_caps_tokens_per_step_in_every_log_entry():
         assert sum(e.new_tokens) <= 8
         assert len(e.slots) <= 4
     assert pool.completed == 4
+
+
+@pytest.mark.parametrize("closed_form", [True, False])
+def test_a_decode_that_shares_steps_with_a_prefill_has_longer_gaps_between_tokens(closed_form):
+    """Per-token TBT by hand: A (prompt 4, 5 tokens) decodes alone, then beside B's prompt chunks (B: 20 tokens,
+    arrives at 15 ms, during A's first decode step); A's longest gap is the step with a 7-token chunk of B over 7
+    keys of A, longer than its mean gap."""
+    pool = run(toy_profile(), [0.0, 0.015], [4, 20], [5, 1], closed_form=closed_form)
+    steps = [t_step(P=4), t_step(n=1, L=5), t_step(P=7, n=1, L=6), t_step(P=7, n=1, L=7), t_step(P=6, n=1, L=8)]
+    assert [e.new_tokens for e in pool.log[:5]] == [(4,), (1,), (1, 7), (1, 7), (1, 6)]
+    gaps = steps[1:]  # A's tokens end steps 1-5
+    assert pool.first_t[0] == pytest.approx(steps[0], abs=1e-12)
+    assert pool.finish_t[0] == pytest.approx(sum(steps), abs=1e-12)
+    assert pool.max_tbt_s[0] == pytest.approx(0.01717, abs=1e-12) == pytest.approx(max(gaps), abs=1e-12)
+    mean = (pool.finish_t[0] - pool.first_t[0]) / 4
+    assert mean == pytest.approx(sum(gaps) / 4, abs=1e-12) and mean < pool.max_tbt_s[0] - 0.001
+    assert pool.max_tbt_s[1] == 0.0  # one token: no gap
+
+
+@pytest.mark.parametrize("closed_form", [True, False])
+def test_a_decode_run_records_its_longest_step_as_its_gap(closed_form):
+    """A lone request decoding 6 tokens after a 4-token prompt: its gaps are the decode steps over 5..9 keys, the
+    last the longest (the closed form derives it from the run's first and last steps)."""
+    pool = run(toy_profile(), [0.0], [4], [6], closed_form=closed_form)
+    assert pool.max_tbt_s[0] == pytest.approx(t_step(n=1, L=9), abs=1e-12)
+    assert pool.finish_t[0] - pool.first_t[0] == pytest.approx(sum(t_step(n=1, L=L) for L in range(5, 10)), abs=1e-12)

@@ -104,6 +104,7 @@ def test_closed_form_equals_step_by_step(seed, n, rate, n_gpus, dt, actions, clo
     assert a.completed == b.completed == n
     assert a.finish_t.tolist() == pytest.approx(b.finish_t.tolist(), abs=1e-9)
     assert a.first_t.tolist() == pytest.approx(b.first_t.tolist(), abs=1e-9)
+    assert a.max_tbt_s.tolist() == pytest.approx(b.max_tbt_s.tolist(), abs=1e-9)
     assert a.preemptions.tolist() == b.preemptions.tolist()
     assert a.replica_of.tolist() == b.replica_of.tolist()
     compare(a, b, t + 100.0)

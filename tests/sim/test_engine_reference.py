@@ -160,7 +160,7 @@ def _drive(case) -> tuple[ReferencePool, Pool, set]:
         p.run_until(t + 600.0)
         p.settle(t + 600.0)
     _same_now(ref, lib, t + 600.0)
-    for name in ("finish_t", "first_t", "replica_of", "preemptions"):
+    for name in ("finish_t", "first_t", "max_tbt_s", "replica_of", "preemptions"):
         a, b = (np.nan_to_num(getattr(p, name), nan=-1.0) for p in (ref, lib))
         assert np.array_equal(a, b), name
     assert ref.log == lib.log

@@ -22,6 +22,7 @@ class _R:
         self.i, self.arrival, self.prompt, self.out = i, arrival, prompt, out
         self.computed = self.generated = self.blocks = 0
         self.first = self.finish = None
+        self.tokens: list[float] = []  # the time of each output token
         self.preempted = 0
         self.admitted = False
 
@@ -81,6 +82,11 @@ class _Rep:
         return batch
 
 
+def max_gap(r: _R) -> float:
+    """The longest time between two consecutive output tokens of ``r`` (0 with one token)."""
+    return max((b - a for a, b in zip(r.tokens, r.tokens[1:])), default=0.0)
+
+
 def reference(profile, arrivals, prompts, outputs, n_rep, t_end):
     lvl = profile.clocks[profile.reference_clock_index]
     tl, el, idle = lvl.time, lvl.energy, lvl.active_idle_w
@@ -117,6 +123,7 @@ def reference(profile, arrivals, prompts, outputs, n_rep, t_end):
             r.computed += k
             if r.computed == r.prompt + r.generated:
                 r.generated += 1
+                r.tokens.append(t)
                 if r.first is None:
                     r.first = t
                 if r.generated == r.out:
@@ -217,6 +224,7 @@ def test_engine_matches_independent_reference(seed, n, rate, n_rep, sched, close
     assert pool.replica_of.tolist() == where
     assert pool.finish_t.tolist() == pytest.approx([r.finish for r in reqs], abs=1e-9)
     assert pool.first_t.tolist() == pytest.approx([r.first for r in reqs], abs=1e-9)
+    assert pool.max_tbt_s.tolist() == pytest.approx([max_gap(r) for r in reqs], abs=1e-9)
     assert pool.preemptions.tolist() == [r.preempted for r in reqs]
     assert pool.energy_j(t_end) == pytest.approx(ref_energy, abs=1e-9)
     for ri in range(n_rep):
@@ -263,6 +271,7 @@ def test_simultaneous_arrivals_match_reference_step_by_step(seed, n, grid, n_rep
     assert pool.replica_of.tolist() == where
     assert pool.finish_t.tolist() == [r.finish for r in reqs]
     assert pool.first_t.tolist() == [r.first for r in reqs]
+    assert pool.max_tbt_s.tolist() == [max_gap(r) for r in reqs]
     assert pool.preemptions.tolist() == [r.preempted for r in reqs]
     assert pool.energy_j(t_end) == pytest.approx(ref_energy, abs=1e-9)
     for ri in range(n_rep):
@@ -272,4 +281,5 @@ def test_simultaneous_arrivals_match_reference_step_by_step(seed, n, grid, n_rep
     cf.attach(make_table(arr, prompt, out))
     cf.run_until(t_end)
     assert cf.finish_t.tolist() == pytest.approx(pool.finish_t.tolist(), abs=1e-9)
+    assert cf.max_tbt_s.tolist() == pytest.approx(pool.max_tbt_s.tolist(), abs=1e-9)
     assert cf.energy_j(t_end) == pytest.approx(pool.energy_j(t_end), abs=1e-9)

@@ -17,7 +17,7 @@ class LoopArrays(NamedTuple):
     ri: np.ndarray  # per replica, int64 columns: state, GPU, queue heads, segment kind, ... (`layout.R_*`)
     rf: np.ndarray  # per replica, float64 columns: segment times, energies, factors, shares (`layout.R_*`)
     qi: np.ndarray  # per request, int64 columns: prompt, output, computed, generated, blocks, replica (`layout.Q_*`)
-    qf: np.ndarray  # per request, float64 columns: arrival, first token, finish, overhead (`layout.Q_*`)
+    qf: np.ndarray  # per request, float64 columns: arrival, first token, finish, overhead, last token, max gap
     qc: np.ndarray  # per request, uint8: captured (a what-if run reports its finish)
     rejected: np.ndarray  # per request, bool: prompt at or over the context limit
     wq: np.ndarray  # per request: the next request in its waiting queue (-1: none)

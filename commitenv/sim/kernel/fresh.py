@@ -8,7 +8,7 @@ import numpy as np
 
 from commitenv.sim import memory
 from commitenv.sim.kernel.layout import (F_LAST, F_NOW, G_CLOCK, G_NHOST, G_PENDING, GF_CLOCK_LAT, GF_FLOOR_W,
-                                         GF_POWER, I_LIVE, I_CURSOR, I_HEAP, I_N, N_QI, N_RF, N_RI, R_AFTER, R_BS,
+                                         GF_POWER, I_LIVE, I_CURSOR, I_HEAP, I_N, N_QF, N_QI, N_RF, N_RI, R_AFTER, R_BS,
                                          R_BUDGET, R_CAP, R_DEST, R_FE, R_FREE, R_FT, R_GPU, R_KVB, R_LOAD_S,
                                          R_LOAD_W, R_MAXSEQ, R_MEM, R_MIGRATE, R_MODEL, R_RESERVE, R_RUN_N, R_SCLK,
                                          R_UNF, R_SHARE, R_SSHARE, R_STATE, S_LOG)
@@ -54,7 +54,7 @@ def fresh_state(pool, power: tuple[float, ...]):
     ks.taken = 0
     ks.done0 = pool.completed
     cap = 64
-    ks.qi, ks.qf = np.zeros((cap, N_QI), np.int64), np.zeros((cap, 4))
+    ks.qi, ks.qf = np.zeros((cap, N_QI), np.int64), np.zeros((cap, N_QF))
     ks.qc, ks.rejected = np.zeros(cap, np.uint8), np.zeros(cap, np.bool_)
     ks.wq, ks.done_out = np.full(cap, -1, np.int64), np.zeros(cap, np.int64)
     ks._pa, ks._row_hoff, ks.pfx = None, None, _no_cache()

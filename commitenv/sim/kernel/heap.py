@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 from commitenv.sim.kernel.layout import (I_HEAP, I_SEQ, I_UHEAD, I_ULEN, I_UTAIL, Q_ARRIVAL, Q_BLOCKS, Q_COMPUTED,
-                                         Q_GENERATED, Q_OUT, Q_PROMPT, R_RUN_N, R_WHEAD, R_WLEN, R_WTAIL)
+                                         Q_GENERATED, Q_LAST, Q_OUT, Q_PROMPT, R_RUN_N, R_WHEAD, R_WLEN, R_WTAIL)
 from commitenv.sim.states import EV_LAND
 
 
@@ -195,14 +195,14 @@ def _left(idx, qi):
 def _task_rows(x, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl):
     """Replica ``x``'s requests in the engine's order (running, then waiting) as a local policy sees them
     (`ReferenceHooks._task_view`): int rows (kernel index, slot, running, decode, tokens left, computed, prompt,
-    generated, predicted output, blocks) and float rows (arrival, visible deadline). ``tvi``: the head's length, the
+    generated, predicted output, blocks) and float rows (arrival, visible deadline, latest token). ``tvi``: the head's length, the
     first row's slot, the first row, and whether predictions and visible deadlines come from the pool's arrays by slot
     (``pred_out``, ``vis_dl``; else the lengths and deadlines the requests run to)."""
     n_live, slot0, row0, seen_pool = tvi[0], tvi[1], tvi[2], tvi[3] != 0
     nr = ri[x, R_RUN_N]
     n = nr + ri[x, R_WLEN]
     ints = np.empty((n, 10), np.int64)
-    flts = np.empty((n, 2))
+    flts = np.empty((n, 3))
     r = ri[x, R_WHEAD]
     for j in range(n):
         if j < nr:
@@ -220,4 +220,5 @@ def _task_rows(x, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadl
         ints[j, 9] = qi[k, Q_BLOCKS]
         flts[j, 0] = qf[k, Q_ARRIVAL]
         flts[j, 1] = vis_dl[slot] if seen_pool else dl
+        flts[j, 2] = qf[k, Q_LAST]
     return ints, flts

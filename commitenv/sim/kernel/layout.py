@@ -53,7 +53,10 @@ N_QI = 12
 # many it has (0: none, or none any more after a migration); Q_PFXN: how many of them its admission and steps have
 # considered (`Req.pfx_next`)
 # per-request float64 columns (``qf``)
-Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD = range(4)
+Q_ARRIVAL, Q_FIRST, Q_FINISH, Q_OVERHEAD, Q_LAST, Q_MAXGAP = range(6)
+N_QF = 6
+# Q_LAST: when its latest output token was produced (engine time, -1: none yet); Q_MAXGAP: the longest gap between
+# two of its consecutive output tokens so far (0 until it has two; per-token TBT, `commitenv.latency_slo`)
 # per-GPU int64 columns (``gi``; G_NHOST: how many replicas it hosts, listed in ``gh``) and float64 columns (``gf``;
 # GF_CLOCK_LAT: the clock-change latency of its profile)
 G_CLOCK, G_PENDING, G_VER, G_NHOST = range(4)

@@ -142,7 +142,7 @@ def advance(t_end, stop_captured, a):
 
 
 @njit(cache=True)
-def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf, lgm, pfx):
+def settle(t, ri, rf, qi, qf, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf, lgm, pfx):
     """`Pool.settle`: cut every decode run at the first step end >= ``t`` and apply (and meter, and log) the steps
     that ended before, leaving one step in flight (replica ``g`` here, its GPU's meter ``e_dyn[ri[g, R_GPU]]``)."""
     for g in range(ri.shape[0]):
@@ -162,7 +162,7 @@ def settle(t, ri, rf, qi, bk, bq, e_dyn, sched, si, ht, hk, hs, hi, hv, lgi, lgf
         floor_j = rf[g, R_FLOOR_ACC] + rf[g, R_FLOOR_W] * (t_mid - rf[g, R_FLOOR_T])
         if sched[S_LOG] and ri[g, R_LOGGED]:
             _log_segment(g, rf[g, R_T0], t_mid, m, de, floor_j, ri, rf, qi, bq, bk, si, lgi, lgf, lgm)
-        _decode(ri, qi, bq, g, m, ri[g, R_BS], pfx)
+        _decode(ri, rf, qi, qf, bq, g, m, ri[g, R_BS], pfx)
         rf[g, R_BT0] += rf[g, R_D] * m
         rf[g, R_E0] += rf[g, R_F] * m
         ri[g, R_K] -= m

@@ -97,8 +97,8 @@ class KernelPolicies:
         for the replica's GPU, the order checked and written for the compiled loop (``plan``, ``on_run``)."""
         c0 = time.perf_counter()
         rows = ints.tolist()
-        tasks = tuple([TaskView(s, rn == 1, d == 1, lf, c, p, g, pr, a, v, b) for (_, s, rn, d, lf, c, p, g, pr, b), (a, v)
-                       in zip(rows, flts.tolist())])
+        tasks = tuple([TaskView(s, rn == 1, d == 1, lf, c, p, g, pr, a, v, b, last)
+                       for (_, s, rn, d, lf, c, p, g, pr, b), (a, v, last) in zip(rows, flts.tolist())])
         r = self.ri[x].tolist()
         g = r[R_GPU]
         levels = self.clock_mhz

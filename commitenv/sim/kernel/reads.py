@@ -9,8 +9,8 @@ from commitenv.sim.kernel.heap import _left, _live, _waiting
 from commitenv.sim.kernel.layout import (F_MIG_BYTES, F_MIG_J, F_NOW, I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS,
                                          I_HEAP, I_LIVE, I_LOG, I_LOGM, I_MIGRATED, I_N, I_ULEN, LF_ENERGY, LF_FLOOR,
                                          LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU, LG_N, LG_REP, LG_STEPS, LM_COMPUTED,
-                                         LM_DECODE, LM_NEW, LM_REQ, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_PREEMPT, Q_REPLICA,
-                                         R_AFTER, R_BATCH_N, R_DEST,
+                                         LM_DECODE, LM_NEW, LM_REQ, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_MAXGAP, Q_PREEMPT,
+                                         Q_REPLICA, R_AFTER, R_BATCH_N, R_DEST,
                                          R_GPU, R_K, R_MEM, R_MODEL, R_RUN_N, R_SCLK, R_SEG, R_SHARE, R_SSHARE, R_STATE,
                                          R_T0, R_WLEN, S_CLOSED, S_LOG, S_MAX_SEQS)
 from commitenv.sim.kernel.loop import in_flight, meter
@@ -211,10 +211,12 @@ class KernelReads:
         """Finish time (client side) by kernel index of the requests loaded (nan: not finished, inf: rejected)."""
         return self.qf[: self.si[I_N], Q_FINISH]
 
-    def results_into(self, done: np.ndarray, rows: np.ndarray, finish_t, first_t, replica_of, preemptions) -> None:
+    def results_into(self, done: np.ndarray, rows: np.ndarray, finish_t, first_t, max_tbt_s, replica_of,
+                     preemptions) -> None:
         """Per-request results of the finished requests ``done`` (kernel indices) into the pool's result arrays at
         ``rows``, as `ReferencePool._complete` records them."""
         finish_t[rows] = self.qf[done, Q_FINISH]
         first_t[rows] = self.qf[done, Q_FIRST]
+        max_tbt_s[rows] = self.qf[done, Q_MAXGAP]
         replica_of[rows] = self.qi[done, Q_REPLICA]
         preemptions[rows] = self.qi[done, Q_PREEMPT]

@@ -16,7 +16,8 @@ from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, 
                                          GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, I_PLAN_N,
                                          I_PLAN_REP, LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU,
                                          LG_N, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS,
-                                         Q_COMPUTED, Q_FINISH, Q_FIRST, Q_GENERATED, Q_OUT, Q_OVERHEAD, Q_PREEMPT,
+                                         Q_COMPUTED, Q_FINISH, Q_FIRST, Q_GENERATED, Q_LAST, Q_MAXGAP, Q_OUT,
+                                         Q_OVERHEAD, Q_PREEMPT,
                                          Q_PROMPT, Q_REPLICA, Q_STARTED, R_BATCH_N, R_BS, R_BT0, R_BUDGET, R_D, R_E0,
                                          R_ENERGY, R_F, R_FE, R_FLOOR_ACC, R_FLOOR_T, R_FLOOR_W, R_FREE, R_FT, R_GPU,
                                          R_K, R_LOCAL, R_LOGGED, R_MAXSEQ, R_NEND, R_NPOS, R_RESERVE, R_RUN_N, R_SCLK,
@@ -345,11 +346,31 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
 
 
 @njit(cache=True)
-def _decode(ri, qi, bq, rep, m, bs, pfx):
-    """Every member of ``rep``'s decode run adds ``m`` tokens and KV blocks to hold them; returns how many are done."""
+def _token_at(qf, r, t):
+    """Request ``r`` produced an output token at ``t``: its first, or a gap since its previous one (per-token TBT)."""
+    if qf[r, Q_FIRST] < 0:
+        qf[r, Q_FIRST] = t
+    elif t - qf[r, Q_LAST] > qf[r, Q_MAXGAP]:
+        qf[r, Q_MAXGAP] = t - qf[r, Q_LAST]
+    qf[r, Q_LAST] = t
+
+
+@njit(cache=True)
+def _decode(ri, rf, qi, qf, bq, rep, m, bs, pfx):
+    """Every member of ``rep``'s decode run adds the tokens of the run's first ``m`` steps and KV blocks to hold them;
+    returns how many are done. Step i of the run lasts ``ft (T0 + i D)``: a member's gaps are the time from its
+    previous token to the first step's end, then the steps' own durations (longest: the first or the last)."""
+    t0, ft, T0, D = rf[rep, R_T0], rf[rep, R_FT], rf[rep, R_BT0], rf[rep, R_D]
+    first_end = t0 + ft * T0
+    inner = ft * max(T0 + D, T0 + (m - 1) * D) if m > 1 else 0.0
+    t_end = t0 + _run_time(rf, rep, m)
     ndone = 0
     for j in range(ri[rep, R_BATCH_N]):
         r = bq[rep, j]
+        _token_at(qf, r, first_end)
+        if inner > qf[r, Q_MAXGAP]:
+            qf[r, Q_MAXGAP] = inner
+        qf[r, Q_LAST] = t_end
         qi[r, Q_COMPUTED] += m
         qi[r, Q_GENERATED] += m
         nbk = _cdiv(qi[r, Q_COMPUTED], bs)
@@ -398,12 +419,11 @@ def _finish_segment(t, rep, ri, rf, qi, qf, qc, run, bq, bk, e_dyn, sched, done_
             qi[r, Q_COMPUTED] += bk[rep, j]
             if qi[r, Q_COMPUTED] >= qi[r, Q_PROMPT] + qi[r, Q_GENERATED]:
                 qi[r, Q_GENERATED] += 1
-                if qf[r, Q_FIRST] < 0:
-                    qf[r, Q_FIRST] = rf[rep, R_T1]
+                _token_at(qf, r, rf[rep, R_T1])
                 if qi[r, Q_GENERATED] >= qi[r, Q_OUT]:
                     ndone += 1
     elif seg == SEG_RUN:
-        ndone = _decode(ri, qi, bq, rep, ri[rep, R_K], bs, pfx)
+        ndone = _decode(ri, rf, qi, qf, bq, rep, ri[rep, R_K], bs, pfx)
     if ndone:  # (their KV released in the batch's order, as `Replica.finish`)
         for j in range(ri[rep, R_BATCH_N]):
             r = bq[rep, j]

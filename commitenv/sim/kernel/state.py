@@ -12,7 +12,8 @@ from commitenv.sim.kernel.arrays import LoopArrays
 from commitenv.sim.kernel.clone import KernelClone
 from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_ARRAYS, F_LAST, F_NOW, INF, I_CAPARR,
                                          I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
-                                         I_MIGRATED, I_N, I_PLAN_REP, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST, Q_HOFF,
+                                         I_MIGRATED, I_N, I_PLAN_REP, N_QF, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST,
+                                         Q_HOFF, Q_LAST, Q_MAXGAP,
                                          Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_LOCAL,
                                          R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH, S_NOISE)
 from commitenv.sim.kernel.host import CURRENT
@@ -87,7 +88,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         self.head_deadline = np.array([r.deadline for r in live], np.float64)
         cap = L + 64
         self.qi = np.zeros((cap, N_QI), np.int64)
-        self.qf = np.zeros((cap, 4))
+        self.qf = np.zeros((cap, N_QF))
         self.qc = np.zeros(cap, np.uint8)  # captured (a what-if run reports its finish)
         self.rejected = np.zeros(cap, np.bool_)
         self.wq = np.full(cap, -1, np.int64)  # next request in its waiting queue
@@ -99,7 +100,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
             self.qi[k, :Q_HOFF] = (r.prompt, r.out, r.computed, r.generated, r.blocks, r.started, r.preemptions,
                                    r.replica, r.model)
             self.qf[k] = (r.arrival, r.first_t, np.nan,
-                          oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0)
+                          oh[r.slot] if oh is not None and r.slot < pool._n_results else 0.0, r.last_t, r.max_gap)
             self.qc[k] = r.captured
         return index
 
@@ -145,8 +146,9 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         self.qi[a:b, Q_REPLICA] = -1
         self.qi[a:b, Q_MODEL] = src.model[lo:hi]
         self.qf[a:b, Q_ARRIVAL] = src.arrival[lo:hi]
-        self.qf[a:b, Q_FIRST] = -1.0
+        self.qf[a:b, Q_FIRST] = self.qf[a:b, Q_LAST] = -1.0
         self.qf[a:b, Q_FINISH] = np.nan
+        self.qf[a:b, Q_MAXGAP] = 0.0
         self.qf[a:b, Q_OVERHEAD] = 0.0 if src.overhead is None else src.overhead[lo:hi]
         self.qc[a:b] = 0
         self.rejected[a:b] = src.rejected[lo:hi]
@@ -167,7 +169,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
             return
         new = max(2 * cap, need)
         self.qi = np.concatenate([self.qi, np.zeros((new - cap, N_QI), np.int64)])
-        self.qf = np.concatenate([self.qf, np.zeros((new - cap, 4))])
+        self.qf = np.concatenate([self.qf, np.zeros((new - cap, N_QF))])
         self.qc = np.concatenate([self.qc, np.zeros(new - cap, np.uint8)])
         self.rejected = np.concatenate([self.rejected, np.zeros(new - cap, np.bool_)])
         self.wq = np.concatenate([self.wq, np.full(new - cap, -1, np.int64)])
@@ -406,6 +408,6 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
 
     def settle(self, t: float) -> None:
         self._room(self.R)
-        settle(t, self.ri, self.rf, self.qi, self.bk, self.bq, self.e_dyn, self.sched, self.si, self.ht, self.hk,
-               self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm, self.pfx)  # (room for R entries: drained after each call)
+        settle(t, self.ri, self.rf, self.qi, self.qf, self.bk, self.bq, self.e_dyn, self.sched, self.si, self.ht,
+               self.hk, self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm, self.pfx)  # (room for R entries: drained after each call)
         self._drain_log()

@@ -10,7 +10,7 @@ import numpy as np
 
 from commitenv.profiles.schema import Profile
 from commitenv.sim.kernel.heap import _waiting, _wpush_back
-from commitenv.sim.kernel.layout import (G_CLOCK, I_DONE, I_LIVE, Q_ARRIVAL, Q_COMPUTED, Q_FINISH, Q_FIRST,
+from commitenv.sim.kernel.layout import (G_CLOCK, I_DONE, I_LIVE, Q_ARRIVAL, Q_COMPUTED, Q_FINISH, Q_FIRST, Q_LAST,
                                          Q_GENERATED, Q_OUT, Q_PREEMPT, Q_PROMPT, Q_REPLICA, R_BATCH_N, R_RUN_N, R_T1,
                                          R_ENERGY, R_UNF, R_WLEN, S_CLOSED)
 from commitenv.sim.kernel.segment import _decode_flags, _finish_segment, _start_segment
@@ -60,7 +60,8 @@ class ReplicaStepper:
             self._grow()
         ks.qi[i] = 0
         ks.qi[i, Q_PROMPT], ks.qi[i, Q_OUT], ks.qi[i, Q_REPLICA] = prompt_tokens, max_tokens, 0
-        ks.qf[i, Q_ARRIVAL], ks.qf[i, Q_FIRST], ks.qf[i, Q_FINISH] = t, -1.0, np.nan
+        ks.qf[i] = 0.0
+        ks.qf[i, Q_ARRIVAL], ks.qf[i, Q_FIRST], ks.qf[i, Q_FINISH], ks.qf[i, Q_LAST] = t, -1.0, np.nan, -1.0
         _wpush_back(ks.ri, ks.wq, 0, i)
         ks.ri[0, R_UNF] += 1
         ks.si[I_LIVE] += 1

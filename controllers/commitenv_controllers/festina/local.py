@@ -13,11 +13,12 @@ Score (one priority queue of runnable decodes and pending prefills), per task, a
   the attention pairs of positions ``computed + 1 .. computed + r``).
 * Deadline and Slack = deadline - now - Latency. A prefill (no token yet): its TTFT deadline, arrival + the TTFT
   SLO of its class (Table 2 via `commitenv.latency_slo`, class from the prompt and the *predicted* output). A
-  decode: its next-token deadline ``now + b``. The time of its previous token is not in the view, so the
-  per-token budget ``b`` is its visible end-to-end deadline spread over its predicted remaining tokens, capped by
-  its class's TBT SLO: ``b = min(TBT SLO, (visible deadline - now) / max(predicted - generated, 1))`` (an
-  assumption of this adaptation). A task that already has tokens but must recompute its prompt (after a vLLM
-  preemption) is scored like a prefill with the decode's next-token deadline.
+  decode: its next-token deadline, the paper's per-token TBT, its previous token's time (``last_token_s`` in the
+  view) + its class's TBT SLO, and no later than its visible end-to-end deadline spread over its predicted
+  remaining tokens allows: ``min(last + TBT SLO, now + (visible deadline - now) / max(predicted - generated, 1))``
+  (the second term is this adaptation's: the scenario's end-to-end deadline is an SLO too). A task that already
+  has tokens but must recompute its prompt (after a vLLM preemption) is scored like a prefill with the decode's
+  next-token deadline.
 * Age = now - arrival (for every task, as the view gives it). ``beta`` defaults to 0.1 (assumption: the paper
   leaves it unstated, only "small"). Note that for decodes, whose slack is at most the 100 ms TBT SLO, a
   request older than about ``0.1 / beta`` seconds has a non-positive denominator, so long-lived decodes end up
@@ -47,8 +48,9 @@ interval. For every clock level of the GPU that is on the LUT grid, at the insta
 
 * step time ``t_f = step_time(P, n, L, A)`` (the whole step at f, as in steady state; the step that starts now
   actually runs at the current clock, a requested clock applying after the profile's clock-change latency);
-* feasible when every task of the batch meets its deadline: a decode, ``t_f <=`` its class's TBT SLO (100 ms)
-  and ``now + t_f x (predicted remaining tokens) <=`` its visible end-to-end deadline; a prefill (or recompute),
+* feasible when every task of the batch meets its deadline: a decode, ``now + t_f <=`` its next token's TBT
+  deadline (previous token + 100 ms) and ``now + t_f x (predicted remaining tokens) <=`` its visible end-to-end
+  deadline; a prefill (or recompute),
   ``now + t_f + later <=`` its deadline, ``later`` its remaining chunks after this step, each a step of
   ``min(rest, budget - n)`` of its tokens carrying the batch's decode terms (``tau0 + tau2 n + tau3 L``);
 * predicted energy ``E_f = step_energy(P, n, L, A)``. The profile's step energy is the whole GPU's over the step,
@@ -132,7 +134,7 @@ class Batch(NamedTuple):
     A: int
     n: int
     L: int
-    decode_tbt_s: float  # least TBT SLO of its decodes (inf without decodes)
+    decode_tbt_s: float  # least time left to its decodes' next-token deadlines, last token + TBT SLO - now (inf: none)
     decode_budget_s: float  # least (visible deadline - now) / predicted remaining tokens of its decodes (inf: none)
     prefills: tuple[tuple[float, int, int], ...]  # per prefill chunk: (deadline, tokens left after it, history)
 
@@ -225,7 +227,7 @@ class FestinaLocal(LocalPolicy):
         ttft, tbt = TTFT_SLO_S, TBT_SLO_S
         rows = []
         for task in view.tasks:
-            slot, _, decode, left, h, p, g, o, arrival, visible, _ = task
+            slot, _, decode, left, h, p, g, o, arrival, visible, _, last = task
             ci = 0 if p < _IN0 else (1 if p < _IN1 else 2)
             co = 0 if o < _OUT0 else (1 if o < _OUT1 else 2)
             cls = max(co, ci)
@@ -238,7 +240,7 @@ class FestinaLocal(LocalPolicy):
             else:
                 rem = o - g
                 per = (visible - now) / max(1, rem)
-                deadline = now + min(tbt[cls], per)
+                deadline = min(last + tbt[cls], now + per)
             slack = deadline - now - lat
             age = now - arrival
             den = slack - beta * age
@@ -277,7 +279,7 @@ class FestinaLocal(LocalPolicy):
         for t in ordered:
             if budget <= 0 or (run_left == 0 and running >= cap):
                 break  # nothing more fits: no budget left, or only waiting tasks left and the sequence cap reached
-            slot, run, decode, left, h, p, g, o, arrival, visible, blocks = t
+            slot, run, decode, left, h, p, g, o, arrival, visible, blocks, last = t
             kk = min(budget, left)
             need = -(-(h + kk) // bs) - blocks
             if run:
@@ -301,7 +303,7 @@ class FestinaLocal(LocalPolicy):
                 L += h + 1
                 per = (visible - now) / rem
                 dec_budget = min(dec_budget, per)
-                dec_tbt = min(dec_tbt, tbt[cls])
+                dec_tbt = min(dec_tbt, last + tbt[cls] - now)
             else:
                 P += kk
                 A += kk * h + kk * (kk + 1) // 2
@@ -309,7 +311,7 @@ class FestinaLocal(LocalPolicy):
                     deadline = arrival + TTFT_SLO_S[cls]
                 else:
                     per = (visible - now) / rem
-                    deadline = now + min(tbt[cls], per)
+                    deadline = min(last + tbt[cls], now + per)
                 pre.append((deadline, left - kk, h + kk))
         return Batch(tuple(slots), tuple(toks), P, A, n, L, dec_tbt, dec_budget, tuple(pre))
 

@@ -65,7 +65,7 @@ class ReferenceHooks:
         left = r.prompt + r.generated - r.computed
         pred, deadline = self._seen(r)
         return TaskView(r.slot, running, left == 1 and r.generated >= 1, left, r.computed, r.prompt, r.generated,
-                        pred, r.arrival, deadline, r.blocks)
+                        pred, r.arrival, deadline, r.blocks, r.last_t)
 
     def _set_local(self, which: list[int], on: bool) -> None:
         pass  # (the object loop asks `local_policies` at every step start)

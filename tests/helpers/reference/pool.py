@@ -231,6 +231,7 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
             oh = self.overhead_s[s] if self.overhead_s is not None else 0.0
             self.finish_t[s] = t + oh  # as the client sees it: serving overheads outside the engine included
             self.first_t[s] = r.first_t + oh
+            self.max_tbt_s[s] = r.max_gap
             if self.done_slots is not None:
                 self.done_slots.append(s)
             self.replica_of[s] = r.replica

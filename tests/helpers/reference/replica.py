@@ -353,6 +353,9 @@ class Replica:
                     r.generated += 1
                     if r.first_t < 0:
                         r.first_t = self.t1
+                    else:
+                        r.max_gap = max(r.max_gap, self.t1 - r.last_t)
+                    r.last_t = self.t1
                     if r.generated >= r.out:
                         done.append(r)
             self.batch = []
