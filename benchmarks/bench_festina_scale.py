@@ -7,12 +7,10 @@ GPUs"; sec. 3.4: the local sweep "0.1 ms"):
   and the policy) on a pool of N one-instance GPUs serving a short burst;
 * local sweep: `FestinaLocal.plan` for one step of one GPU holding T tasks (independent of the pool size: each GPU's
   scheduler runs beside its GPU);
-* consolidation: `consolidation.min_gpus` (three CP-SAT bin packings, Phase Two) on synthetic demands for 1.5
-  instances per GPU, with the solver's deterministic time limit, and what it returned (proven optimal, or the
-  first-fit-decreasing packing when the limit hit first).
+* (the consolidation solve against the GPU count is benchmarks/bench_consolidation.py's.)
 
     python benchmarks/bench_festina_scale.py [--gpus 64 1024 10000] [--engine-gpus 64 1024] [--tasks 8 32 128 256]
-        [--pack-gpus 8 64 256 1024] [--time-limit 2.0] [--json OUT]
+        [--json OUT]
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import numpy as np
 from commitenv.profiles import load_profile
 from commitenv.sim.dispatch import ArrivalView, CandidateView
 from commitenv.sim.local import LocalView, TaskView
-from commitenv_controllers.festina.consolidation import LlmDemand, min_gpus
 from commitenv_controllers.festina.dispatch import FestinaDispatch
 from commitenv_controllers.festina.local import FestinaLocal
 from commitenv_controllers.festina.lut import FestinaLUT
@@ -135,33 +132,11 @@ def bench_local(lut: FestinaLUT, profile, sizes: list[int], seed: int = 0) -> li
     return rows
 
 
-def bench_packing(sizes: list[int], time_limit_s: float, seed: int = 0) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for g in sizes:
-        n = (3 * g) // 2
-        demands = [LlmDemand(f"m{i}", float(rng.choice([705, 1080, 1410, 1755, 1980])), float(rng.uniform(0.1, 0.6)),
-                             float(rng.uniform(0.1, 0.6)), float(rng.uniform(0, 3600))) for i in range(n)]
-        t0 = time.perf_counter()
-        plan = min_gpus(demands, gpu_mem_cap_gb=1.0, time_limit_s=time_limit_s)
-        wall = time.perf_counter() - t0
-        v = plan.vector_packing
-        rows.append({"gpus": g, "instances": n, "wall_s": round(wall, 3), "n_gpu": plan.n_gpu,
-                     "lower_bound": max(plan.sm_lower_bound, plan.mem_lower_bound), "status": v.status,
-                     "proven_optimal": v.optimal})
-        print(f"CP-SAT packing, {n:>5} instances (pool {g:>5} GPUs): {wall:8.2f} s wall, {plan.n_gpu} GPUs "
-              f"(trivial bound {rows[-1]['lower_bound']}), {v.status}{' (proven)' if v.optimal else ''}")
-    return rows
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[14, 64, 1024, 10000])
     ap.add_argument("--engine-gpus", type=int, nargs="*", default=[64, 1024])
     ap.add_argument("--tasks", type=int, nargs="+", default=[8, 32, 128, 256])
-    ap.add_argument("--pack-gpus", type=int, nargs="*", default=[8, 64, 256, 1024])
-    ap.add_argument("--time-limit", type=float, default=2.0, help="CP-SAT deterministic time per solve (the "
-                    "controller's setting)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     profile = load_profile(PROFILE)
@@ -170,7 +145,6 @@ def main() -> None:
            "dispatch": bench_dispatch(lut, profile, a.gpus),
            "engine_dispatch": bench_engine_dispatch(lut, profile, a.engine_gpus),
            "local": bench_local(lut, profile, a.tasks),
-           "packing": bench_packing(a.pack_gpus, a.time_limit),
            "paper": {"dispatch_ms_at_10000_gpus": "< 1", "local_sweep_ms": 0.1}}
     print(json.dumps(out, indent=1))
     if a.json:

@@ -128,7 +128,8 @@ def scenario_layout(sc: Scenario) -> PoolLayout:
     if not sc.pool.shared:
         return PoolLayout.single(sc.pool.gpus)
     index = {m.name: i for i, m in enumerate(sc.pool.models)}
-    return PoolLayout(tuple(tuple(Instance(index[i.model], float(i.share)) for i in g) for g in sc.pool.placement))
+    return PoolLayout(tuple(tuple(Instance(index[i.model], float(i.share), i.kv_tokens) for i in g)
+                            for g in sc.pool.placement))
 
 
 def scenario_tenant_model(sc: Scenario, table: RequestTable) -> dict[int, int] | None:

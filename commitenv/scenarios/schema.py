@@ -28,10 +28,13 @@ class ModelSpec(_Strict):
 
 
 class InstanceSpec(_Strict):
-    """A model instance placed on a GPU with a share of its SMs."""
+    """A model instance placed on a GPU with a share of its SMs and, optionally, the KV budget it declares
+    (``kv_tokens``: its memory is then its footprint plus that budget, like a per-process
+    ``gpu_memory_utilization`` in vLLM; absent: it reserves its SM share of the GPU's usable memory)."""
 
     model: str
     share: float = Field(default=1.0, gt=0, le=1)
+    kv_tokens: int | None = Field(default=None, gt=0)
 
 
 class PoolSpec(_Strict):

@@ -10,7 +10,7 @@ profile's clock-change latency, and on every instance of the GPU). Or None: the 
 step (`Replica.schedule`).
 
 Filling a plan (`Replica.schedule_ordered`): each listed task takes ``min(tokens left, budget left)`` tokens (a
-decode: one) if its KV blocks fit and, for a waiting task, the sequence cap allows; a task that does not fit is
+decode: one; the budget is the plan's ``token_budget`` when it sets one) if its KV blocks fit and, for a waiting task, the sequence cap allows; a task that does not fit is
 skipped and the next one tried (no head-of-line blocking; no preemption). A plan that fills nothing while the
 replica holds work falls back to the vLLM scheduler for that step, which preempts when KV runs out, so a policy
 can never stall the engine. With a policy, every step is formed one at a time (no closed-form decode runs).
@@ -57,11 +57,25 @@ class LocalView(NamedTuple):
 
 
 class StepPlan(NamedTuple):
-    """The next step: ``order`` (slots, highest priority first; each at most once) and optionally ``clock_mhz``
-    for the GPU (one of its levels)."""
+    """The next step: ``order`` (slots, highest priority first; each at most once), optionally ``clock_mhz`` for the
+    GPU (one of its levels) and ``token_budget``, the step's tokens at most (1 .. the replica's budget; None: the
+    replica's): a smaller chunk keeps a step short, as Sarathi-Serve sizes chunks to a TBT target."""
 
     order: tuple[int, ...]
     clock_mhz: int | None = None
+    token_budget: int | None = None
+
+
+def plan_budget(plan: StepPlan, budget: int, policy: str, replica: int) -> int:
+    """The token budget of ``plan``'s step (0: the replica's ``budget``); refuses one outside 1 .. ``budget``, naming
+    the policy and the replica (both engines check it so)."""
+    b = plan.token_budget
+    if b is None:
+        return 0
+    if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= budget:
+        raise ValueError(f"local policy {policy!r}: token_budget {b!r} of the plan for replica {replica}: an integer "
+                         f"in 1 .. {budget} (the replica's token budget) expected")
+    return b
 
 
 def check_plan(order, held, replica: int) -> None:

@@ -1,6 +1,9 @@
-"""GPU memory of co-located model instances: each instance is a vLLM process that reserves, when it is placed, the
-part of its GPU's usable memory given by its placement SM share (its memory share) and holds its footprint (weights,
-activations, CUDA graphs) plus a fixed KV cache in it; vLLM cannot grow or share a running instance's KV cache.
+"""GPU memory of co-located model instances: each instance is a vLLM process that reserves, when it is placed, a
+part of its GPU's usable memory (its memory share) and holds its footprint (weights, activations, CUDA graphs) plus a
+fixed KV cache in it; vLLM cannot grow or share a running instance's KV cache. The memory share is the instance's
+placement SM share, or, when the placement declares a KV budget (``kv_tokens``, what a per-process
+``gpu_memory_utilization`` sets in vLLM), its footprint plus that budget: then memory and SMs are two separate
+resources, as in Festina's bin packing (sec. 3.5).
 
 A profile's ``scheduler.kv_capacity_tokens`` is the KV cache of an instance that has its GPU to itself: usable memory
 (``gpu_memory_utilization`` x ``gpu.memory_gb``) minus the footprint. The footprint is recovered from it, so an
@@ -42,6 +45,27 @@ def footprint_bytes(profile: Profile) -> float:
 def min_blocks(profile: Profile) -> int:
     """KV blocks of one request at the context limit: the least vLLM starts with."""
     return -(-profile.scheduler.context_limit // profile.scheduler.block_size)
+
+
+def instance_memory(profile: Profile, share: float, kv_tokens: int | None, where: str) -> tuple[float, int]:
+    """(memory share, KV blocks) of an instance placed at SM share ``share`` that declares ``kv_tokens`` of KV budget
+    (None: it reserves its SM share, `kv_blocks`); raises naming ``where`` when the budget cannot hold one request
+    at the context limit or the footprint and budget exceed the usable memory."""
+    if kv_tokens is None:
+        return share, kv_blocks(profile, share, where)
+    blocks = kv_tokens // profile.scheduler.block_size
+    if blocks < min_blocks(profile):
+        raise PlacementMemoryError(
+            f"{where}: {profile.model.name} declares kv_tokens {kv_tokens} ({blocks} blocks of "
+            f"{profile.scheduler.block_size}), less than one request at its context limit "
+            f"({profile.scheduler.context_limit} tokens); vLLM refuses to start such an instance")
+    need = footprint_bytes(profile) + blocks * block_bytes(profile)
+    if need > usable_bytes(profile) * (1 + 1e-12):
+        raise PlacementMemoryError(
+            f"{where}: {profile.model.name} with kv_tokens {kv_tokens} needs {footprint_bytes(profile) / GB:.2f} GB of "
+            f"footprint plus {blocks * block_bytes(profile) / GB:.2f} GB of KV cache, more than the "
+            f"{usable_bytes(profile) / GB:.2f} GB usable on its GPU")
+    return need / usable_bytes(profile), blocks
 
 
 def kv_blocks(profile: Profile, memory_share: float, where: str) -> int:

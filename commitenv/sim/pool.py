@@ -84,7 +84,7 @@ class Pool(KernelResults, Placement, PolicyHooks, Copies):
                 mn = self.profiles[inst.model].sm_share.min_share
                 if not mn <= inst.share <= 1.0:
                     raise ValueError(f"layout.gpus[{g}]: SM share {inst.share} outside [{mn}, 1.0] (profile sm_share.min_share)")
-        placement_caps(self.profiles, layout)  # (raises for an instance whose memory share cannot hold one request)
+        placement_caps(self.profiles, layout)  # (raises for an instance that cannot hold one request, a GPU overfull)
         # the model each replica serves, in index order (layout order; an instance keeps its model when it moves)
         self.replica_models: tuple[int, ...] = tuple(inst.model for insts in layout.gpus for inst in insts)
         n_gpus, n_reps = len(layout.gpus), len(self.replica_models)

@@ -36,10 +36,13 @@ class SegmentLog(NamedTuple):
 
 @dataclass(frozen=True)
 class Instance:
-    """A model instance placed on a GPU with a share of its SMs."""
+    """A model instance placed on a GPU with a share of its SMs and, optionally, the KV budget it declares (its
+    memory is then its footprint plus that budget, else its SM share of the GPU's usable memory:
+    `commitenv.sim.memory.instance_memory`)."""
 
     model: int = 0
     share: float = 1.0
+    kv_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,12 @@ def test_scores_and_order_by_hand(lut):
     assert b.slots == (11, 12, 10, 21)
     assert b.tokens == (1, 1, 1, 5)
     assert (b.P, b.A, b.n, b.L) == (5, 5 * 8 + 15, 3, 41 + 11 + 21)
-    # the plan lists every task
+    # the plan lists every task; at 1000 MHz that batch takes 0.01 + 0.001 * 5 + 0.0001 * 3 + 1e-5 * 73 + 1e-6 * 55 =
+    # 16.1 ms, past decode 12's 0.5 / 47 = 10.6 ms per token, and the decodes alone take 11.0 ms: the step is cut to
+    # the decodes (budget 3), listed first (`cap_chunks`)
     plan = pol.plan(view_of(FIVE))
-    assert plan.order == order
+    assert plan.order == (11, 12, 10, 20, 21) and plan.token_budget == 3
+    assert pol.last[0].batch == (11, 12, 10) and pol.capped == 1
 
 
 def test_a_decode_deadline_runs_from_its_previous_token(lut):
@@ -110,6 +113,31 @@ def test_a_decode_deadline_runs_from_its_previous_token(lut):
     assert pol.feasible(k1000, b, 1.0, 8)[0]
     on_time = late._replace(last_token_s=1.0)
     assert pol.scores(view_of([on_time]))[0].deadline_s == pytest.approx(1.1, rel=1e-12)
+
+
+def test_a_step_that_would_stall_a_decode_is_cut_to_the_chunk_that_keeps_its_deadline(lut):
+    """At 500 MHz (the step runs at the current clock) a decode over 21 keys whose previous token came 70 ms ago has
+    30 ms left; beside it a 60-token prompt. Step time 0.012 + 0.002 P + 0.0001 + 1.2e-5 * 21 + 2e-6 P (P + 1) / 2:
+    P = 8 takes 28.4 ms, P = 9 30.4 ms, so the step's budget is 1 + 8 = 9, the decode listed first."""
+    pol = FestinaLocal(lut)
+    view = view_of([
+        task(2, running=False, prompt=60, computed=0, generated=0, pred=10, arrival=0.99, deadline=50.0, blocks=0),
+        task(1, running=True, prompt=10, computed=20, generated=11, pred=100, arrival=0.0, deadline=100.0, blocks=6,
+             last=0.93),
+    ], clock=500, free=50, budget=64)
+    t8 = 0.012 + 0.002 * 8 + 0.0001 + 1.2e-5 * 21 + 2e-6 * 36
+    t9 = 0.012 + 0.002 * 9 + 0.0001 + 1.2e-5 * 21 + 2e-6 * 45
+    assert t8 < 0.03 < t9
+    plan = pol.plan(view)
+    assert plan.token_budget == 9 and plan.order == (1, 2)
+    d = pol.last[0]
+    assert d.batch == (1, 2) and d.step_s == pytest.approx(t8, rel=1e-12) and pol.capped == 1
+    # with the decode's previous token just now (100 ms left) the 60 tokens still take 136 ms: cut to 1 + 42 (98.2 ms;
+    # 43 take 100.2 ms); a 20-token prompt (52.8 ms) is not cut
+    assert pol.plan(view._replace(tasks=(view.tasks[0], view.tasks[1]._replace(last_token_s=1.0)))).token_budget == 43
+    short = view._replace(tasks=(view.tasks[0]._replace(prompt_tokens=20, tokens_left=20),
+                                 view.tasks[1]._replace(last_token_s=1.0)))
+    assert pol.plan(short).token_budget is None and pol.capped == 2
 
 
 def test_slo_class_matches_the_vectorised_one():

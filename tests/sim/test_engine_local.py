@@ -202,3 +202,46 @@ def test_a_controllers_local_policy_reaches_the_engine(tmp_path):
     env, res = run_episode(Local(), str(toy_three_hour(tmp_path)), seed=0)
     assert env.pool.local_calls > 0 and all(isinstance(p, FcfsLocal) for p in env.pool.local_policies)
     assert res.summary["misses"] == res.summary["rejected"]  # the toy pool serves everything it accepts
+
+
+class Chunked(LocalPolicy):
+    """First come, first served in steps of at most ``budget`` tokens."""
+
+    name = "chunked"
+
+    def __init__(self, budget):
+        self.budget = budget
+
+    def plan(self, view):
+        return StepPlan(tuple(t.slot for t in view.tasks), None, self.budget)
+
+
+@pytest.mark.parametrize("engine", ["library", "reference"])
+def test_a_plans_token_budget_cuts_the_steps_chunks_by_hand(engine):
+    """Replica budget 32, plan budget 5: a 12-token prompt runs in chunks of 5, 5, 2 (toy step 0.01 + 0.001 P s), the
+    second prompt takes what is left of each step's 5, a decode 1 of them."""
+    from commitenv.sim.pool import Pool
+
+    cls = Pool if engine == "library" else ReferencePool
+    pool = cls(toy_profile(scheduler=BIG), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0), log_steps=True))
+    pool.set_local_policy(Chunked(5))
+    pool.attach(make_table(np.array([0.0, 0.001]), np.array([12, 9]), np.array([3, 1])))
+    pool.run_until(np.inf)
+    log = [(e.slots, e.new_tokens) for e in pool.log]
+    # A: 5, 5, then its last 2 beside 3 of B (first token); then A decodes beside B's 4 and last 2 tokens
+    assert log == [((0,), (5,)), ((0,), (5,)), ((0, 1), (2, 3)), ((0, 1), (1, 4)), ((0, 1), (1, 2))]
+    assert pool.first_t[0] == pytest.approx(3 * (0.01 + 0.001 * 5), abs=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["library", "reference"])
+@pytest.mark.parametrize("budget", [0, 33, 2.5, True])
+def test_a_plans_token_budget_outside_the_replicas_is_refused(engine, budget):
+    from commitenv.sim.pool import Pool
+
+    cls = Pool if engine == "library" else ReferencePool
+    pool = cls(toy_profile(scheduler=BIG), PoolLayout.single(1), EngineOptions(noise=NoiseSpec(0, 0)))
+    pool.set_local_policy(Chunked(budget))
+    pool.attach(make_table(np.array([0.0]), np.array([12]), np.array([3])))
+    with pytest.raises(ValueError, match=r"local policy 'chunked': token_budget .* of the plan for replica 0: an integer "
+                                         r"in 1 \.\. 32"):
+        pool.run_until(np.inf)

@@ -58,7 +58,7 @@ def test_qwen_and_llama_split_an_h100_by_share_by_hand():
 
 def test_mistral_cannot_share_an_h100_at_0_6_and_the_error_says_why():
     q, m = load_profile(QWEN), load_profile(MISTRAL)
-    with pytest.raises(PlacementMemoryError, match=r"layout.gpus\[0\]: Mistral.*context limit \(32768 tokens\)"):
+    with pytest.raises(PlacementMemoryError, match=r"layout.gpus\[0\]\[1\]: Mistral.*context limit \(32768 tokens\)"):
         ReferencePool([q, m], PoolLayout(((Instance(0, 0.4), Instance(1, 0.6)),)), exact())
 
 
@@ -104,4 +104,80 @@ def test_a_scenario_placing_mistral_beside_qwen_is_refused_at_load_naming_the_en
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ScenarioError, match=r"bad.yaml: pool.placement\[0\]\[1\]: Mistral.*32768 tokens"):
+        load_scenario(path)
+
+
+# the footprints of the shipped H100 profiles, from their figures alone (72 GB usable less the lone KV cache)
+QWEN_FOOT, LLAMA_FOOT = 72e9 - 920224 * 57344.0, 72e9 - 51232 * 819200.0
+
+
+@pytest.mark.parametrize("engine", ["library", "reference"])
+def test_a_declared_kv_budget_sets_the_memory_apart_from_the_sm_share_by_hand(engine):
+    """Qwen-7B at 0.4 of the SMs declaring 100,000 KV tokens reserves its 19.23 GB footprint + 5.73 GB; Llama-2-13B at
+    0.6 declaring 8,192 (two requests at its context limit) its 30.03 GB + 6.71 GB: 0.347 and 0.510 of 72 GB."""
+    from commitenv.sim.devices import device_state
+    from commitenv.sim.pool import Pool
+
+    q, ll = load_profile(QWEN), load_profile(LLAMA)
+    layout = PoolLayout(((Instance(0, 0.4, kv_tokens=100_000), Instance(1, 0.6, kv_tokens=8192)),))
+    pool = (Pool if engine == "library" else ReferencePool)([q, ll], layout, exact())
+    want_mem = [(QWEN_FOOT + 6250 * 16 * 57344.0) / 72e9, (LLAMA_FOOT + 512 * 16 * 819200.0) / 72e9]
+    assert want_mem == pytest.approx([0.34674, 0.51030], abs=1e-5)
+    if engine == "library":
+        ds = device_state(pool)
+        assert ds.replica_mem_share.tolist() == pytest.approx(want_mem, rel=1e-12)
+        assert pool._ks.cap_blocks.tolist() == [6250, 512]
+    else:
+        assert [r.mem_share for r in pool.replicas] == pytest.approx(want_mem, rel=1e-12)
+        assert [r.cap_blocks for r in pool.replicas] == [6250, 512]
+        assert [r.share for r in pool.replicas] == [0.4, 0.6]  # the SM shares are the placement's
+
+
+def test_memory_follows_the_declared_budget_on_a_move_not_the_sm_share():
+    """GPU 1's Qwen holds 0.5 of the SMs but declares 600,000 KV tokens (0.745 of the memory): Qwen from GPU 0 (0.4 of
+    the SMs, 0.347 of the memory) fits its SMs there (0.9), not its memory (1.09)."""
+    q = load_profile(QWEN)
+    pool = ReferencePool(q, PoolLayout(((Instance(0, 0.4, kv_tokens=100_000),),
+                                        (Instance(0, 0.5, kv_tokens=600_000),))), exact())
+    pool.attach(make_table(np.zeros(0), np.zeros(0, int), np.zeros(0, int)))
+    with pytest.raises(PlacementMemoryError, match=r"GPU 1 would reserve 1\.09\d > 1 of its memory"):
+        pool.move(0.0, {0: 1})
+
+
+@pytest.mark.parametrize("insts, match", [
+    ((Instance(0, 0.4, kv_tokens=4000),), r"layout.gpus\[0\]\[0\]: .*kv_tokens 4000 \(250 blocks of 16\), less than one "
+                                          r"request at its context limit \(16384 tokens\)"),
+    ((Instance(0, 0.4, kv_tokens=1_000_000),), r"layout.gpus\[0\]\[0\]: .*kv_tokens 1000000 needs 19.23 GB of footprint "
+                                               r"plus 57.34 GB of KV cache, more than the 72.00 GB usable"),
+    ((Instance(0, 0.3, kv_tokens=100_000), Instance(0, 0.3, kv_tokens=100_000), Instance(0, 0.3, kv_tokens=100_000)),
+     r"layout.gpus\[0\]: its instances reserve 1.040 > 1 of its usable memory"),
+])
+def test_a_kv_budget_that_cannot_start_or_fit_is_refused_naming_the_instance(insts, match):
+    from commitenv.sim.pool import Pool
+
+    with pytest.raises(PlacementMemoryError, match=match):
+        Pool(load_profile(QWEN), PoolLayout((insts,)), exact())
+
+
+def test_a_scenario_kv_budget_is_checked_at_load_naming_the_entry(tmp_path):
+    import yaml
+
+    from commitenv._paths import data_dir
+    from commitenv.scenarios import ScenarioError, load_scenario
+
+    raw = yaml.safe_load((data_dir("scenarios") / "festina-h100-shared.yaml").read_text())
+    raw["pool"]["placement"][2] = [{"model": "qwen-7b", "share": 0.4, "kv_tokens": 100000},
+                                   {"model": "llama2-13b", "share": 0.6, "kv_tokens": 4000}]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError, match=r"bad.yaml: pool.placement\[2\]\[1\]: .*kv_tokens 4000"):
+        load_scenario(path)
+    raw["pool"]["placement"][2] = [{"model": "qwen-7b", "share": 0.4, "kv_tokens": 600000},
+                                   {"model": "llama2-13b", "share": 0.6, "kv_tokens": 8192}]
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError, match=r"pool.placement\[2\]: its instances reserve 1.255 > 1"):
+        load_scenario(path)
+    raw["pool"]["placement"][2] = [{"model": "qwen-7b", "share": 0.4, "kv_tokens": -5}]
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError, match=r"kv_tokens"):
         load_scenario(path)

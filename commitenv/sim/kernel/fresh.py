@@ -17,14 +17,32 @@ from commitenv.sim.kernel.rows import _Rows, _clock_coefficients
 from commitenv.sim.migration import MIGRATE_MODES
 from commitenv.sim.states import ACTIVE, DRAINING
 
-__all__ = ["fresh_state", "place_requests", "placement_caps"]
+__all__ = ["fresh_state", "place_requests", "placement_caps", "placement_memory"]
+
+
+def placement_memory(profiles, layout) -> tuple[list[float], list[int]]:
+    """Each instance's memory share and KV blocks, in layout order (`commitenv.sim.memory.instance_memory`); raises
+    naming the GPU for an instance that cannot hold one request, or a GPU whose instances reserve more than its
+    usable memory."""
+    mem: list[float] = []
+    caps: list[int] = []
+    for g, insts in enumerate(layout.gpus):
+        held = 0.0
+        for j, inst in enumerate(insts):
+            m, c = memory.instance_memory(profiles[inst.model], inst.share, inst.kv_tokens, f"layout.gpus[{g}][{j}]")
+            mem.append(m)
+            caps.append(c)
+            held += m
+        if held > 1.0 + 1e-9:
+            raise memory.PlacementMemoryError(
+                f"layout.gpus[{g}]: its instances reserve {held:.3f} > 1 of its usable memory (footprints plus "
+                "declared KV budgets)")
+    return mem, caps
 
 
 def placement_caps(profiles, layout) -> list[int]:
-    """Each instance's KV blocks (in layout order) from the memory share it reserves, its SM share
-    (`commitenv.sim.memory.kv_blocks`; raises naming the GPU for an instance that cannot hold one request)."""
-    return [memory.kv_blocks(profiles[inst.model], inst.share, f"layout.gpus[{g}]")
-            for g, insts in enumerate(layout.gpus) for inst in insts]
+    """Each instance's KV blocks, in layout order (`placement_memory`)."""
+    return placement_memory(profiles, layout)[1]
 
 
 def fresh_state(pool, power: tuple[float, ...]):
@@ -39,7 +57,7 @@ def fresh_state(pool, power: tuple[float, ...]):
     ks.R, ks.G = R, G
     rep_prof = [profiles[inst.model] for _, inst in insts]
     share = [inst.share for _, inst in insts]
-    caps = placement_caps(profiles, layout)
+    mem, caps = placement_memory(profiles, layout)
     max_seqs = max(p.scheduler.max_seqs for p in rep_prof)
     # no request yet: the head is empty, the workload's rows come with `attach_workload`
     ks.src = _Rows.of(pool)
@@ -78,7 +96,8 @@ def fresh_state(pool, power: tuple[float, ...]):
     ri[:, R_DEST] = -1
     ri[:, R_MIGRATE] = MIGRATE_MODES.index("none")
     ri[:, R_SCLK] = cidx
-    rf[:, R_MEM] = rf[:, R_SHARE] = rf[:, R_SSHARE] = share
+    rf[:, R_SHARE] = rf[:, R_SSHARE] = share
+    rf[:, R_MEM] = mem
     rf[:, R_LOAD_S] = [np.nan if p.latencies.load_s is None else p.latencies.load_s for p in rep_prof]
     rf[:, R_LOAD_W] = [np.nan if p.latencies.load_w is None else p.latencies.load_w for p in rep_prof]
     rf[:, R_KVB] = [p.model.kv_bytes_per_token for p in rep_prof]

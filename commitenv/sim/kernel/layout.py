@@ -12,8 +12,9 @@ INF = math.inf
 
 # int64 scalars of the state (``si``)
 (I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR, I_LOG, I_LOGM, I_UHEAD,
- I_UTAIL, I_ULEN, I_PLAN_REP, I_PLAN_N, I_NMIG, I_COLD, I_MIGRATED) = range(20)
-N_SI = 20
+ I_UTAIL, I_ULEN, I_PLAN_REP, I_PLAN_N, I_NMIG, I_COLD, I_MIGRATED, I_PLAN_BUDGET) = range(21)
+N_SI = 21
+# I_PLAN_BUDGET: the token budget of the planned step (0: the replica's own, `StepPlan.token_budget`)
 # I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured;
 # I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`; I_UHEAD, I_UTAIL,
 # I_ULEN: the requests no replica could take (`Pool.unrouted`: no active replica of their model), a linked list through

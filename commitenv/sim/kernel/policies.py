@@ -16,10 +16,10 @@ from commitenv.sim.kernel.heap import _waiting
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.layout import Q_HOFF, Q_NH
 from commitenv.sim.kernel.prefix import hit_count
-from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_N, I_PLAN_REP, Q_COMPUTED, Q_GENERATED, Q_MODEL,
+from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_BUDGET, I_PLAN_N, I_PLAN_REP, Q_COMPUTED, Q_GENERATED, Q_MODEL,
                                          Q_OUT, Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N,
                                          R_SHARE, R_STATE, R_UNF, R_WLEN, S_DISPATCH)
-from commitenv.sim.local import LocalView, TaskView, check_plan
+from commitenv.sim.local import LocalView, TaskView, check_plan, plan_budget
 from commitenv.sim.states import ACTIVE
 
 
@@ -113,6 +113,7 @@ class KernelPolicies:
         if plan is None:
             si[I_PLAN_N] = -1
             return
+        si[I_PLAN_BUDGET] = plan_budget(plan, r[R_BUDGET], policy.name, x)
         mhz = plan.clock_mhz
         if mhz is not None:
             if mhz not in levels:

@@ -13,7 +13,7 @@ from commitenv.sim.kernel.cached import (admit_hit, has_blocks_to_register, kv_r
 
 from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_back, _wpush_front
 from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4,
-                                         GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, I_PLAN_N,
+                                         GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, I_PLAN_BUDGET, I_PLAN_N,
                                          I_PLAN_REP, LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU,
                                          LG_N, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS,
                                          Q_COMPUTED, Q_FINISH, Q_FIRST, Q_GENERATED, Q_LAST, Q_MAXGAP, Q_OUT,
@@ -156,13 +156,15 @@ def _admit(rep, r, n, cost, k, need, nb, ri, qi, run, bq, bk, pfx):
 
 
 @njit(cache=True)
-def _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan, on_run, pfx):  # noqa: C901
+def _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan, on_run, cap, pfx):  # noqa: C901
     """`Replica.schedule_ordered`: the next step's batch from a local policy's plan (kernel indices, highest priority
     first; ``on_run[p]``: ``plan[p]`` is running, else waiting; checked by the host): each takes ``min(tokens left,
     budget left)`` tokens if its KV blocks (and, waiting, the sequence cap and draining rule) allow, else it is
-    skipped; never preempts. Admitted requests leave the waiting queue, the rest keep their order. Returns the batch
-    length."""
+    skipped; never preempts; ``cap`` > 0: the plan's own token budget, when below the replica's. Admitted requests
+    leave the waiting queue, the rest keep their order. Returns the batch length."""
     budget, bs, reserve_full = ri[rep, R_BUDGET], ri[rep, R_BS], ri[rep, R_RESERVE]
+    if 0 < cap < budget:
+        budget = cap
     draining = ri[rep, R_STATE] != ACTIVE
     nb = 0
     admitted = 0
@@ -270,7 +272,8 @@ def _start_segment(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, ftab, fetab
     if si[I_PLAN_REP] == rep:
         si[I_PLAN_REP] = -1
         if si[I_PLAN_N] > 0:
-            nb = _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan[: si[I_PLAN_N]], on_run[: si[I_PLAN_N]], pfx)
+            nb = _schedule_ordered(ri, qi, wq, run, bq, bk, rep, plan[: si[I_PLAN_N]], on_run[: si[I_PLAN_N]],
+                                   si[I_PLAN_BUDGET], pfx)
     if nb == 0:
         nb, preempted = _schedule(ri, qi, wq, run, bq, bk, rep, budget, max_seqs, bs, reserve_full, pfx)
     ri[rep, R_BATCH_N] = nb

@@ -68,9 +68,9 @@ class ReferenceCopies:
         c.unrouted = [reqmap[r.slot] for r in self.unrouted]
         c.live, c.completed, c.events = len(reqmap), 0, 0
 
-    def _build_objects(self, cidx: int, caps: list[int], power: tuple[float, ...]) -> None:
+    def _build_objects(self, cidx: int, mem: list[float], caps: list[int], power: tuple[float, ...]) -> None:
         """The GPU and replica objects of a new pool: idle, at clock level
-        ``cidx``, with KV blocks ``caps`` and power factors ``power``."""
+        ``cidx``, with memory shares ``mem``, KV blocks ``caps`` and power factors ``power``."""
         self.gpus, self.replicas = [], []
         for g, insts in enumerate(self.layout.gpus):
             gpu = GPU(g, cidx, self.profiles[insts[0].model])
@@ -78,6 +78,7 @@ class ReferenceCopies:
             for inst in insts:
                 rep = Replica(len(self.replicas), gpu, self.profiles[inst.model], inst.model, inst.share)
                 rep.cap_blocks = rep.free_blocks = caps[rep.index]
+                rep.mem_share = mem[rep.index]
                 gpu.replicas.append(rep)
                 self.replicas.append(rep)
             self.gpus.append(gpu)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from commitenv.sim.dispatch import ArrivalView, CandidateView
-from commitenv.sim.local import LocalView, TaskView
+from commitenv.sim.local import LocalView, TaskView, plan_budget
 from commitenv.sim.request import Req
 
 from helpers.reference.replica import Replica
@@ -27,9 +27,9 @@ def _token_loads(rep: Replica) -> tuple[int, int]:
 class ReferenceHooks:
     """`ReferencePool`'s dispatch and local-policy hooks."""
 
-    def _local_order(self, rep: Replica, t: float) -> tuple[int, ...] | None:
-        """Ask ``rep``'s local policy for its next step (timed): the plan's order (None: the vLLM scheduler); a
-        clock in the plan is requested for the replica's GPU."""
+    def _local_order(self, rep: Replica, t: float) -> tuple[tuple[int, ...], int] | None:
+        """Ask ``rep``'s local policy for its next step (timed): the plan's order and token budget (0: the replica's;
+        None: the vLLM scheduler); a clock in the plan is requested for the replica's GPU."""
         if not rep.has_work():
             return None
         c0 = time.perf_counter()
@@ -44,6 +44,7 @@ class ReferenceHooks:
         self.local_calls += 1
         if plan is None:
             return None
+        budget = plan_budget(plan, rep.budget, policy.name, rep.index)
         mhz = plan.clock_mhz
         if mhz is not None:
             if mhz not in levels:
@@ -52,7 +53,7 @@ class ReferenceHooks:
             # (the replica's own levels are its GPU's when it set the GPU's profile, the common case)
             self._request_clock(gpu, levels.index(mhz) if gpu.profile is rep.profile else gpu.profile.clock_index(mhz),
                                 t)
-        return tuple(plan.order)
+        return tuple(plan.order), budget
 
     def _seen(self, r: Req) -> tuple[int, float]:
         """What a policy may know of ``r``'s length and deadline: the predicted output and the visible deadline (in

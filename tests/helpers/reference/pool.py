@@ -16,7 +16,7 @@ from commitenv.sim.records import InFlightPart, SegmentLog, StepLogEntry
 from commitenv.sim.request import Req, live_state
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_LAND, EV_LOAD, EV_SEG, EV_WAKE, LOADING, MOVING,
                                   SEG_NONE, STANDBY, WAKING)
-from commitenv.sim.kernel.fresh import placement_caps
+from commitenv.sim.kernel.fresh import placement_memory
 from commitenv.workload.table import RequestTable
 
 from helpers.reference.copies import ReferenceCopies
@@ -47,7 +47,7 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
         self.heap: list[tuple] = []
         self._seq = 0
         power = tuple(float(f) for f in self.truth.power) if self.truth is not None else (1.0,) * len(self.layout.gpus)
-        self._build_objects(self._clock0, placement_caps(self.profiles, self.layout), power)
+        self._build_objects(self._clock0, *placement_memory(self.profiles, self.layout), power)
         self.routable = [[r for r in self.replicas if r.model == m] for m in range(self.n_models)]
         self.unrouted: list[Req] = []
         self._pending: list[Replica] = []

@@ -258,7 +258,7 @@ class Replica:
             budget -= k
         return batch, False
 
-    def schedule_ordered(self, order: tuple[int, ...]) -> list[tuple[Req, int]]:
+    def schedule_ordered(self, order: tuple[int, ...], cap: int = 0) -> list[tuple[Req, int]]:
         """Form the next step's batch from a local policy's plan (`commitenv.sim.local`): the listed slots in
         order, each taking ``min(tokens left, budget left)`` tokens if its KV blocks (and, when waiting, the
         sequence cap) allow, else skipped; never preempts. Raises ValueError for a slot the replica does not hold
@@ -266,7 +266,7 @@ class Replica:
         held = {r.slot: r for r in self.running}
         queued = {r.slot: r for r in self.waiting}
         check_plan(order, held.keys() | queued.keys(), self.index)  # (the whole plan, before anything is scheduled)
-        budget = self.budget
+        budget = cap if 0 < cap < self.budget else self.budget
         bs = self.bs
         pc = self.pcache
         batch: list[tuple[Req, int]] = []
@@ -306,13 +306,13 @@ class Replica:
         return batch
 
     # ----------------------------------------------------------------------------------------- segments
-    def start(self, t: float, noise, record: bool, order: tuple[int, ...] | None = None) -> bool:
-        """Schedule and start the next segment at time ``t`` (from a local policy's ``order`` when given; the
-        vLLM scheduler when it fills nothing). Returns False when there is nothing to run."""
+    def start(self, t: float, noise, record: bool, plan: tuple[tuple[int, ...], int] | None = None) -> bool:
+        """Schedule and start the next segment at time ``t`` (from a local policy's ``plan``, its order and token
+        budget, when given; the vLLM scheduler when it fills nothing). Returns False when there is nothing to run."""
         batch: list[tuple[Req, int]] = []
         preempted = False
-        if order is not None:
-            batch = self.schedule_ordered(order)
+        if plan is not None:
+            batch = self.schedule_ordered(*plan)
         if not batch:
             batch, preempted = self.schedule()
         if not batch:
