@@ -436,8 +436,13 @@ class FestinaLocal(LocalPolicy):
         def fill(b: int) -> Batch:
             return self._fill(view._replace(token_budget=b), ordered)
 
-        lo = max(fill(view.token_budget).n, 1)  # the decodes alone (each one token)
-        hi = view.token_budget
+        alone = fill(view.token_budget)
+        lo = max(alone.n, 1)  # the decodes alone (each one token)
+        # no more prefill tokens than the batch had, nor than the time left allows at tau1 alone (the attention term
+        # only adds time): the search's upper end
+        room = min(alone.decode_tbt_s, alone.decode_budget_s) - (k.tau0 + k.tau2 * alone.n + k.tau3 * alone.L)
+        p_max = batch.P if k.tau1 <= 0 else min(batch.P, max(int(room / k.tau1) + 1, 0))
+        hi = max(min(view.token_budget, lo + p_max), lo)
         while lo < hi:  # the largest budget whose step meets the decodes' deadlines (the step time grows with it)
             mid = (lo + hi + 1) // 2
             b = fill(mid)
