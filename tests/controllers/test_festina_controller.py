@@ -71,3 +71,25 @@ def test_consolidation_packs_memory_reservations(tmp_path):
     assert ctrl._consolidated(usage, mem) is None
     moved = ctrl._consolidated(usage, [0.1] * 5)
     assert moved and len(set(ctrl.gpu_of)) < 3
+
+
+def test_the_ablation_switches_hand_each_part_back_to_the_engine(tmp_path):
+    """local off: the engine's vLLM scheduler (no plan is asked for, no clock moves); dispatch off: least-unfinished
+    routing (no dispatch call); keep_alive off: every instance active at every interval."""
+    path = str(shared_scenario(tmp_path))
+    env, res = run_episode(make("festina", local=False), path, 0)
+    assert env.pool.local_calls == 0 and all(p is None for p in env.pool.local_policies)
+    assert env.pool.dispatch_calls > 0
+    env, res = run_episode(make("festina", dispatch=False), path, 0)
+    assert env.pool.dispatch is None and env.pool.dispatch_calls == 0 and env.pool.local_calls > 0
+    actives = {}
+    for keep in (True, False):
+        ctrl = make("festina", keep_alive=keep)
+        seen = []
+        act = ctrl.act
+        ctrl.act = lambda obs, info, act=act, seen=seen: seen.append(act(obs, info)) or seen[-1]
+        env, _ = run_episode(ctrl, path, 0)
+        actives[keep] = [tuple(a["active"]) for a in seen]
+    full = tuple(env.replicas_per_model)
+    assert any(a != full for a in actives[True])  # (the switch matters here: with keep-alive some interval scales in)
+    assert actives[False] and all(a == full for a in actives[False])

@@ -60,7 +60,10 @@ class Festina(Controller):
     """Festina (shared GPUs, energy first, SLOs as constraints); see the module docstring."""
 
     def __init__(self, keep_alive_s: float = 120.0, beta: float = 0.1, pad: float = 0.05, tie: float = 0.02,
-                 scale_shares: bool = True, consolidate: bool = True, delta: float = 0.05) -> None:
+                 scale_shares: bool = True, consolidate: bool = True, delta: float = 0.05, local: bool = True,
+                 dispatch: bool = True, keep_alive: bool = True) -> None:
+        """``local``, ``dispatch``, ``keep_alive``: the ablation switches (off: the engine's vLLM scheduler at the
+        interval's clock; its least-unfinished router, so no scale-out requests; every instance kept active)."""
         if keep_alive_s < 0 or not math.isfinite(keep_alive_s):
             raise ValueError(f"keep_alive_s: expected a finite number of seconds >= 0, got {keep_alive_s}")
         self.keep_alive_s = float(keep_alive_s)
@@ -69,6 +72,7 @@ class Festina(Controller):
         if not 0.0 <= delta < 1.0:
             raise ValueError(f"delta: expected a safety margin in [0, 1) of the GPU's SMs, got {delta}")
         self.consolidate, self.delta = bool(consolidate), float(delta)
+        self.use_local, self.use_dispatch, self.keep_alive = bool(local), bool(dispatch), bool(keep_alive)
 
     def reset(self, ctx, seed: int | None = None) -> None:
         super().reset(ctx, seed)
@@ -94,11 +98,11 @@ class Festina(Controller):
         self.hold_until = 0.0  # no consolidation check before (a keep-alive after the last move)
         self.consolidations = self.moved = 0
 
-    def dispatch_policy(self) -> DispatchPolicy:
-        return self._dispatch
+    def dispatch_policy(self) -> DispatchPolicy | None:
+        return self._dispatch if self.use_dispatch else None
 
-    def local_policy(self) -> FestinaLocal:
-        return self._local
+    def local_policy(self) -> FestinaLocal | None:
+        return self._local if self.use_local else None
 
     def act(self, observation: np.ndarray, info: dict[str, Any]) -> dict:
         ctx = self.ctx
@@ -115,7 +119,7 @@ class Festina(Controller):
             outs, _ = self.dispatchers[m].pop_requests()  # arrivals no active instance could serve in time
             self.scale_outs += outs
             need = sum(1 for r, mm in enumerate(self.model_of) if mm == m and warm[r]) + outs
-            self.active[m] = max(1, min(self.n_per_model[m], need))
+            self.active[m] = max(1, min(self.n_per_model[m], need)) if self.keep_alive else self.n_per_model[m]
         clock = info.get("clock_mhz", ctx.reference_clock_mhz)
         if clock not in ctx.clocks_mhz:
             clock = ctx.reference_clock_mhz
