@@ -86,8 +86,10 @@ def test_scenarios_lists_the_reproduction_and_benchmark_ids(capsys):
     assert main(["scenarios"]) == 0
     stdout, _ = capsys.readouterr()
     ids = [ln.split()[0] for ln in stdout.splitlines() if ln.strip()]
-    # 14 ePACT reproductions (ideal), 14 bench twins (paper), 6 held-out benchmark hours, festina-h100-shared(-day, -energy)
-    assert len(ids) == 37
+    # 14 ePACT reproductions (ideal), 14 bench twins (paper), 6 held-out benchmark hours, festina-h100-shared(-day,
+    # -energy), festina-h100-serverless-valley
+    assert len(ids) == 38
+    assert sum(i.startswith("commitenv/festina-") for i in ids) == 4
     assert sum(i.startswith("commitenv/bench-") for i in ids) == 14
     assert sum(i.startswith("commitenv/heldout-") for i in ids) == 6
     assert all(i.startswith("commitenv/") and i.endswith("-v0") for i in ids)
