@@ -36,7 +36,8 @@ def main() -> None:
 
 
 def time_controller(controller: str, scenario: str, seed: int, repeat: int) -> dict:
-    """Wall and CPU time of ``repeat`` episodes of ``controller`` (their scores must agree), with the engine's counts."""
+    """Wall and CPU time of ``repeat`` episodes of ``controller`` (their scores must agree), with the engine's
+    counts."""
     walls, cpus, scores = [], [], set()
     for _ in range(repeat):
         c0, t0 = time.process_time(), time.perf_counter()

@@ -108,8 +108,8 @@ def synthetic_tasks(t: int, rng: np.random.Generator, now: float) -> tuple[TaskV
         if s < 3 * t // 4:
             gen = int(rng.integers(1, 300))
             out.append(TaskView(s, True, True, 1, prompt + gen - 1, prompt, gen, gen + int(rng.integers(1, 300)),
-                                now - float(rng.uniform(1, 20)), now + float(rng.uniform(1, 30)), (prompt + gen) // 16 + 1,
-                                now - float(rng.uniform(0.0, 0.08))))
+                                now - float(rng.uniform(1, 20)), now + float(rng.uniform(1, 30)),
+                                (prompt + gen) // 16 + 1, now - float(rng.uniform(0.0, 0.08))))
         else:
             done = int(rng.integers(0, prompt))
             out.append(TaskView(s, done > 0, False, prompt - done, done, prompt, 0, int(rng.integers(16, 600)),

@@ -212,10 +212,9 @@ class DeviceWorker:
                 for rid in rec.first_token:
                     r = self.live[rid]
                     r.first_t = r.last_t = t_end
-                    if not rec.progress:  # no per-token progress: the gaps between tokens are not known
-                        r.max_gap = np.nan
-                    if not rec.progress:  # an engine that does not report progress: the prompt is in
+                    if not rec.progress:  # an engine that does not report progress: the prompt is in, and the
                         r.generated, r.computed = max(r.generated, 1), max(r.computed, r.prompt)
+                        r.max_gap = np.nan  # gaps between its tokens are not known
                 for rid in rec.finished:
                     r = self.live.pop(rid)
                     r.generated = r.out

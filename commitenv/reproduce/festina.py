@@ -24,8 +24,8 @@ NAMES = {"vllm": "MuxServe-like default (vllm)", "dynamollm": "DynamoLLM", "epac
 PAPER_HEADLINE = ("up to 56 % less energy than state-of-the-art serving systems with SLO attainment within 2 points "
                   "(Festina abstract and sec. 1; its evaluation section is not in the text shipped here)")
 KEYS = ("energy_mj", "cost_kwh_eq", "attainment_pct", "latency_attainment_pct", "ttft_attainment_pct",
-        "tbt_attainment_pct", "tbt_mean_attainment_pct", "latency_attainment_short_pct", "latency_attainment_medium_pct",
-        "latency_attainment_long_pct", "moves", "cold_starts", "migrated_requests", "rejected", "requests")
+        "tbt_attainment_pct", "tbt_mean_attainment_pct", "latency_attainment_short_pct",
+        "latency_attainment_medium_pct", "latency_attainment_long_pct", "moves", "cold_starts", "migrated_requests", "rejected", "requests")
 
 
 def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002), progress: bool = True

@@ -214,23 +214,15 @@ def check_scenario(sc: Scenario, base_dir: Path | None = None) -> Scenario:
 def _check_placement_memory(sc: Scenario) -> None:
     """Every placed instance must hold one request at its context limit in the memory it reserves, and a GPU's
     instances must fit its usable memory (`commitenv.sim.memory`): refused at load, naming the placement entry."""
-    from commitenv.scenarios.build import scenario_profiles
-    from commitenv.sim.memory import PlacementMemoryError, instance_memory
+    from commitenv.scenarios.build import scenario_layout, scenario_profiles
+    from commitenv.sim.kernel.fresh import placement_memory
+    from commitenv.sim.memory import PlacementMemoryError
 
     profs = scenario_profiles(sc)  # engine overrides applied: a shorter context limit needs less memory
-    index = {m.name: i for i, m in enumerate(sc.pool.models)}
-    for g, insts in enumerate(sc.pool.placement):
-        held = 0.0
-        for j, inst in enumerate(insts):
-            try:
-                held += instance_memory(profs[index[inst.model]], float(inst.share), inst.kv_tokens,
-                                        f"pool.placement[{g}][{j}]")[0]
-            except PlacementMemoryError as e:
-                raise ScenarioError(f"{sc.source}: {e}") from None
-        if held > 1.0 + 1e-9:
-            raise ScenarioError(f"{sc.source}: pool.placement[{g}]: its instances reserve {held:.3f} > 1 of the GPU's "
-                                "usable memory (footprints plus kv_tokens budgets; without kv_tokens an instance "
-                                "reserves its SM share)")
+    try:
+        placement_memory(profs, scenario_layout(sc), where="pool.placement")
+    except PlacementMemoryError as e:
+        raise ScenarioError(f"{sc.source}: {e}") from None
 
 
 def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:

@@ -1,19 +1,20 @@
-"""Local scheduling policies: which queued tasks a replica's next step runs, and at which GPU clock (the engine
-calls one each time a replica with a policy can start a step).
+"""Local scheduling policies: which queued tasks a replica's next step runs, and at which GPU clock (the engine calls
+one each time a replica with a policy can start a step).
 
 A policy sees a `LocalView` of the replica (plain records, never engine objects): its clock, SM share, free KV
-blocks, token budget and sequence cap, and one `TaskView` per request it holds, running ones first, then the
-waiting queue, each in the engine's order, with the request's progress, the time of its latest output token
-(per-token TBT runs from it), predicted output length and visible deadline (never the true ones). It returns a `StepPlan`: the slots to fill the step from, highest priority first,
-and optionally a clock for the GPU (requested as the interval action's clock is: it applies after the
-profile's clock-change latency, and on every instance of the GPU). Or None: the engine's vLLM scheduler forms the
-step (`Replica.schedule`).
+blocks, token budget and sequence cap, and one `TaskView` per request it holds, running ones first, then the waiting
+queue, each in the engine's order, with the request's progress, the time of its latest output token (per-token TBT
+runs from it), predicted output length and visible deadline (never the true ones). It returns a `StepPlan`: the
+slots to fill the step from, highest priority first, and optionally a clock for the GPU (requested as the interval
+action's clock is: it applies after the profile's clock-change latency, and on every instance of the GPU). Or None:
+the engine's vLLM scheduler forms the step (`Replica.schedule`).
 
 Filling a plan (`Replica.schedule_ordered`): each listed task takes ``min(tokens left, budget left)`` tokens (a
-decode: one; the budget is the plan's ``token_budget`` when it sets one) if its KV blocks fit and, for a waiting task, the sequence cap allows; a task that does not fit is
-skipped and the next one tried (no head-of-line blocking; no preemption). A plan that fills nothing while the
-replica holds work falls back to the vLLM scheduler for that step, which preempts when KV runs out, so a policy
-can never stall the engine. With a policy, every step is formed one at a time (no closed-form decode runs).
+decode: one; the budget is the plan's ``token_budget`` when it sets one) if its KV blocks fit and, for a waiting
+task, the sequence cap allows; a task that does not fit is skipped and the next one tried (no head-of-line blocking;
+no preemption). A plan that fills nothing while the replica holds work falls back to the vLLM scheduler for that
+step, which preempts when KV runs out, so a policy can never stall the engine. With a policy, every step is formed
+one at a time (no closed-form decode runs).
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ HOUR_NAMES = {
 DAY_NAMES = {"epact-h20-day", "epact-h200-day"}
 REPRO_NAMES = DAY_NAMES | HOUR_NAMES
 BENCH_NAMES = {n.replace("epact-", "bench-", 1) for n in REPRO_NAMES}  # realism 'paper' twins
-SHARED_NAMES = {"festina-h100-shared", "festina-h100-shared-day", "festina-h100-shared-energy", "festina-h100-serverless-valley"}
+SHARED_NAMES = {"festina-h100-shared", "festina-h100-shared-day", "festina-h100-shared-energy",
+                "festina-h100-serverless-valley"}
 HELDOUT_NAMES = {f"heldout-{n}-hour-a30" for n in ("h200-conv", "h20-conv", "h200-code-burst", "h200-code-tracebursts",
                                                     "h200-code-valley", "h200-code-evening")}  # secret-draw families
 ALL_NAMES = REPRO_NAMES | BENCH_NAMES | SHARED_NAMES | HELDOUT_NAMES

@@ -20,23 +20,23 @@ from commitenv.sim.states import ACTIVE, DRAINING
 __all__ = ["fresh_state", "place_requests", "placement_caps", "placement_memory"]
 
 
-def placement_memory(profiles, layout) -> tuple[list[float], list[int]]:
+def placement_memory(profiles, layout, where: str = "layout.gpus") -> tuple[list[float], list[int]]:
     """Each instance's memory share and KV blocks, in layout order (`commitenv.sim.memory.instance_memory`); raises
-    naming the GPU for an instance that cannot hold one request, or a GPU whose instances reserve more than its
-    usable memory."""
+    naming the GPU (``where[g]``) for an instance that cannot hold one request, or a GPU whose instances reserve more
+    than its usable memory."""
     mem: list[float] = []
     caps: list[int] = []
     for g, insts in enumerate(layout.gpus):
         held = 0.0
         for j, inst in enumerate(insts):
-            m, c = memory.instance_memory(profiles[inst.model], inst.share, inst.kv_tokens, f"layout.gpus[{g}][{j}]")
+            m, c = memory.instance_memory(profiles[inst.model], inst.share, inst.kv_tokens, f"{where}[{g}][{j}]")
             mem.append(m)
             caps.append(c)
             held += m
         if held > 1.0 + 1e-9:
             raise memory.PlacementMemoryError(
-                f"layout.gpus[{g}]: its instances reserve {held:.3f} > 1 of its usable memory (footprints plus "
-                "declared KV budgets)")
+                f"{where}[{g}]: its instances reserve {held:.3f} > 1 of its usable memory (footprints plus "
+                "declared KV budgets; without kv_tokens an instance reserves its SM share)")
     return mem, caps
 
 

@@ -16,8 +16,8 @@ from commitenv.sim.kernel.heap import _waiting
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.layout import Q_HOFF, Q_NH
 from commitenv.sim.kernel.prefix import hit_count
-from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_BUDGET, I_PLAN_N, I_PLAN_REP, Q_COMPUTED, Q_GENERATED, Q_MODEL,
-                                         Q_OUT, Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N,
+from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_BUDGET, I_PLAN_N, I_PLAN_REP, Q_COMPUTED,
+                                         Q_GENERATED, Q_MODEL, Q_OUT, Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N,
                                          R_SHARE, R_STATE, R_UNF, R_WLEN, S_DISPATCH)
 from commitenv.sim.local import LocalView, TaskView, check_plan, plan_budget
 from commitenv.sim.states import ACTIVE

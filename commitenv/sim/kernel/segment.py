@@ -13,7 +13,8 @@ from commitenv.sim.kernel.cached import (admit_hit, has_blocks_to_register, kv_r
 
 from commitenv.sim.kernel.heap import _cdiv, _wpop_front, _wpush_back, _wpush_front
 from commitenv.sim.kernel.layout import (C_A, C_B, C_C1, C_C2, C_KAPPA, C_TAU0, C_TAU1, C_TAU2, C_TAU3, C_TAU4,
-                                         GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM, I_PLAN_BUDGET, I_PLAN_N,
+                                         GF_FLOOR_W, G_CLOCK, INF, I_CAPLEFT, I_DONE, I_LIVE, I_LOG, I_LOGM,
+                                         I_PLAN_BUDGET, I_PLAN_N,
                                          I_PLAN_REP, LF_ENERGY, LF_FLOOR, LF_SHARE, LF_T0, LF_T1, LG_CLOCK, LG_GPU,
                                          LG_N, LG_REP, LG_STEPS, LM_COMPUTED, LM_DECODE, LM_NEW, LM_REQ, Q_BLOCKS,
                                          Q_COMPUTED, Q_FINISH, Q_FIRST, Q_GENERATED, Q_LAST, Q_MAXGAP, Q_OUT,

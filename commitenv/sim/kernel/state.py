@@ -407,7 +407,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         self._stopped = True
 
     def settle(self, t: float) -> None:
-        self._room(self.R)
+        self._room(self.R)  # (room for R step log entries: drained after each call)
         settle(t, self.ri, self.rf, self.qi, self.qf, self.bk, self.bq, self.e_dyn, self.sched, self.si, self.ht,
-               self.hk, self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm, self.pfx)  # (room for R entries: drained after each call)
+               self.hk, self.hs, self.hi, self.hv, self.lgi, self.lgf, self.lgm, self.pfx)
         self._drain_log()

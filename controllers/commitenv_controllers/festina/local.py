@@ -329,7 +329,7 @@ class FestinaLocal(LocalPolicy):
     def feasible(k: StepCoeffs, batch: Batch, now: float, token_budget: int) -> tuple[bool, float]:
         """Whether every task of ``batch`` meets its deadline under coefficients ``k``, and the step time."""
         n, L = batch.n, batch.L
-        t = k.tau0 + k.tau1 * batch.P + k.tau2 * n + k.tau3 * L + k.tau4 * batch.A
+        t = step_time(k, batch)
         if t > batch.decode_tbt_s + _EPS or t > batch.decode_budget_s + _EPS:
             return False, t
         if batch.prefills:
@@ -374,7 +374,7 @@ class FestinaLocal(LocalPolicy):
                     best = (c, True, e, t)
         if best is None:
             c, k = ks[-1]
-            t = k.tau0 + k.tau1 * P + k.tau2 * n + k.tau3 * L + k.tau4 * A
+            t = step_time(k, batch)
             return c, False, k.a + k.c1 * P + k.c2 * A + k.b * n + k.kappa * L, t, None
         c = best[0]
         need = None
