@@ -108,6 +108,7 @@ class ControllerContext:
     placement: tuple[tuple[tuple[int, float], ...], ...] = ()  # per GPU: (model index, SM share) of its instances
     profiles: tuple[Profile, ...] = ()  # per model (the controller's own copies)
     model_tenants: tuple[tuple[str, ...], ...] = ()  # per model: the tenants it serves (the scenario's routing)
+    scale_to_zero: bool = False  # a model may have no active instance; a request that finds none wakes one
 
     def model_of_tenants(self, tenant_names: tuple[str, ...]) -> np.ndarray:
         """The model serving each of ``tenant_names`` (a table's tenants, by index; -1 for a tenant no model serves)."""
@@ -168,7 +169,7 @@ class ControllerContext:
 
     def _shared_action(self, active, clock_mhz: int, clocks_mhz, shares, placement, migrate) -> dict:
         try:
-            act = per_model_counts(active, self.replicas_per_model, self.models)
+            act = per_model_counts(active, self.replicas_per_model, self.models, 0 if self.scale_to_zero else 1)
         except ValueError as e:
             raise ValueError(f"action: {e}") from None
         for c in [clock_mhz, *(clocks_mhz or ())]:
@@ -226,6 +227,7 @@ class ControllerContext:
             **({"models": tuple(e.model_names), "replicas_per_model": tuple(e.replicas_per_model),
                 "placement": tuple(tuple((i.model, float(i.share)) for i in g) for g in e.layout.gpus),
                 "model_tenants": tuple(tuple(m.tenants) for m in sc.pool.models),
+                "scale_to_zero": bool(e.scale_to_zero),
                 "profiles": tuple(p.model_copy(deep=True) for p in e.profiles)} if e.shared else {}),
         )
 

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     rp = sub.add_parser("reproduce", help="reproduce a paper's tables (epact, festina) and write a report")
     rp.add_argument("paper", choices=["epact", "festina"])
-    rp.add_argument("--quick", action="store_true", help="a reduced set (single hour, alpha 3, both GPUs)")
+    rp.add_argument("--quick", action="store_true", help="a reduced set (epact: single hour, alpha 3, both GPUs; festina: seed 100000 only)")
     rp.add_argument("--seed", type=seed_arg, default=0)
     rp.add_argument("--workers", type=int, default=None, help="ePACT what-if processes (default: all cores)")
     rp.add_argument("--out", default="runs/reproduce-epact")

@@ -16,7 +16,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
         out = check_out(args.out if args.out != "runs/reproduce-epact" else "runs/reproduce-festina")
         seeds = (100000,) if args.quick else (100000, 100001, 100002)
-        res = run_festina(out, seeds=seeds, progress=not args.quiet)
+        family_seeds = (100000,) if args.quick else (100000, 100001)
+        res = run_festina(out, seeds=seeds, family_seeds=family_seeds, progress=not args.quiet)
         print(f"wrote {out}/report.md and results.json ({res['wall_s']:.0f} s)")
         return 0
     from commitenv.reproduce.epact import run

@@ -64,10 +64,12 @@ STAY = 0  # a gpu_request value: the instance stays where it is (g + 1 asks for 
 SUM_TOL = 1e-9  # the engine's tolerance on a GPU's summed SM and memory shares (`commitenv.sim.placement`)
 
 
-def shared_action_space(replicas_per_model: tuple[int, ...], levels: int, n_gpus: int, n_replicas: int) -> spaces.Dict:
+def shared_action_space(replicas_per_model: tuple[int, ...], levels: int, n_gpus: int, n_replicas: int,
+                        scale_to_zero: bool = False) -> spaces.Dict:
     """A shared pool's action space (every point legal; the module's comment above and docs/env.md):
 
-    * ``active``: ``MultiDiscrete(replicas_per_model, start=1)``, model m's active instances 1..n_m;
+    * ``active``: ``MultiDiscrete(replicas_per_model, start=1)``, model m's active instances 1..n_m (with
+      ``scale_to_zero``, ``MultiDiscrete([n_m + 1], start=0)``: 0..n_m);
     * ``clock``: ``Discrete(levels)``, the clock level of every GPU (``clocks`` replaces it GPU by GPU);
     * ``clocks``: ``MultiDiscrete([levels] * G)``, GPU g's clock level;
     * ``share_weights``: ``Box(0, 1, (n_replicas,), float64)``, instance i's weight in its GPU's SM split
@@ -78,7 +80,8 @@ def shared_action_space(replicas_per_model: tuple[int, ...], levels: int, n_gpus
 
     Instances are numbered in the scenario's placement order (GPU by GPU), as everywhere in the env."""
     return spaces.Dict({
-        "active": spaces.MultiDiscrete(list(replicas_per_model), start=[1] * len(replicas_per_model)),
+        "active": spaces.MultiDiscrete([n + int(scale_to_zero) for n in replicas_per_model],
+                                       start=[0 if scale_to_zero else 1] * len(replicas_per_model)),
         "clock": spaces.Discrete(levels),
         "clocks": spaces.MultiDiscrete([levels] * n_gpus),
         "share_weights": spaces.Box(0.0, 1.0, (n_replicas,), dtype=np.float64),
@@ -225,9 +228,10 @@ def check_shared_action(env: Any, action: Any) -> SharedConfig:
     nl = len(env.clocks_mhz)
     n, n_gpus = env.n_replicas, env.n_gpus
     active = ints("active", len(env.profiles))
+    low = 0 if env.scale_to_zero else 1
     for m, (a, k) in enumerate(zip(active, env.replicas_per_model)):
-        if not 1 <= a <= k:
-            raise ValueError(f"action['active'][{m}]: expected 1..{k} instances of model "
+        if not low <= a <= k:
+            raise ValueError(f"action['active'][{m}]: expected {low}..{k} instances of model "
                              f"'{env.model_names[m]}', got {a}")
     (clock,) = ints("clock", 1)
     if not 0 <= clock < nl:

@@ -130,13 +130,14 @@ class CommitServeEnv(gym.Env):
         self._misses_at_completion = self.realism.deadlines == "predicted"  # true deadlines are not known earlier
         self.reward_offset_kwh = HourlySettlement(self.commit_j, self.lp, self.lm, self.K).reward_offset_kwh
         self._e_scale = self.n_gpus * self.profile.gpu.tdp_w * 3600.0
+        self.scale_to_zero = bool(sc.engine.scale_to_zero)  # a model may stand by whole (shared pools only)
         if self.shared:
             if backend is not None:
                 raise ValueError("backend: a hardware pool serves one model; shared pools run on the simulator only")
             # every point legal: share weights mapped onto each GPU's simplex, GPU requests granted as far as memory
             # allows (`commitenv.envs.actions.shared_action_space`); exact "shares" / "placement" are also taken
             self.action_space = shared_action_space(self.replicas_per_model, len(self.clocks_mhz), self.n_gpus,
-                                                    self.n_replicas)
+                                                    self.n_replicas, self.scale_to_zero)
         else:
             self.action_space = spaces.Dict(
                 {"active": spaces.Discrete(self.n_replicas, start=1), "clock": spaces.Discrete(len(self.clocks_mhz))}

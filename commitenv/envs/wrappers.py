@@ -269,7 +269,7 @@ class SharedFlatActionWrapper(gym.ActionWrapper, gym.utils.RecordConstructorArgs
     ========================================  ==============================================================
     components (in this order)                env action (``action``)
     ========================================  ==============================================================
-    ``n_m`` for each model m                  ``active[m] = a + 1``
+    ``n_m`` (+ 1) for each model m            ``active[m] = a + 1`` (``a`` where models scale to zero)
     ``levels`` for each GPU g                 ``clocks[g] = a`` (``clock`` = GPU 0's level)
     ``share_levels`` for each instance i      ``share_weights[i] = a / (share_levels - 1)`` (with ``shares``)
     ``G + 1`` for each instance i             ``gpu_request[i] = a``: 0 stays, g + 1 asks for GPU g (with
@@ -304,6 +304,7 @@ class SharedFlatActionWrapper(gym.ActionWrapper, gym.utils.RecordConstructorArgs
                             f"per GPU, share_weights and gpu_request per instance), got {act}")
         self.shares, self.placement, self.share_levels = bool(shares), bool(placement), int(share_levels)
         self.n_models = len(act["active"].nvec)
+        self.active_start = np.asarray(act["active"].start, dtype=np.int64)  # 1, or 0 where models scale to zero
         self.n_gpus = len(act["clocks"].nvec)
         self.n_replicas = int(act["share_weights"].shape[0]) if "share_weights" in act.spaces else 0
         nvec = list(act["active"].nvec) + list(act["clocks"].nvec)
@@ -334,7 +335,8 @@ class SharedFlatActionWrapper(gym.ActionWrapper, gym.utils.RecordConstructorArgs
             raise ValueError(f"{type(self).__name__}: element {i} is {int(a[i])}, expected 0..{self.action_space.nvec[i] - 1}")
         p = self._parts(a)
         clocks = np.asarray(p["clocks"], dtype=np.int64)
-        out: dict[str, Any] = {"active": np.asarray(p["active"], dtype=np.int64) + 1, "clock": int(clocks[0]),
+        out: dict[str, Any] = {"active": np.asarray(p["active"], dtype=np.int64) + self.active_start,
+                               "clock": int(clocks[0]),
                                "clocks": clocks}
         if self.shares:
             out["share_weights"] = np.asarray(p["share_weights"], dtype=np.float64) / (self.share_levels - 1)

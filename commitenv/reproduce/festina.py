@@ -3,7 +3,9 @@ top clock, least-unfinished routing, no consolidation: the `vllm` controller on 
 instance counts, per GPU clocks) and ePACT (pool-wide counts spread over the models) on ``festina-h100-shared-energy``,
 the paper's own setting (energy under SLOs, no commitment): energy, end-to-end and TTFT/TBT attainment by class and by
 model, instance moves, cold starts and migrated requests, and Festina's decision time per arrival and per step; then
-ePACT and Festina on ``festina-h100-shared``, the commitment variant. A Markdown report beside the paper's headline.
+ePACT and Festina on ``festina-h100-shared``, the commitment variant; then the serverless family
+``festina-h100-serverless-valley`` (28 models on 24 GPUs, a Zipf long tail, the night valley) with the default, Festina
+and Festina with each of its parts switched off (the ablation). A Markdown report beside the paper's headline.
 """
 
 from __future__ import annotations
@@ -20,6 +22,18 @@ COMMIT_SCENARIO = "festina-h100-shared"
 CONTROLLERS = ("vllm", "dynamollm", "epact", "festina")
 COMMIT_CONTROLLERS = ("epact", "festina")
 COMMIT_KEYS = ("energy_mj", "cost_kwh_eq", "mean_abs_dev_pct", "attainment_pct", "latency_attainment_pct")
+FAMILY_SCENARIO = "festina-h100-serverless-valley"
+# the ablation: (label, controller, constructor arguments); the switches are `festina`'s own
+ABLATION: tuple[tuple[str, str, dict[str, bool]], ...] = (
+    ("MuxServe-like default (vllm)", "vllm", {}),
+    ("Festina", "festina", {}),
+    ("consolidation off", "festina", {"consolidate": False}),
+    ("local scheduler off (vLLM's scheduler at the interval clock)", "festina", {"local": False}),
+    ("dispatch off (least-unfinished routing)", "festina", {"dispatch": False}),
+    ("keep-alive off (every instance kept active)", "festina", {"keep_alive": False}),
+)
+FAMILY_KEYS = ("energy_mj", "attainment_pct", "latency_attainment_pct", "ttft_attainment_pct", "tbt_attainment_pct",
+               "moves", "rejected", "requests")
 NAMES = {"vllm": "MuxServe-like default (vllm)", "dynamollm": "DynamoLLM", "epact": "ePACT", "festina": "Festina"}
 PAPER_HEADLINE = ("up to 56 % less energy than state-of-the-art serving systems with SLO attainment within 2 points "
                   "(Festina abstract and sec. 1; its evaluation section is not in the text shipped here)")
@@ -28,15 +42,17 @@ KEYS = ("energy_mj", "cost_kwh_eq", "attainment_pct", "latency_attainment_pct", 
         "latency_attainment_medium_pct", "latency_attainment_long_pct", "moves", "cold_starts", "migrated_requests", "rejected", "requests")
 
 
-def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002), progress: bool = True
-        ) -> dict[str, Any]:
-    """Run the controllers on every seed of both variants, write ``report.md`` and ``results.json`` into ``out_dir``."""
+def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002),
+        family_seeds: tuple[int, ...] = (100000, 100001), progress: bool = True) -> dict[str, Any]:
+    """Run the controllers on every seed of both variants and the ablation on every ``family_seeds`` seed of the
+    serverless family (none: skipped), write ``report.md`` and ``results.json`` into ``out_dir``."""
     from commitenv.evaluation import run_episode
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"scenario": SCENARIO, "commit_scenario": COMMIT_SCENARIO, "seeds": list(seeds),
-                               "runs": {}, "commit_runs": {}}
+                               "family_scenario": FAMILY_SCENARIO, "family_seeds": list(family_seeds),
+                               "runs": {}, "commit_runs": {}, "family_runs": {}}
     t0 = time.perf_counter()
     for c in CONTROLLERS:
         for s in seeds:
@@ -60,6 +76,15 @@ def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002
             if progress:
                 print(f"{c} seed {s} ({COMMIT_SCENARIO}): {row['energy_mj']:.2f} MJ, cost {row['cost_kwh_eq']:.3f} "
                       f"kWh-eq, attainment {row['attainment_pct']:.2f} %")
+    for label, c, kwargs in ABLATION:
+        for s in family_seeds:
+            _, res = run_episode(c, FAMILY_SCENARIO, s, controller_kwargs=kwargs)
+            row = {k: res.summary.get(k) for k in FAMILY_KEYS}
+            row["wall_s"] = res.summary["wall_s"]
+            results["family_runs"][f"{label}/{s}"] = row
+            if progress:
+                print(f"{label} seed {s} ({FAMILY_SCENARIO}): {row['energy_mj']:.2f} MJ, TTFT+TBT "
+                      f"{row['latency_attainment_pct']:.2f} %, {row['moves']} moves, {row['wall_s']:.0f} s")
     results["wall_s"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
     (out / "report.md").write_text(report(results))
@@ -67,7 +92,7 @@ def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002
 
 
 def _mean(results: dict, c: str, key: str, runs: str = "runs") -> float | None:
-    vals = [r[key] for k, r in results.get(runs, {}).items() if k.split("/")[0] == c and r.get(key) is not None]
+    vals = [r[key] for k, r in results.get(runs, {}).items() if k.rsplit("/", 1)[0] == c and r.get(key) is not None]
     return float(np.mean(vals)) if vals else None
 
 
@@ -106,7 +131,8 @@ def report(results: dict) -> str:
               "Why the numbers differ from the paper's: the energy law and the SM-share scaling are the profiles' "
               "(derived from public figures, not measured on the paper's testbed); each instance reserves its SM share "
               "of the GPU's memory for weights and a fixed KV cache, so Mistral-24B cannot share an H100 and every "
-              "GPU's memory is fully reserved (no consolidation plan fits); where one fits, consolidation moves "
+              "GPU's memory on `festina-h100-shared` is fully reserved (no consolidation plan fits; on the serverless family "
+              "instances declare KV budgets and plans fit); where one fits, consolidation moves "
               "instances with the "
               "profiles' cold start (about 30 s) and migrates running requests over NVLink, and idle instances, and "
               "GPUs whose instances are all idle, fall to standby; SM shares change at interval "
@@ -115,6 +141,7 @@ def report(results: dict) -> str:
               "Festina serves energy first: it ignores the hourly commitment, so on the commitment variant its cost is "
               "that of under-use; ePACT tracks the commitment.", "",
               *_commit_table(results),
+              *_family_table(results),
               f"Decision time (this machine): dispatch {da:.1f} us per arrival (engine views included), local "
               f"scheduling {ls:.1f} us per step." if da is not None and ls is not None else ""]
     return "\n".join(lines) + "\n"
@@ -122,7 +149,7 @@ def report(results: dict) -> str:
 
 def _commit_table(results: dict) -> list[str]:
     """The commitment variant's rows (ePACT and Festina), means over the seeds."""
-    ran = [c for c in COMMIT_CONTROLLERS if any(k.split("/")[0] == c for k in results.get("commit_runs", {}))]
+    ran = [c for c in COMMIT_CONTROLLERS if any(k.rsplit("/", 1)[0] == c for k in results.get("commit_runs", {}))]
     if not ran:
         return []
     lines = [f"On `{results.get('commit_scenario', COMMIT_SCENARIO)}` (the commitment variant):", "",
@@ -132,4 +159,31 @@ def _commit_table(results: dict) -> list[str]:
         vals = [_mean(results, c, k, "commit_runs") for k in COMMIT_KEYS]
         lines.append(f"| {NAMES[c]} | " + " | ".join(
             "-" if v is None else f"{v:.3f}" if i < 2 else f"{v:.2f}" for i, v in enumerate(vals)) + " |")
+    return lines + [""]
+
+
+def _family_table(results: dict) -> list[str]:
+    """The serverless family's ablation rows (means over its seeds) and what each part saves against Festina."""
+    runs = results.get("family_runs", {})
+    ran = [label for label, _, _ in ABLATION if any(k.rsplit("/", 1)[0] == label for k in runs)]
+    if not ran:
+        return []
+    seeds = results.get("family_seeds", [])
+    lines = ["## The serverless family: what each part of Festina saves", "",
+             f"`{results.get('family_scenario', FAMILY_SCENARIO)}` (28 models on 24 H100s, a Zipf long tail, the "
+             f"night valley, no commitment), seeds {', '.join(map(str, seeds))}; means over the seeds. \"saving "
+             "lost\": the share of Festina's saving against the default that the run without that part gives up "
+             "(negative: the part costs energy here).", "",
+             "| run | energy MJ | end-to-end attainment % | TTFT+TBT % | TTFT % | TBT % (per token) | instance moves "
+             "| saving lost % |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    base = _mean(results, ABLATION[0][0], "energy_mj", "family_runs")
+    full = _mean(results, "Festina", "energy_mj", "family_runs")
+    for label in ran:
+        vals = [_mean(results, label, k, "family_runs") for k in FAMILY_KEYS[:6]]
+        lost = "-"
+        if label not in (ABLATION[0][0], "Festina") and None not in (base, full, vals[0]) and base != full:
+            lost = f"{100 * (vals[0] - full) / (base - full):.1f}"
+        lines.append(f"| {label} | " + " | ".join(
+            "-" if v is None else f"{v:.3f}" if i == 0 else f"{v:.1f}" if i == 5 else f"{v:.2f}"
+            for i, v in enumerate(vals)) + f" | {lost} |")
     return lines + [""]

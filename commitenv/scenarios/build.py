@@ -430,6 +430,7 @@ def engine_options(sc: Scenario, seed: int = 0) -> EngineOptions:
         oracle_lengths=sc.observation.lengths == "oracle",
         truth=truth_spec(sc),
         visible_deadlines=r.deadlines,
-        **{k: v for k, v in sc.engine.overrides().items() if k in ("prefix_caching", "prefix_block_tokens", "dispatch")},
+        **{k: v for k, v in sc.engine.overrides().items()
+           if k in ("prefix_caching", "prefix_block_tokens", "dispatch", "scale_to_zero")},
         **({"migration": sc.engine.migration} if sc.engine.migration is not None else {}),
     )

@@ -230,7 +230,9 @@ class EngineSpec(_Strict):
     ``dispatch``: the router (`commitenv.sim.dispatch`): ``least_unfinished`` (the default) or ``prefix_affinity``
     (cache-aware routing, as production routers do); a controller's own policy replaces it.
     ``migration``: the KV transfer of requests migrated between GPUs (`commitenv.sim.migration.MigrationSpec`:
-    ``link_gbs``, ``setup_s``, ``j_per_gb``; absent: an HGX H100 board's NVLink)."""
+    ``link_gbs``, ``setup_s``, ``j_per_gb``; absent: an HGX H100 board's NVLink).
+    ``scale_to_zero``: serverless scaling (shared pools only): a model may have no active instance (the action's
+    ``active`` per model starts at 0), and a request that finds none wakes one (`EngineOptions.scale_to_zero`)."""
 
     context_limit: int | None = Field(default=None, ge=2)
     prefix_caching: bool | None = None
@@ -238,6 +240,7 @@ class EngineSpec(_Strict):
     reserve_full_sequence: bool | None = None
     dispatch: Literal["least_unfinished", "prefix_affinity"] | None = None
     migration: MigrationSpec | None = None
+    scale_to_zero: bool | None = None
 
     def overrides(self) -> dict:
         """The settings given (a reference run's cache key holds only these)."""
@@ -425,6 +428,9 @@ class Scenario(_Strict):
                 raise ValueError(f"workload.tenant_mix: tenant(s) {unserved} are served by no model (pool.models.tenants)")
             if self.initial.active is not None:
                 raise ValueError("initial.active: a shared pool starts with every instance active")
+        elif self.engine.scale_to_zero:
+            raise ValueError("engine.scale_to_zero: only for a shared pool (pool.models), where a model's last instance "
+                             "can stand by while the others serve")
         truth_parts = {"latency", "gpu_variation", "energy_model"} & self.realism.model_fields_set
         if self.realism.level == "ideal" and truth_parts and (self.noise.time_sigma or self.noise.energy_sigma):
             raise ValueError(

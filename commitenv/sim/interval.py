@@ -42,9 +42,11 @@ class SharedConfig:
     migrate: str = "none"
 
 
-def per_model_counts(active: Any, replicas_per_model: tuple[int, ...], models: tuple[str, ...] = ()) -> tuple[int, ...]:
-    """A shared pool's active counts, one per model, each a whole number in 1..its instances (a whole float is
-    taken; bools, fractions and a wrong length are refused with a ValueError naming the entry)."""
+def per_model_counts(active: Any, replicas_per_model: tuple[int, ...], models: tuple[str, ...] = (),
+                     low: int = 1) -> tuple[int, ...]:
+    """A shared pool's active counts, one per model, each a whole number in ``low``..its instances (``low`` 0 where
+    models scale to zero; a whole float is taken; bools, fractions and a wrong length are refused with a ValueError
+    naming the entry)."""
     import numpy as np
 
     try:
@@ -56,9 +58,10 @@ def per_model_counts(active: Any, replicas_per_model: tuple[int, ...], models: t
                          f"({', '.join(models) if models else len(replicas_per_model)}), got {active!r}")
     for m, (a, n) in enumerate(zip(counts, replicas_per_model)):
         whole = isinstance(a, (int, np.integer, float, np.floating)) and float(a).is_integer()
-        if isinstance(a, (bool, np.bool_)) or not whole or not 1 <= a <= n:
+        if isinstance(a, (bool, np.bool_)) or not whole or not low <= a <= n:
             name = f" ({models[m]})" if m < len(models) else ""
-            raise ValueError(f"active[{m}]: expected a whole number in 1..{n} instances of model {m}{name}, got {a!r}")
+            raise ValueError(f"active[{m}]: expected a whole number in {low}..{n} instances of model {m}{name}, "
+                             f"got {a!r}")
     return tuple(int(a) for a in counts)
 
 
@@ -67,12 +70,14 @@ def run_shared_interval(pool: Pool, cfg: SharedConfig, new: SharedConfig, t_appl
     """`run_interval` for a pool of several models: switch each model's active count, each GPU's clock, and each
     replica's SM share and GPU that differ (shrinking shares, then moves, then growing shares, so a GPU's shares
     never sum above 1 on the way). Changes are ("active:<model>" | "clock:<gpu>" | "share:<replica>" |
-    "move:<replica>", time, value)."""
+    "move:<replica>", time, value). Where models scale to zero the engine wakes instances on demand, so a model's
+    count is set again wherever the pool's differs from the action's."""
     changes: list[tuple[str, float, Any]] = []
-    if replace(new, migrate=cfg.migrate) != cfg and not t_apply >= t1:  # the mode alone changes nothing
+    s2z = pool.opt.scale_to_zero  # (the pool's counts may differ from the last action's: set them where they do)
+    if (replace(new, migrate=cfg.migrate) != cfg or s2z) and not t_apply >= t1:  # the mode alone changes nothing
         pool.run_until(t_apply)
         for m, (a, b) in enumerate(zip(cfg.active, new.active)):
-            if a != b:
+            if a != b or (s2z and pool.active_count(m) != b):
                 pool.set_active(t_apply, b, model=m)
                 changes.append((f"active:{m}", t_apply, b))
         for g, (a, b) in enumerate(zip(cfg.clocks, new.clocks)):

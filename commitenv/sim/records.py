@@ -202,6 +202,8 @@ class EngineOptions:
     length_bias: float = 0.0  # relative bias of the output-length prediction (0.1: predicts 10 % long on average)
     visible_deadlines: str = "true"  # deadline a controller sees: "true" (a + alpha L_ref) or "predicted" lengths
     migration: MigrationSpec = field(default_factory=MigrationSpec)  # KV transfer of migrated requests
+    # serverless scale to zero: a model may have no active replica, and a request that finds none wakes one
+    scale_to_zero: bool = False
 
     def __post_init__(self) -> None:
         if self.visible_deadlines not in ("true", "predicted"):

@@ -19,7 +19,8 @@ from commitenv_controllers.epact import EPACT, EPACTPlus
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation, interval_target
 from commitenv_controllers.epact.plus import (EnergyCalibration, EnergyModel, LoadTrend, cap_scale, capacity_caps,
                                              capped_targets, fit_trend, forecast_allocation, hour_end_cost,
-                                             interval_counts, slack_margin)
+                                             interval_counts)
+from commitenv_controllers.epact.miss_margin import MissMargin, slack_margin
 from commitenv_controllers.epact.selection import Evaluation, select
 from commitenv_controllers.registry import check_kwargs
 from helpers.scenarios import toy_three_hour, write_scenario, write_trace
@@ -262,20 +263,40 @@ def test_predicted_misses_count_slacks_below_the_calibrated_margin():
 
     w = WhatIf(0.0, {}, 1, -0.1, True, 3, 0, 0.05, (-0.1, 0.02, 0.04, 0.3, 0.05, 0.5))
     c = EPACTPlus(workers=0, miss_margin=True)
-    c._slacks, c.gate_margin_s = {}, 0.0
+    c.gate = MissMargin(60)
     assert c.predicted_misses((8, 1380), w, True) == 1  # no margin yet: the predicted misses
-    c.gate_margin_s = 0.045
+    c.gate.margin_s = 0.045
     assert c.predicted_misses((8, 1380), w, True) == 3
-    assert set(c._slacks) == {(8, 1380)}
+    assert set(c.gate._slacks) == {(8, 1380)}
     off = EPACTPlus(workers=0)
     assert off.predicted_misses((8, 1380), w, True) == 1 and off.predicted_misses((8, 1380), w, False) == 1
     # the next decision records the applied candidate's slacks against the misses observed after it
     c.decisions = [{"chosen": (8, 1380)}]
     c.ctx = SimpleNamespace(interval_s=60.0, probe=SimpleNamespace(recent_arrivals=lambda window: [None] * 200))
-    c.slack_meter = deque(maxlen=60)
     c._calibrate_gate({"new_misses": 2})  # 1 % of 6 slacks: the smallest one counts
-    assert len(c.slack_meter) == 1 and c.slack_meter[0][:2] == (2, 200) and c._slacks == {}
-    assert c.gate_margin_s == 0.0  # the smallest slack is negative: already a predicted miss
+    assert len(c.gate.rows) == 1 and c.gate.rows[0][:2] == (2, 200) and c.gate._slacks == {}
+    assert c.gate.margin_s == 0.0  # the smallest slack is negative: already a predicted miss
+
+
+def test_miss_margin_observes_only_the_applied_candidate_and_known_misses():
+    from commitenv.sim.whatif import WhatIf
+
+    g = MissMargin(2)
+    w = WhatIf(0.0, {}, 1, 0.1, True, 0, 0, 0.1, (0.1, 0.2, 0.3, 0.4))
+    g.count((4, 990), w)
+    g.observe((5, 990), 3, 10)  # a candidate never counted: nothing to fit on
+    assert not g.rows and g.margin_s == 0.0
+    g.count((4, 990), w)
+    g.observe((4, 990), None, 10)  # misses not known: nothing recorded
+    assert not g.rows
+    g.count((4, 990), w)
+    g.observe((4, 990), 5, 10)  # half the arrivals missed: the margin passes half of the 4 slacks (0.1, 0.2)
+    assert g.rows[0][:2] == (5, 10) and 0.2 < g.margin_s < 0.2001
+    assert g.count((4, 990), w) == 2  # 0.1 and 0.2 are below it
+    for _ in range(2):  # the window keeps the last 2 decisions
+        g.observe((4, 990), 0, 10)
+        g.count((4, 990), w)
+    assert len(g.rows) == 2 and g.margin_s == 0.0  # two decisions without a miss: 0 of 20 arrivals
 
 
 def test_selection_ranks_by_the_given_cost():

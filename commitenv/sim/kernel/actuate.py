@@ -13,7 +13,8 @@ from commitenv.sim.kernel.host import plan as _host_plan
 from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_PENDING_T, G_CLOCK, G_NHOST, G_PENDING, G_VER, I_NMIG, I_PEND,
                                          I_PLAN_REP, I_UHEAD, I_ULEN, MIG_NONE, Q_MODEL, Q_REPLICA, Q_STARTED, R_AFTER,
                                          R_DEST, R_GPU, R_LOCAL, R_LREADY, R_MIGRATE, R_MODEL, R_PENDING, R_RUN_N,
-                                         R_SEG, R_SHARE, R_STATE, R_T1, R_UNF, R_VER, R_WHEAD, R_WLEN, S_DISPATCH)
+                                         R_SEG, R_SHARE, R_STATE, R_T1, R_UNF, R_VER, R_WAKE_S, R_WHEAD, R_WLEN,
+                                         S_DISPATCH, S_WAKE)
 from commitenv.sim.kernel.lifecycle import _detach, _floor_changed, _migrate_out
 from commitenv.sim.kernel.segment import _cut, _start_segment
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, SEG_RUN,
@@ -72,16 +73,51 @@ def _route_to(t, r, best, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
-def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched):
+def _demand_wake(t, m, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
+    """`ReferencePool._demand_wake` (models scale to zero): a request of model ``m`` found no active replica. Unless one
+    is waking, or moving or loading to become active, one is woken: a draining one resumes at once (returned: it takes
+    the request), else a standby one wakes after its activation latency, else a moving or loading one becomes active
+    once loaded (the lowest index of each kind). Returns -1 when the request must wait."""
+    drain = stand = moving = -1
+    for x in range(ri.shape[0]):
+        if ri[x, R_MODEL] != m:
+            continue
+        st = ri[x, R_STATE]
+        if st == WAKING or ((st == MOVING or st == LOADING) and ri[x, R_AFTER] == ACTIVE):
+            return -1
+        if st == DRAINING and drain < 0:
+            drain = x
+        elif st == STANDBY and stand < 0:
+            stand = x
+        elif (st == MOVING or st == LOADING) and moving < 0:
+            moving = x
+    if drain >= 0:
+        ri[drain, R_STATE] = ACTIVE
+        _floor_changed(t, ri[drain, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+        return drain
+    if stand >= 0:
+        ri[stand, R_STATE] = WAKING
+        ri[stand, R_VER] += 1
+        _floor_changed(t, ri[stand, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+        _push(si, ht, hk, hs, hi, hv, t + rf[stand, R_WAKE_S], EV_WAKE, stand, ri[stand, R_VER])
+    elif moving >= 0:
+        ri[moving, R_AFTER] = ACTIVE
+    return -1
+
+
+@njit(cache=True)
+def _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched, gi, gf, gh, floor_tab):
     """`ReferencePool._route`: to the least unfinished among the active replicas of the request's model (ties to the
     lowest index), or where the dispatch policy chooses (called back on the host, `host.dispatch`); with no active
-    replica of its model the request waits, unrouted."""
+    replica of its model the request waits, unrouted (where models scale to zero, after waking one: `_demand_wake`)."""
     R = ri.shape[0]
     m = qi[r, Q_MODEL]
     best = -1
     for x in range(R):
         if ri[x, R_STATE] == ACTIVE and ri[x, R_MODEL] == m and (best < 0 or ri[x, R_UNF] < ri[best, R_UNF]):
             best = x
+    if best < 0 and sched[S_WAKE]:
+        best = _demand_wake(t, m, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
     if best < 0:
         _upush_back(si, wq, r)
         return
@@ -217,7 +253,7 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
             _route_in_order(t, model, moved, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv)
         else:
             for r in moved:
-                _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
+                _route(t, r, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched, gi, gf, gh, floor_tab)
     _standby_idle(t, model, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv, pfx)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from commitenv.sim import memory
 from commitenv.sim.kernel.layout import (F_LAST, F_NOW, G_CLOCK, G_NHOST, G_PENDING, GF_CLOCK_LAT, GF_FLOOR_W,
                                          GF_POWER, I_LIVE, I_CURSOR, I_HEAP, I_N, N_QF, N_QI, N_RF, N_RI, R_AFTER, R_BS,
-                                         R_BUDGET, R_CAP, R_DEST, R_FE, R_FREE, R_FT, R_GPU, R_KVB, R_LOAD_S,
+                                         R_BUDGET, R_CAP, R_DEST, R_FE, R_FREE, R_FT, R_GPU, R_KVB, R_LOAD_S, R_WAKE_S,
                                          R_LOAD_W, R_MAXSEQ, R_MEM, R_MIGRATE, R_MODEL, R_RESERVE, R_RUN_N, R_SCLK,
                                          R_UNF, R_SHARE, R_SSHARE, R_STATE, S_LOG)
 from commitenv.sim.kernel.prefix_state import _no_cache
@@ -80,7 +80,8 @@ def fresh_state(pool, power: tuple[float, ...]):
     ks.clock_mhz = tuple(profiles[0].clock_mhz)
     ks.coc = np.stack([_clock_coefficients(p, s) for p, s in zip(rep_prof, share)])
     ks.sched = np.array([max_seqs, 0, 0, int(pool.log is not None or pool.on_step is not None),
-                         int(pool.opt.closed_form), int(pool.dispatch is not None)], np.int64)
+                         int(pool.opt.closed_form), int(pool.dispatch is not None), int(pool.opt.scale_to_zero)],
+                        np.int64)
     ks.run, ks.bq, ks.bk = (np.zeros((R, max_seqs + 1), np.int64) for _ in range(3))
     ri, rf = np.zeros((R, N_RI), np.int64), np.zeros((R, N_RF))
     ks.ri, ks.rf = ri, rf
@@ -101,6 +102,7 @@ def fresh_state(pool, power: tuple[float, ...]):
     rf[:, R_LOAD_S] = [np.nan if p.latencies.load_s is None else p.latencies.load_s for p in rep_prof]
     rf[:, R_LOAD_W] = [np.nan if p.latencies.load_w is None else p.latencies.load_w for p in rep_prof]
     rf[:, R_KVB] = [p.model.kv_bytes_per_token for p in rep_prof]
+    rf[:, R_WAKE_S] = [p.latencies.activation_s for p in rep_prof]
     rf[:, R_FT] = rf[:, R_FE] = 1.0
     ks.n_per_model = np.bincount(ri[:, R_MODEL], minlength=pool.n_models)
     ks.cap_blocks = np.array(caps, np.int64)

@@ -29,10 +29,11 @@ F_NOW, F_LAST, F_MIG_BYTES, F_MIG_J, F_MIG_SETUP, F_MIG_GBS, F_MIG_JPG = range(7
 # per-replica float64 columns (``rf``); R_SHARE: its SM share now, R_SSHARE: the share its segment started with (the
 # step log's share)
 (R_T0, R_T1, R_BT0, R_D, R_E0, R_F, R_FT, R_FE, R_ENERGY, R_FLOOR_W, R_FLOOR_T, R_FLOOR_ACC, R_SHARE, R_SSHARE, R_MEM,
- R_LOAD_T, R_LOAD_S, R_LOAD_W, R_KVB) = range(19)
-N_RF = 19
+ R_LOAD_T, R_LOAD_S, R_LOAD_W, R_KVB, R_WAKE_S) = range(20)
+N_RF = 20
 # R_MEM: the memory share it reserves (`Replica.mem_share`); R_LOAD_T: LOADING, when its cold start ends; R_LOAD_S,
-# R_LOAD_W: its profile's cold start (s, W; NaN: none); R_KVB: its model's KV bytes per token
+# R_LOAD_W: its profile's cold start (s, W; NaN: none); R_KVB: its model's KV bytes per token; R_WAKE_S: its profile's
+# activation latency (standby -> active)
 # per-replica int64 columns (``ri``)
 (R_UNF, R_FREE, R_SEG, R_K, R_VER, R_PENDING, R_RUN_N, R_BATCH_N, R_WHEAD, R_WLEN, R_STATE, R_WTAIL, R_NPOS, R_NEND,
  R_SCLK, R_LOGGED, R_GPU, R_MODEL, R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE, R_LOCAL, R_DEST, R_MIGRATE, R_AFTER, R_LREADY,
@@ -68,8 +69,9 @@ MIG_NONE, MIG_LATENCY, MIG_ALL = range(3)  # `R_MIGRATE`: `MIGRATE_MODES`' order
 # the largest max_seqs of any replica (the step log's room per event), the truth table's first cell, whether the
 # tables hold legacy noise draws, whether the step log is written and whether decode runs advance in closed form
 # (``sched``: int64)
-S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED, S_DISPATCH = range(6)
-# S_DISPATCH: a dispatch policy routes (each arrival and re-routed request is called back to the host, `host.dispatch`)
+S_MAX_SEQS, S_CELL0, S_NOISE, S_LOG, S_CLOSED, S_DISPATCH, S_WAKE = range(7)
+# S_DISPATCH: a dispatch policy routes (each arrival and re-routed request is called back to the host, `host.dispatch`);
+# S_WAKE: models scale to zero (`EngineOptions.scale_to_zero`): a request no active replica can take wakes one
 # `advance`'s return codes: done, and what the host does before calling again (grow the heap, refill the legacy
 # noise, drain the step log); a dispatch policy's choice and a local policy's plan are asked for from inside
 # (`commitenv.sim.kernel.host`)

@@ -93,7 +93,7 @@ def advance(t_end, stop_captured, a):
                         row_deadline, pred_out, vis_dl, pfx)
                 continue
             if kind == EV_LAND:  # (``rep``: the request)
-                _route(t, rep, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
+                _route(t, rep, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched, gi, gf, gh, floor_tab)
                 continue
             if kind == EV_WAKE:
                 if ri[rep, R_VER] != ver or ri[rep, R_STATE] != WAKING:
@@ -136,7 +136,7 @@ def advance(t_end, stop_captured, a):
                 qc[i] = 1
                 si[I_CAPLEFT] += 1
             si[I_LIVE] += 1
-            _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched)
+            _route(ta, i, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched, gi, gf, gh, floor_tab)
     sf[F_NOW] = max(sf[F_NOW], t_end if t_end < INF else last)
     return DONE
 

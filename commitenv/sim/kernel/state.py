@@ -15,7 +15,8 @@ from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_AR
                                          I_MIGRATED, I_N, I_PLAN_REP, N_QF, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST,
                                          Q_HOFF, Q_LAST, Q_MAXGAP,
                                          Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_LOCAL,
-                                         R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH, S_NOISE)
+                                         R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH, S_NOISE,
+                                         S_WAKE)
 from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.loop import _compact_core, _noise_low, advance, settle
 from commitenv.sim.kernel.policies import KernelPolicies
@@ -306,8 +307,9 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         if not 0 <= model < len(self.n_per_model):
             raise ValueError(f"model index {model} outside 0..{len(self.n_per_model) - 1}")
         n = int(self.n_per_model[model])
-        if not 1 <= count <= n:
-            raise ValueError(f"active replicas: expected 1..{n} for model {model}, got {count}")
+        low = 0 if self.sched[S_WAKE] else 1
+        if not low <= count <= n:
+            raise ValueError(f"active replicas: expected {low}..{n} for model {model}, got {count}")
         if t < self.sf[F_NOW] - 1e-9:
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
         self._room(3 * self.R + 8)

@@ -55,7 +55,7 @@ At every decision (interval k of the hour, time t):
    only moves consumption earlier, which the later intervals recover. Inactive (zero) wherever the later
    intervals can absorb the deviation; in the hour's last interval it is W x eq. 3 (same ranking).
 
-7. **Miss margin** (``miss_margin``, off by default; `slack_margin`): the SLO gate counts a request as a miss when
+7. **Miss margin** (``miss_margin``, off by default; `miss_margin.MissMargin`): the SLO gate counts a request as a miss when
    its predicted slack (deadline - predicted finish) is below a margin, the margin being the quantile of the
    applied candidates' predicted slacks (last hour) at the miss rate observed after them (late completions per
    arrival): the margin at which the gate's predictions of the applied configurations would have matched the
@@ -103,6 +103,7 @@ from commitenv.sim.whatif import WhatIf
 from commitenv_controllers.base import ControllerContext
 from commitenv_controllers.dynamollm import ClockLaws, arrivals_work
 from commitenv_controllers.epact.controller import EPACT
+from commitenv_controllers.epact.miss_margin import MissMargin
 from commitenv_controllers.epact.planner import check_allocation, equal_allocation
 from commitenv_controllers.epact.selection import deviation_cost
 from commitenv_controllers.registry import register
@@ -302,20 +303,6 @@ def capacity_caps(model: EnergyModel, trend: LoadTrend, n: int, ratio: float) ->
     return ratio * model.max_energy(np.minimum(trend.forecast(n), max(min(trend.level, trend.mean), 0.0)))
 
 
-def slack_margin(rows: Sequence[tuple[int, int, np.ndarray]]) -> float:
-    """Step 7: the gate's miss margin (s) from ``rows`` of applied decisions, each (misses observed in the interval
-    after it, arrivals in that interval, the applied candidate's predicted slacks): the least margin below which
-    at least the observed miss rate (ratio of sums) of the pooled slacks fall; 0 without misses, arrivals or
-    slacks, and never below 0 (the gate is never loosened)."""
-    arrivals = sum(r[1] for r in rows)
-    misses = sum(r[0] for r in rows)
-    pooled = np.sort(np.concatenate([r[2] for r in rows])) if rows else np.zeros(0)
-    if arrivals <= 0 or misses <= 0 or len(pooled) == 0:
-        return 0.0
-    k = min(-(-misses * len(pooled) // arrivals), len(pooled))  # ceil(rate x slacks), in integers
-    return max(float(np.nextafter(pooled[k - 1], math.inf)), 0.0)
-
-
 def hour_end_cost(commitment: float, hour_energy: float, target: float, cap_later: float, floor_later: float,
                   lambda_plus: float, lambda_minus: float, weight: float) -> Callable[[float], float]:
     """J(E) = eq. 3 (E against ``target``) + ``weight`` x the hour's settlement if the later intervals draw
@@ -415,10 +402,7 @@ class EPACTPlus(EPACT):
         self.calibration = EnergyCalibration(self.calibration_weight)  # step 5
         self.cap_meter: deque[tuple[float, float]] = deque(maxlen=ctx.intervals_per_hour)  # (metered, raw cap)
         self._cap_now: float | None = None  # the uncalibrated cap of the interval now starting
-        # step 7, per applied decision: (misses observed after it, arrivals then, its predicted slacks)
-        self.slack_meter: deque[tuple[int, int, np.ndarray]] = deque(maxlen=ctx.intervals_per_hour)
-        self._slacks: dict[tuple[int, int], np.ndarray] = {}  # this decision's candidates' predicted slacks
-        self.gate_margin_s = 0.0
+        self.gate = MissMargin(ctx.intervals_per_hour)  # step 7
 
     def calibrate_energy(self, info: dict[str, Any]) -> None:
         """Step 5: learn the ratio of the last interval's metered energy to the raw what-if prediction of the
@@ -438,24 +422,18 @@ class EPACTPlus(EPACT):
 
     def _calibrate_gate(self, info: dict[str, Any]) -> None:
         """Step 7: record the interval that just ended against the applied candidate's predicted slacks, then set
-        this decision's margin (`slack_margin`)."""
+        this decision's margin (`MissMargin`)."""
         last = self.decisions[-1] if self.decisions else None
-        if last is not None and last["chosen"] is not None and "new_misses" in info:
-            slacks = self._slacks.get(tuple(last["chosen"]))
-            if slacks is not None:
-                recent = self.ctx.probe.recent_arrivals(self.ctx.interval_s)
-                self.slack_meter.append((int(info["new_misses"]), 0 if recent is None else len(recent), slacks))
-        self._slacks = {}
-        self.gate_margin_s = slack_margin(self.slack_meter)
+        recent = self.ctx.probe.recent_arrivals(self.ctx.interval_s) if last is not None else None
+        self.gate.observe(None if last is None else last["chosen"], info.get("new_misses"),
+                          0 if recent is None else len(recent))
 
     def predicted_misses(self, config: tuple[int, int], w: WhatIf, track: bool) -> int:
         """Step 7: predicted slacks below the calibrated margin (>= 0; at 0 these are exactly the predicted misses);
         ePACT's count with ``miss_margin`` off."""
         if not self.miss_margin:
             return super().predicted_misses(config, w, track)
-        slacks = np.asarray(w.slack_s, dtype=np.float64)
-        self._slacks[(int(config[0]), int(config[1]))] = slacks
-        return int(np.count_nonzero(slacks < self.gate_margin_s))
+        return self.gate.count(config, w)
 
     def energy_scale(self, clock_mhz: int) -> float:
         return self.calibration.scale(clock_mhz) if self.calibrate else 1.0

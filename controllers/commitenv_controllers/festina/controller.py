@@ -5,7 +5,9 @@ GPUs).
 * per step: the local scheduler (`FestinaLocal`: task order, clock sweep);
 * per interval: serverless scaling and SM partitions. A model keeps as many active instances as had work or were
   dispatched to during the last ``keep_alive_s`` (the paper's keep-alive trigger), plus one for every scale-out its
-  dispatcher asked for since the last interval (an arrival no active instance could serve in time), at least one; each GPU's SM shares follow the shares its instances' local schedulers needed (the largest
+  dispatcher asked for since the last interval (an arrival no active instance could serve in time), at least one
+  (none where the scenario scales to zero: the engine wakes an instance for a request that finds none); each GPU's
+  SM shares follow the shares its instances' local schedulers needed (the largest
   since the last interval, floored at the profile's minimum), scaled so the GPU's shares sum to 1.
 
 Consolidation (sec. 3.5) on keep-alive expiry: when an instance's keep-alive has just run out, the instances that stay
@@ -119,7 +121,8 @@ class Festina(Controller):
             outs, _ = self.dispatchers[m].pop_requests()  # arrivals no active instance could serve in time
             self.scale_outs += outs
             need = sum(1 for r, mm in enumerate(self.model_of) if mm == m and warm[r]) + outs
-            self.active[m] = max(1, min(self.n_per_model[m], need)) if self.keep_alive else self.n_per_model[m]
+            low = 0 if ctx.scale_to_zero else 1  # (the engine wakes an instance for a request that finds none)
+            self.active[m] = max(low, min(self.n_per_model[m], need)) if self.keep_alive else self.n_per_model[m]
         clock = info.get("clock_mhz", ctx.reference_clock_mhz)
         if clock not in ctx.clocks_mhz:
             clock = ctx.reference_clock_mhz

@@ -13,6 +13,7 @@ import numpy as np
 
 from commitenv_controllers.base import Controller, ControllerContext
 from commitenv_controllers.dynamollm import ClockLaws, estimate_queue
+from commitenv_controllers.epact.miss_margin import MissMargin
 from commitenv_controllers.epact.selection import Evaluation, admitted, deviation_cost
 from commitenv_controllers.epact.workers import WhatIfWorkers
 from commitenv_controllers.mpc.forecast import (ErrorTracker, Work, commitment_shape, late_fraction,
@@ -100,7 +101,9 @@ class MPCController(Controller):
     scenario's), ``tie_weight``, ``candidates_per_clock``, ``calibrate`` (learn metered / modelled energy
     ratios), ``shape_prior`` (``"commitments"`` or ``"flat"``), ``time_limit_s`` and ``integer_horizon`` (milp:
     solver time limit, and how many leading intervals are integer, the rest relaxed), ``workers`` (what-if
-    processes: 0 = in this process, None = all cores), ``max_tail_s`` (what-if completion tail).
+    processes: 0 = in this process, None = all cores), ``max_tail_s`` (what-if completion tail), ``miss_margin`` (the
+    SLO gate counts predicted slacks below a margin calibrated on the misses observed after the applied candidates,
+    `epact.miss_margin.MissMargin`; off: the predicted misses).
     """
 
     def __init__(
@@ -122,7 +125,10 @@ class MPCController(Controller):
         integer_horizon: int = 5,
         workers: int | None = 0,
         max_tail_s: float = 3600.0,
+        miss_margin: bool = False,
     ) -> None:
+        if not isinstance(miss_margin, bool):
+            raise ValueError(f"mpc miss_margin: expected true or false, got {miss_margin!r}")
         if form not in ("relaxed", "milp"):
             raise ValueError(f"mpc form: expected 'relaxed' or 'milp', got {form!r}")
         if shape_prior not in ("commitments", "flat"):
@@ -166,6 +172,7 @@ class MPCController(Controller):
         self.integer_horizon = integer_horizon
         self.workers_n = workers
         self.max_tail_s = float(max_tail_s)
+        self.miss_margin = miss_margin
         self.workers: WhatIfWorkers | None = None
 
     # ------------------------------------------------------------------------------------------ setup
@@ -187,6 +194,7 @@ class MPCController(Controller):
         self.energy_scale = 1.0  # metered / modelled interval energy (the plan's model)
         self.whatif_scale = 1.0  # metered / what-if predicted interval energy (applied candidates)
         self._last: dict[str, Any] | None = None
+        self.gate = MissMargin(ctx.intervals_per_hour)
         self.decisions: list[Decision] = []
         self.whatif_errors: list[float] = []
         if self.workers is None:
@@ -239,6 +247,9 @@ class MPCController(Controller):
         self.batch = 0.7 * self.batch + 0.3 * max(1.0, running / max(snap.active, 1))
         recent = ctx.probe.recent_arrivals(dt) if t > 0 else None
         self._learn(info, table_work(recent, laws, self.batch))
+        if self.miss_margin:
+            self.gate.observe(None if self._last is None else self._last["chosen"], info.get("new_misses"),
+                              0 if recent is None else len(recent))
         # forecast of the remaining R intervals
         R = K - k
         shape = commitment_shape(ctx.commitments_j, hour, k, K, R) if self.shape_prior == "commitments" else np.ones(R)
@@ -291,6 +302,7 @@ class MPCController(Controller):
         config = chosen.config if chosen is not None else current
         self._last = {
             "config": (config[0], laws.mhz.index(config[1])), "problem": problem, "backlog": backlog,
+            "chosen": chosen.config if chosen is not None else None,
             "forecast_busy_top": float(self.level.busy_s[laws.top] * shape[0]),
             "whatif_j": chosen.energy_j if chosen is not None else None, "whatif_scale": self.whatif_scale,
         }
@@ -304,8 +316,9 @@ class MPCController(Controller):
     def _evaluate(self, configs: list[tuple[int, int]]) -> list[Evaluation]:
         preds = self.workers.evaluate(configs)
         self._forecast_n = preds[0].forecast_n if preds else 0
-        return [Evaluation(a, c, w.energy_j, w.misses + w.forecast_misses, min(w.worst_margin_s, w.forecast_margin_s),
-                           w.complete) for (a, c), w in zip(configs, preds)]
+        return [Evaluation(a, c, w.energy_j,
+                           self.gate.count((a, c), w) if self.miss_margin else w.misses + w.forecast_misses,
+                           min(w.worst_margin_s, w.forecast_margin_s), w.complete) for (a, c), w in zip(configs, preds)]
 
     # ------------------------------------------------------------------------------------------ reporting
     def stats(self) -> dict[str, float]:

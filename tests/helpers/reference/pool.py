@@ -192,6 +192,9 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
 
     def _route(self, r: Req, t: float) -> None:
         cands = self.routable[r.model]
+        if not cands and self.opt.scale_to_zero:
+            self._demand_wake(r.model, t)
+            cands = self.routable[r.model]
         if not cands:
             self.unrouted.append(r)
             return
@@ -203,6 +206,31 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
         best.waiting.append(r)
         best.unf += 1
         self._poke(best, t)
+
+    def _demand_wake(self, model: int, t: float) -> None:
+        """Models scale to zero: a request of ``model`` found no active replica. Unless one is waking, or moving or
+        loading to become active, one wakes: a draining one resumes at once, else a standby one wakes after its
+        activation latency, else a moving or loading one becomes active once loaded (the first of each kind)."""
+        reps = self.replicas_of(model)
+        if any(r.state == WAKING or (r.state in (MOVING, LOADING) and r.after_load == ACTIVE) for r in reps):
+            return
+        for kind in (DRAINING, STANDBY, MOVING):
+            rep = next((r for r in reps if r.state == kind or (kind == MOVING and r.state == LOADING)), None)
+            if rep is None:
+                continue
+            if kind == DRAINING:
+                rep.state = ACTIVE
+                self._floor_changed(rep.gpu, t)
+                self._refresh_routable(model)
+            elif kind == STANDBY:
+                rep.state = WAKING
+                rep.version += 1
+                self._floor_changed(rep.gpu, t)
+                rep.wake_t = t + rep.profile.latencies.activation_s
+                self._push(rep.wake_t, EV_WAKE, rep.index, rep.version)
+            else:
+                rep.after_load = ACTIVE
+            return
 
     def _book(self, rep: Replica, t0: float, t1: float, energy: float, floor_j: float, entry: SegmentLog | None,
               n_steps: int) -> None:
@@ -287,8 +315,9 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
         """Make the first ``count`` replicas of ``model`` active (waking from standby takes the profile's
         activation latency; a draining one resumes at once) and drain the rest."""
         reps = self.replicas_of(model)
-        if not 1 <= count <= len(reps):
-            raise ValueError(f"active replicas: expected 1..{len(reps)} for model {model}, got {count}")
+        low = 0 if self.opt.scale_to_zero else 1
+        if not low <= count <= len(reps):
+            raise ValueError(f"active replicas: expected {low}..{len(reps)} for model {model}, got {count}")
         if t < self.now - 1e-9:
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.now}")
         before = [r.state for r in reps]
