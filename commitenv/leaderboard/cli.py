@@ -55,14 +55,18 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     rec = res.record
     print(f"{'episode':<40} {'status':<14} {'score':>8} {'cost kWh-eq':>12} {'attain %':>9}  gate")
     for r in rec["episodes"]:
-        print(f"{r['label']:<40} {r['status']:<14} {r['score']:>8.1f} {r['cost_kwh_eq']:>12.4f} "
+        sc = "-" if r["score"] is None else f"{r['score']:.1f}"
+        print(f"{r['label']:<40} {r['status']:<14} {sc:>8} {r['cost_kwh_eq']:>12.4f} "
               f"{r['attainment_pct']:>9.3f}  {'pass' if r['slo_gate_pass'] else 'FAIL'}")
+        if r.get("unscored"):
+            print(f"    no score: {r['unscored']}")
         if r["reason"]:
             print(f"    {r['reason']}")
     s = rec["score"]
     ci = f" (95 % CI {s['ci95'][0]:.1f} to {s['ci95'][1]:.1f})" if s["ci95"] else ""
     m = rec["metrics"]
-    print(f"{sub.name} on {rec['suite']}: score {s['mean']:.1f}{ci} over {s['n']} episodes, "
+    unscored = f" ({m['unscored']} without a score)" if m.get("unscored") else ""
+    print(f"{sub.name} on {rec['suite']}: score {s['mean']:.1f}{ci} over {s['n']} episodes{unscored}, "
           f"{m['gate_failures']} failed the SLO gate, {m['lost']} lost; {rec['wall_s']:.0f} s")
     print(f"appended to {res.results_file}")
     return 0

@@ -66,6 +66,20 @@ def test_two_episode_suite_score_by_hand():
     assert metrics["failed"] == 1 and metrics["episodes"] == 2 and metrics["slo_gate_pass"] == 1
 
 
+def test_an_episode_whose_references_tie_has_no_score_and_leaves_the_mean():
+    """A drawn commitment so large that the upper reference cannot beat the lower one: that episode keeps its gate but
+    no score, and the suite's mean is over the others (the submission is not refused for it)."""
+    tie = _summary(0.43)
+    rows = [episode_row("a", "s", 1, {"status": "ok", "summary": _summary(0.6)}, _summary(1.0), _summary(0.2)),
+            episode_row("t", "s", 2, {"status": "ok", "summary": _summary(0.5, gate=False, worst=98.5)}, tie, tie)]
+    assert rows[1]["score"] is None and "nothing to gain" in rows[1]["unscored"]
+    assert rows[1]["slo_gate_pass"] is False and rows[1]["slo_gate_shortfall_pct"] == pytest.approx(0.5)
+    assert rows[1]["lower_cost_kwh_eq"] == rows[1]["upper_cost_kwh_eq"] == 0.43
+    score, metrics = suite_summary(rows)
+    assert score["n"] == 1 and score["mean"] == pytest.approx(50.0)
+    assert metrics["unscored"] == 1 and metrics["episodes"] == 2 and metrics["gate_failures"] == 1
+
+
 # ================================================================================================ suites
 def _secret_suite(folder: Path, scenarios: list[str], n: int = 8) -> Path:
     p = folder / "suites" / "hidden.yaml"

@@ -223,14 +223,18 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
                 self._floor_changed(rep.gpu, t)
                 self._refresh_routable(model)
             elif kind == STANDBY:
-                rep.state = WAKING
-                rep.version += 1
-                self._floor_changed(rep.gpu, t)
-                rep.wake_t = t + rep.profile.latencies.activation_s
-                self._push(rep.wake_t, EV_WAKE, rep.index, rep.version)
+                self._wake(rep, t)
             else:
                 rep.after_load = ACTIVE
             return
+
+    def _wake(self, rep: Replica, t: float) -> None:
+        """A standby replica starts waking at ``t``: active after its profile's activation latency."""
+        rep.state = WAKING
+        rep.version += 1
+        self._floor_changed(rep.gpu, t)
+        rep.wake_t = t + rep.profile.latencies.activation_s
+        self._push(rep.wake_t, EV_WAKE, rep.index, rep.version)
 
     def _book(self, rep: Replica, t0: float, t1: float, energy: float, floor_j: float, entry: SegmentLog | None,
               n_steps: int) -> None:
@@ -329,11 +333,7 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
                     rep.state = ACTIVE
                     self._floor_changed(rep.gpu, t)
                 elif rep.state == STANDBY:
-                    rep.state = WAKING
-                    rep.version += 1
-                    self._floor_changed(rep.gpu, t)
-                    rep.wake_t = t + rep.profile.latencies.activation_s
-                    self._push(rep.wake_t, EV_WAKE, rep.index, rep.version)
+                    self._wake(rep, t)
             else:
                 if rep.state == ACTIVE:
                     rep.state = DRAINING
