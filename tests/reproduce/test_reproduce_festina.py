@@ -68,3 +68,24 @@ def test_no_family_runs_no_family_section():
     res = {"scenario": "x", "seeds": [1], "wall_s": 3.0,
            "runs": {"vllm/1": _row(10.0, 99.0, m), "festina/1": _row(5.0, 98.0, m)}}
     assert "## The serverless family" not in report(res)
+
+
+def test_run_writes_every_part_on_a_toy_shared_pool(tmp_path, monkeypatch):
+    """The reproduction end to end on a toy shared pool standing in for all three scenarios: each controller and each
+    ablation row runs once, and the report and results hold them (the figures themselves: docs/results/festina.md)."""
+    import json
+
+    from helpers.scenarios import shared_scenario
+
+    import commitenv.reproduce.festina as rf
+
+    path = str(shared_scenario(tmp_path / "s"))
+    monkeypatch.setattr(rf, "SCENARIO", path)
+    monkeypatch.setattr(rf, "COMMIT_SCENARIO", path)
+    monkeypatch.setattr(rf, "FAMILY_SCENARIO", path)
+    res = rf.run(tmp_path / "out", seeds=(0,), family_seeds=(0,), progress=False)
+    assert set(res["runs"]) == {f"{c}/0" for c in rf.CONTROLLERS}
+    assert set(res["family_runs"]) == {f"{label}/0" for label, _, _ in rf.ABLATION}
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## The serverless family" in text and "| keep-alive off (every instance kept active) |" in text
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["family_seeds"] == [0]
