@@ -141,9 +141,9 @@ def report(results: dict) -> str:
               "Festina serves energy first: it ignores the hourly commitment, so on the commitment variant its cost is "
               "that of under-use; ePACT tracks the commitment.", "",
               *_commit_table(results),
-              *_family_table(results),
               f"Decision time (this machine): dispatch {da:.1f} us per arrival (engine views included), local "
-              f"scheduling {ls:.1f} us per step." if da is not None and ls is not None else ""]
+              f"scheduling {ls:.1f} us per step." if da is not None and ls is not None else "", "",
+              *_family_table(results)]
     return "\n".join(lines) + "\n"
 
 
