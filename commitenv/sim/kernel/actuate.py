@@ -73,6 +73,15 @@ def _route_to(t, r, best, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv):
 
 
 @njit(cache=True)
+def _wake(t, x, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
+    """Standby replica ``x`` starts waking at ``t``: active after its profile's activation latency (``R_WAKE_S``)."""
+    ri[x, R_STATE] = WAKING
+    ri[x, R_VER] += 1
+    _floor_changed(t, ri[x, R_GPU], ri, rf, gi, gf, gh, floor_tab)
+    _push(si, ht, hk, hs, hi, hv, t + rf[x, R_WAKE_S], EV_WAKE, x, ri[x, R_VER])
+
+
+@njit(cache=True)
 def _demand_wake(t, m, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
     """`ReferencePool._demand_wake` (models scale to zero): a request of model ``m`` found no active replica. Unless one
     is waking, or moving or loading to become active, one is woken: a draining one resumes at once (returned: it takes
@@ -96,10 +105,7 @@ def _demand_wake(t, m, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
         _floor_changed(t, ri[drain, R_GPU], ri, rf, gi, gf, gh, floor_tab)
         return drain
     if stand >= 0:
-        ri[stand, R_STATE] = WAKING
-        ri[stand, R_VER] += 1
-        _floor_changed(t, ri[stand, R_GPU], ri, rf, gi, gf, gh, floor_tab)
-        _push(si, ht, hk, hs, hi, hv, t + rf[stand, R_WAKE_S], EV_WAKE, stand, ri[stand, R_VER])
+        _wake(t, stand, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
     elif moving >= 0:
         ri[moving, R_AFTER] = ACTIVE
     return -1
@@ -317,10 +323,10 @@ def _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab,
 
 
 @njit(cache=True)
-def set_active(t, model, count, latency_s, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
+def set_active(t, model, count, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv):
     """The state changes of `Pool.set_active` for ``model``: its first ``count`` replicas (in index order) active (a
-    standby one wakes after ``latency_s``, a draining one resumes at once), the rest draining. Returns whether the
-    set changed (the host then re-routes the model's queues and starts the replicas that received work)."""
+    standby one wakes after its activation latency, a draining one resumes at once), the rest draining. Returns
+    whether the set changed (the host then re-routes the model's queues and starts the replicas that received work)."""
     R = ri.shape[0]
     changed = False
     i = 0  # the replica's place among the model's
@@ -336,10 +342,7 @@ def set_active(t, model, count, latency_s, ri, rf, gi, gf, gh, floor_tab, si, ht
                 ri[x, R_STATE] = ACTIVE
                 _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
             elif st == STANDBY:
-                ri[x, R_STATE] = WAKING
-                ri[x, R_VER] += 1
-                _floor_changed(t, g, ri, rf, gi, gf, gh, floor_tab)
-                _push(si, ht, hk, hs, hi, hv, t + latency_s, EV_WAKE, x, ri[x, R_VER])
+                _wake(t, x, ri, rf, gi, gf, gh, floor_tab, si, ht, hk, hs, hi, hv)
         else:
             if st == ACTIVE:
                 ri[x, R_STATE] = DRAINING

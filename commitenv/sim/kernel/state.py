@@ -314,7 +314,7 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
             raise ValueError(f"set_active at t={t} precedes the engine clock {self.sf[F_NOW]}")
         self._room(3 * self.R + 8)
         self._refill()
-        if not set_active(t, model, count, self.profiles[model].latencies.activation_s, self.ri, self.rf, self.gi,
+        if not set_active(t, model, count, self.ri, self.rf, self.gi,
                           self.gf, self.gh, self.floor_tab, self.si, self.ht, self.hk, self.hs, self.hi, self.hv):
             return
         if self.sched[S_DISPATCH] and pool is None:
