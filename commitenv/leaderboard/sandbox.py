@@ -134,6 +134,7 @@ class SandboxedController(Controller):
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None  # the host's folder: box/ (the child's) and child.log
         self._to = self._from = self._info = -1
+        self._info_buf = b""
         self._ns_init: int | None = None  # bubblewrap's init in the new pid namespace (host pid)
         self._pid: int | None = None  # the child interpreter (host pid)
         self._cpu: list[float] = []
@@ -268,6 +269,7 @@ class SandboxedController(Controller):
             for fd in fds:
                 os.close(fd)
         self._to, self._from, self._info = w_in, r_out, r_info
+        self._info_buf = b""
         if not kernel:
             self._pid = self._proc.pid
 
@@ -276,15 +278,21 @@ class SandboxedController(Controller):
         if self._pid is not None or self._proc is None:
             return self._pid
         if self._ns_init is None and self._info >= 0:
-            ready, _, _ = select.select([self._info], [], [], 0)
-            if ready:
-                data = os.read(self._info, 4096)
+            # bubblewrap writes its report in several writes and then closes the pipe: read to the end, never
+            # parse a part of it (a read between two writes gave "did not report" under load)
+            while select.select([self._info], [], [], 0)[0]:
+                chunk = os.read(self._info, 4096)
+                if chunk:
+                    self._info_buf += chunk
+                    continue
                 os.close(self._info)
                 self._info = -1
                 try:
-                    self._ns_init = int(json.loads(data)["child-pid"])
+                    self._ns_init = int(json.loads(self._info_buf)["child-pid"])
                 except (ValueError, KeyError, TypeError):
-                    self._fail("crash", "start-up: bubblewrap did not report the sandbox's process")
+                    self._fail("crash", "start-up: bubblewrap did not report the sandbox's process "
+                                        f"(it wrote {self._info_buf[:200]!r}){self._log_tail()}")
+                break
         if self._ns_init is not None:
             self._pid = iso.app_pid(self._ns_init)
         return self._pid

@@ -337,3 +337,25 @@ def test_the_workload_cannot_be_rebuilt_from_a_secret_seed(tmp_path):
     hidden = sandboxed(sub, sc, seed=1_234_567_891)
     assert hidden["status"] == "ok", hidden["reason"]
     assert hidden["summary"]["tried"] == 30 and hidden["summary"]["found"] == -1
+
+
+def test_bubblewraps_report_is_read_to_its_end_when_written_in_parts(tmp_path, monkeypatch):
+    """bubblewrap writes its --info-fd report in several writes: a read between two writes must wait for the rest,
+    not fail the submission as "did not report" (it did on a loaded CI machine)."""
+    import os
+
+    from commitenv.leaderboard import sandbox as sb
+
+    sub = submission(tmp_path, "", "Served")
+    ctrl = SandboxedController(sub, LIMITS)
+    ctrl._proc = object()  # a started child (only its presence is read here)
+    monkeypatch.setattr(sb.iso, "app_pid", lambda ns_init: ns_init + 1)
+    r, w = os.pipe()
+    ctrl._info = r
+    os.write(w, b'{\n    "child-pid": 4242')
+    assert ctrl._find_pid() is None  # half a report: nothing known yet, and no failure
+    os.write(w, b',\n    "pid-namespace": 4026532175\n}\n')
+    assert ctrl._find_pid() is None  # the whole report, but the pipe is still open
+    os.close(w)
+    assert ctrl._find_pid() == 4243
+    assert ctrl._info == -1
