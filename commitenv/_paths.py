@@ -10,7 +10,7 @@ _PKG = Path(__file__).resolve().parent
 
 
 def data_dir(kind: str) -> Path:
-    """Folder of shipped ``kind`` files ('profiles' or 'scenarios'): wheel copy first, then the checkout."""
+    """Folder of shipped ``kind`` files ('profiles', 'scenarios' or 'sites'): wheel copy first, then the checkout."""
     for cand in (_PKG / "_data" / kind, _PKG.parent / kind):
         if cand.is_dir():
             return cand

@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commitenv.leaderboard.cli import add_leaderboard_parsers
 
     add_leaderboard_parsers(sub)
+    from commitenv.cli.site import add_site_parser
+
+    add_site_parser(sub)
     from commitenv.backends.cli import add_calibrate_parser
 
     add_calibrate_parser(sub)

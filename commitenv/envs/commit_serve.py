@@ -231,6 +231,7 @@ class CommitServeEnv(gym.Env):
         self._dl_sorted = pool.deadline[self._dl_order]
         self._dl_ptr = 0
         self.tail_energy_j = 0.0
+        self.settlement_meter_j = 0.0  # the settlement meter's reading at the last boundary (a site sums them)
         self.tail_cost_kwh = 0.0
         self._hour_of = arrival_hours(table.arrival_s, self.H)
         self._hour_rows = np.searchsorted(self._hour_of, np.arange(self.H + 1))  # the table is in arrival order
@@ -291,6 +292,7 @@ class CommitServeEnv(gym.Env):
         self.actions.extend(changes)
         split = self.attributor.close(t1) if self.attributor is not None else None
         e_now = pool.energy_j(t1) * self._settle_factor  # the settlement meter
+        self.settlement_meter_j = e_now
         reading = self.meter.read(pool, t1, self.dt)  # what the controller's counters say
         interval_j = reading - self.meter_prev
         self.meter_prev = reading

@@ -114,6 +114,21 @@ def format_validation_error(source: str, e: ValidationError) -> str:
     return f"{source}: " + "; ".join(parts)
 
 
+def read_yaml(path: Path, error: type[ValueError] = ScenarioError) -> object:
+    """The parsed YAML of ``path`` (a key given twice in one mapping refused); problems raise ``error`` naming the
+    file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise error(f"{path}: file not found") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read the file: {e}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise error(f"{path}: not valid YAML: {e}") from None
+
+
 def parse_scenario(raw: object, source: str = "<memory>") -> Scenario:
     """Validate a mapping (the parsed YAML) into a :class:`Scenario`; errors name ``source`` and the field."""
     if not isinstance(raw, dict):
@@ -232,17 +247,7 @@ def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:
         return check_scenario(name_or_path)
     path, shipped = resolve_scenario(name_or_path)
     src = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ScenarioError(f"{src}: file not found") from None
-    except OSError as e:
-        raise ScenarioError(f"{src}: cannot read the file: {e}") from None
-    try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{src}: not valid YAML: {e}") from None
-    sc = parse_scenario(raw, src)
+    sc = parse_scenario(read_yaml(path), src)
     if shipped and sc.name != path.stem:
         raise ScenarioError(f"{src}: name: expected '{path.stem}' (the file name), got '{sc.name}'")
     return check_scenario(sc, path.resolve().parent)

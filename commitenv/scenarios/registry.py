@@ -1,4 +1,4 @@
-"""Register every shipped scenario with Gymnasium as ``commitenv/<name>-v0``.
+"""Register every shipped scenario and site with Gymnasium as ``commitenv/<name>-v0``.
 
 Registration reads only file names (no scenario is parsed, no environment module is imported), so importing
 commitenv stays cheap and a broken scenario file surfaces when that scenario is made, not at import.
@@ -10,6 +10,7 @@ from commitenv.scenarios.loader import env_id, list_scenarios, load_scenario
 from commitenv.scenarios.schema import ScenarioError
 
 ENTRY_POINT = "commitenv.envs:CommitServeEnv"
+SITE_ENTRY_POINT = "commitenv.site:SiteEnv"  # sites (``sites/*.yaml``) register beside the scenarios
 
 
 def register_all() -> list[str]:
@@ -23,6 +24,14 @@ def register_all() -> list[str]:
         if eid in gym.envs.registry:
             continue
         gym.register(id=eid, entry_point=ENTRY_POINT, kwargs={"scenario": name}, max_episode_steps=None)
+        added.append(eid)
+    from commitenv.site.loader import list_sites  # (reads file names only, as above)
+
+    for name in list_sites():
+        eid = env_id(name)
+        if eid in gym.envs.registry:
+            continue
+        gym.register(id=eid, entry_point=SITE_ENTRY_POINT, kwargs={"site": name}, max_episode_steps=None)
         added.append(eid)
     return added
 

@@ -1,0 +1,73 @@
+"""Validated schema of a site file (``sites/*.yaml``): the pools behind one site meter and the site's commitment."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SiteError(ValueError):
+    """A site is unknown, unreadable or invalid; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SitePoolSpec(_Strict):
+    """One pool of the site: a pool scenario (shipped name or path, relative to the site file) whose fields
+    ``overrides`` replaces (a nested mapping merged into the scenario file, validated as a scenario). ``count`` > 1
+    stands for that many such pools, named ``<name>-0`` .. (each runs on its own seed, derived from the site's run
+    seed and its name: a scenario whose ``workload.seed`` is null then draws each its own arrivals)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    scenario: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    count: int = Field(default=1, ge=1, le=100_000)
+
+
+class SiteCommitmentSpec(_Strict):
+    """The hourly commitment on the site meter: ``pools`` (the sum of the pools' own commitments, each built as its
+    scenario says, times ``scale``) or ``mj`` (absolute, one value or one per hour)."""
+
+    pools: Literal["sum"] | None = None
+    scale: float = Field(default=1.0, gt=0, le=2.0)
+    mj: float | list[float] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "SiteCommitmentSpec":
+        if (self.pools is None) == (self.mj is None):
+            raise ValueError("commitment: give exactly one of 'pools: sum' or 'mj'")
+        if self.mj is not None and self.scale != 1.0:
+            raise ValueError("commitment.scale: only with 'pools: sum' (scale absolute 'mj' values yourself)")
+        if self.mj is not None:
+            vals = self.mj if isinstance(self.mj, list) else [self.mj]
+            if not vals or any(not (v > 0) for v in vals):
+                raise ValueError(f"commitment.mj: expected positive MJ values, got {self.mj}")
+        return self
+
+
+class SiteSpec(_Strict):
+    """A site: pools stepping in lockstep (same horizon and interval), settled together on one meter.
+
+    ``gate``: ``per_pool`` (every pool meets its own scenario's SLO gate in every arrival hour: a pool's users are
+    its own, and a site-wide miss fraction would let one pool starve its users behind another's slack)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    description: str = ""
+    pools: list[SitePoolSpec] = Field(min_length=1, max_length=100_000)
+    commitment: SiteCommitmentSpec = SiteCommitmentSpec(pools="sum")
+    lambda_plus: float | None = Field(default=None, gt=0)
+    lambda_minus: float | None = Field(default=None, ge=0)
+    gate: Literal["per_pool"] = "per_pool"
+    sources: dict[str, str] = Field(default_factory=dict)  # where each parameter comes from (free text)
+
+    @model_validator(mode="after")
+    def _names(self) -> "SiteSpec":
+        names = [n for p in self.pools for n in ([p.name] if p.count == 1 else
+                                                   [f"{p.name}-{i}" for i in range(p.count)])]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"pools: pool names must be distinct, got {dup} more than once")
+        return self

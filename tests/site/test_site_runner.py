@@ -1,0 +1,94 @@
+"""The site runner: a controller per pool, on its own commitment or on the coordinator's budget (checked by hand at
+every decision), and the site's bill equal to the env stepped with the same actions."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from commitenv.site import SiteEnv, load_site
+from commitenv.site.runner import run_site_episode, site_gates
+
+from helpers.sites import three_pools
+
+RECORDER = """
+import json
+from commitenv.control import Controller
+
+class Recorder(Controller):
+    '''Every replica at the reference clock; appends what it sees to LOG (one JSON line per decision).'''
+    def __init__(self, log):
+        self.log = log
+    def act(self, observation, info):
+        with open(self.log, "a") as fh:
+            fh.write(json.dumps({"scenario_commit": self.ctx.commitments_j[info["hour"]], "commit": info["commitment_j"],
+                                 "used": info["hour_energy_j"], "target": info["target_j"], "k": info["interval"],
+                                 "hour": info["hour"], "t": info["t"]}) + "\\n")
+        return self.ctx.action(self.ctx.n_replicas, self.ctx.reference_clock_mhz)
+"""
+
+
+def _recorder(tmp_path):
+    f = tmp_path / "recorder.py"
+    f.write_text(textwrap.dedent(RECORDER))
+    return f"{f}:Recorder"
+
+
+def _decisions(log, n_pools):
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    return [rows[i:i + n_pools] for i in range(0, len(rows), n_pools)]  # one decision of every pool, in pool order
+
+
+def test_own_budget_shows_each_pool_its_own_commitment(tmp_path, toy):
+    path = three_pools(tmp_path, toy, commitment={"mj": 0.6})
+    log = tmp_path / "own.jsonl"
+    run_site_episode(path, _recorder(tmp_path), seed=2, budget="own", controller_kwargs={"log": str(log)})
+    for step in _decisions(log, 3):
+        for row in step:
+            assert row["commit"] == row["scenario_commit"]
+
+
+def test_site_budget_splits_the_sites_remaining_commitment_by_what_each_pool_had_left(tmp_path, toy):
+    site = load_site(three_pools(tmp_path, toy, commitment={"mj": 0.6}))
+    log = tmp_path / "site.jsonl"
+    run_site_episode(site, _recorder(tmp_path), seed=2, budget="site", controller_kwargs={"log": str(log)})
+    steps = _decisions(log, 3)
+    assert len(steps) == 18
+    moved = 0
+    for step in steps:
+        own = np.array([r["scenario_commit"] for r in step])
+        used = np.array([r["used"] for r in step])
+        left = np.maximum(own - used, 0.0)
+        site_left = 0.6e6 - used.sum()
+        w = left / left.sum() if left.sum() > 0 else np.full(3, 1 / 3)
+        want = used + w * site_left
+        got = np.array([r["commit"] for r in step])
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-6)
+        assert got.sum() == pytest.approx(0.6e6, rel=1e-12)  # the budgets add up to the site's commitment
+        k = step[0]["k"]
+        for r in step:
+            assert r["target"] == pytest.approx((r["commit"] - r["used"]) / (6 - k), rel=1e-12, abs=1e-6)
+        moved += int(np.any(np.abs(got - own) > 1.0))
+    assert moved >= 6  # the budgets do differ from the pools' own commitments
+
+
+def test_site_run_equals_the_env_stepped_with_the_same_actions(tmp_path, toy):
+    path = three_pools(tmp_path, toy)
+    env_run, run = run_site_episode(path, "vllm", seed=5)
+    env = SiteEnv(path)
+    env.reset(seed=5)
+    full = {n: {"active": e.n_replicas, "clock": e.profile.reference_clock_index} for n, e in env.envs.items()}
+    ret, done = 0.0, False
+    while not done:
+        _, r, done, _, _ = env.step(full)
+        ret += r
+    assert run.summary["episode_return"] == pytest.approx(ret, rel=1e-12)
+    cost = float(env.hour_cost_kwh.sum() + env.tail_cost_kwh)
+    assert run.summary["cost_kwh_eq"] == pytest.approx(cost, rel=1e-12)
+    assert run.summary["misses"] == env.misses
+    gates = site_gates(run, run)
+    assert set(gates["pools"]) == {"a", "b", "c"}
+    assert gates["passed"] == all(g["passed"] for g in gates["pools"].values())
