@@ -274,6 +274,25 @@ def _run_ray(ray, jobs: list[Any], done: Callable[[int, dict[str, Any]], None], 
                 ray.cancel(ref, force=True)
 
 
+RAY_CONNECT_TIMEOUT_S = 5.0  # how long an address given as HOST:PORT may take to accept a connection
+
+
+def _check_answers(address: str) -> None:
+    """ValueError within seconds when nothing accepts a connection at a HOST:PORT (or ray://HOST:PORT) address:
+    Ray itself retries such an address for minutes before it gives up."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or address in (RAY_LOCAL, "auto"):
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ValueError(f"Ray at {address}: nothing answers at {host}:{port} within {RAY_CONNECT_TIMEOUT_S:g} s "
+                         f"({e.strerror or type(e).__name__}); is the cluster's head node up, and is this its "
+                         f"address (ray://HOST:10001 for a client, HOST:6379 from a node)?") from None
+
+
 def _ray_init(ray, address: str, in_flight: int | None) -> bool:
     """Start a local Ray (``RAY_LOCAL``; ``in_flight`` CPUs when given) or connect to ``address``, unless Ray is
     initialized in this process already; whether this call did it (then `run_jobs` shuts it down: stops the
@@ -282,6 +301,7 @@ def _ray_init(ray, address: str, in_flight: int | None) -> bool:
         log.info("ray: using the Ray already initialized in this process")
         return False
     extra = {"num_cpus": max(in_flight, 1)} if address == RAY_LOCAL and in_flight else {}
+    _check_answers(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, **extra)
     except Exception as e:  # noqa: BLE001  (ConnectionError, RuntimeError, ...: say where and why)

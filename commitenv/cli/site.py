@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from commitenv.cli.args import check_out, controller_kwargs, parse_controller_args
-from commitenv.runner import parse_seeds
+from commitenv.runner import RAY_LOCAL, parse_seeds
 
 _COLS = [("controller", 12), ("budget", 6), ("cost_kWh", 10), ("vs_vllm_%", 9), ("alone_kWh", 10),
          ("|dev|_%", 8), ("attain_%", 8), ("gate", 9), ("wall_s", 8)]
@@ -25,7 +25,12 @@ def add_site_parser(sub) -> None:
                    help="comma-separated: own (each pool tracks its own commitment), site (a coordinator splits the "
                         "site's remaining commitment among the pools every interval)")
     s.add_argument("--seeds", default="0", metavar="LIST", help="site run seeds: 0-4, 0,3,7")
-    s.add_argument("--out", default=None, help="folder for site.json (every run's site and pool summaries)")
+    s.add_argument("--shards", type=int, default=1, metavar="N",
+                   help="with --ray: the pools split into N Ray actors stepping in lockstep (default 1)")
+    s.add_argument("--ray", nargs="?", const=RAY_LOCAL, default=None, metavar="ADDRESS",
+                   help="run the pools in Ray actors, on a new local Ray or on the cluster at ADDRESS (needs the 'ray' "
+                        "extra)")
+    s.add_argument("--out", default=None, help="folder for site.json (every run's site, hourly and pool summaries)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_site)
     sub.add_parser("sites", help="list shipped sites").set_defaults(func=cmd_sites)
@@ -48,6 +53,10 @@ def cmd_site(args: argparse.Namespace) -> int:
     from commitenv.site import load_site
     from commitenv.site.runner import BUDGETS, run_site_episode, site_gates
 
+    if args.shards < 1:
+        raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
+    if args.shards > 1 and args.ray is None:
+        raise ValueError("--shards: only with --ray (in this process the pools run one after another)")
     out = check_out(args.out)
     site = load_site(args.site)
     seeds = parse_seeds(args.seeds)
@@ -61,16 +70,17 @@ def cmd_site(args: argparse.Namespace) -> int:
     runs = []
     print("  ".join(f"{h:>{w}}" for h, w in _COLS))
     for seed in seeds:
-        _, ref = run_site_episode(site, "vllm", seed, progress=not args.quiet)
+        ref = run_site_episode(site, "vllm", seed, progress=not args.quiet, ray_address=args.ray, shards=args.shards)
         plan = [("vllm", "own", ref)] + [(c, b, None) for c in specs for b in budgets]
         for c, b, done in plan:
-            run = done if done is not None else run_site_episode(site, c, seed, budget=b, controller_kwargs=kwargs[c],
-                                                                 progress=not args.quiet)[1]
+            run = done if done is not None else run_site_episode(
+                site, c, seed, budget=b, controller_kwargs=kwargs[c], progress=not args.quiet, ray_address=args.ray,
+                shards=args.shards)
             s = run.summary
             gates = site_gates(run, ref)
             s["gate"] = gates
             s["saving_vs_vllm_pct"] = 100.0 * (ref.summary["cost_kwh_eq"] - s["cost_kwh_eq"]) / ref.summary["cost_kwh_eq"]
-            runs.append({"summary": s, "pools": run.pools})
+            runs.append({"summary": s, "hours": run.hours, "pools": run.pools})
             n_ok = sum(g["passed"] for g in gates["pools"].values())
             cells = [c if done is None else "vllm", b, f"{s['cost_kwh_eq']:.3f}", f"{s['saving_vs_vllm_pct']:.1f}",
                      f"{s['pools_alone_cost_kwh_eq']:.3f}", f"{s['mean_abs_dev_pct']:.2f}", f"{s['attainment_pct']:.3f}",

@@ -99,21 +99,21 @@ class Copies:
         if len(table) and table.arrival_s[0] < self.now - 1e-9:
             raise ValueError(f"replay arrivals start at {table.arrival_s[0]} before the snapshot time {self.now}")
         n = len(table)
-        self._arr = table.arrival_s.tolist()
-        self._prompt = table.prompt_tokens.tolist()
+        self._arr = table.arrival_s
+        self._prompt = table.prompt_tokens
         self._n = n
         model_of = np.zeros(n, dtype=np.int64)
         for ten, m in self.tenant_model.items():
             model_of[table.tenant == ten] = m
-        self._model = model_of.tolist()
+        self._model = model_of
         self._cursor = 0
         self._slot_base = REPLAY_SLOT_BASE
         self._hashes = None  # replayed arrivals carry no prefix blocks
         lim = np.array([p.scheduler.context_limit for p in self.profiles])[model_of]
         self.rejected = np.asarray(table.prompt_tokens >= lim)
         out, lref = _capped_lref(self.profiles, table, model_of, table.output_tokens)
-        self._out = out.tolist()
-        self._deadline = (table.arrival_s + self.opt.alpha * lref).tolist()
+        self._out = out
+        self._deadline = table.arrival_s + self.opt.alpha * lref
         self._attach_replay_rows()
 
     def _attach_replay_rows(self) -> None:

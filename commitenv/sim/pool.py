@@ -119,7 +119,7 @@ class Pool(KernelResults, Placement, PolicyHooks, Copies):
         self.live = 0  # arrived, unfinished requests
         self.completed = 0
         # workload cursor
-        self._arr: list[float] = []
+        self._arr: np.ndarray = np.empty(0)  # arrival times of the attached rows
         self._cursor = 0
         self._n = 0
         self.table: RequestTable | None = None
@@ -143,8 +143,8 @@ class Pool(KernelResults, Placement, PolicyHooks, Copies):
         result arrays, and the cursor at ``t_start``."""
         n = len(table)
         self.table = table
-        self._arr = table.arrival_s.tolist()
-        self._prompt = table.prompt_tokens.tolist()
+        self._arr = table.arrival_s  # (arrays, not lists: a day's lists held 130 MB per pool)
+        self._prompt = table.prompt_tokens
         self._n = n
         tm = np.zeros(n, dtype=np.int64)
         if tenant_model:
@@ -154,12 +154,12 @@ class Pool(KernelResults, Placement, PolicyHooks, Copies):
                 tm[table.tenant == ten] = m
         self.tenant_model = dict(tenant_model or {})  # the scenario's routing of tenants to models (public)
         self.model_of = tm  # model serving each request row
-        self._model = tm.tolist()
+        self._model = tm
         terms = request_terms(self.profiles, self.opt, table, tm)
         self.rejected, self.out_tokens, self.lref = terms.rejected, terms.out_tokens, terms.lref
         self.deadline, self.pred_out, self.visible_deadline = terms.deadline, terms.pred_out, terms.visible_deadline
-        self._out = self.out_tokens.tolist()
-        self._deadline = self.deadline.tolist()
+        self._out = self.out_tokens
+        self._deadline = self.deadline
         self.overhead_s = self.truth.request_overheads(n) if self.truth is not None else None
         self.done_slots: list[int] | None = None  # a list when the environment tracks completions (misses)
         self._n_results = n

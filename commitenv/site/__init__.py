@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 # Public names and the submodule defining each, loaded on first use: registering the shipped sites (at ``import
 # commitenv``) reads file names only and must not pull in the engine.
 _WHERE = {
-    **dict.fromkeys(["SITE_FEATURES", "SiteEnv", "pool_seed"], "env"),
+    **dict.fromkeys(["SITE_FEATURES", "SiteEnv"], "env"),
+    "pool_seed": "pools",
     **dict.fromkeys(["Site", "SitePool", "list_sites", "load_site"], "loader"),
     "SiteError": "schema",
 }
@@ -27,8 +28,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs
-    from commitenv.site.env import SITE_FEATURES, SiteEnv, pool_seed
+    from commitenv.site.env import SITE_FEATURES, SiteEnv
     from commitenv.site.loader import Site, SitePool, list_sites, load_site
+    from commitenv.site.pools import pool_seed
     from commitenv.site.schema import SiteError
 
 __all__ = ["SITE_FEATURES", "Site", "SiteEnv", "SiteError", "SitePool", "list_sites", "load_site", "pool_seed"]

@@ -32,19 +32,13 @@ from commitenv.envs.actions import check_action, check_shared_action
 from commitenv.envs.observation import slog, soft
 from commitenv.settlement import HourlySettlement
 from commitenv.site.loader import Site, load_site
-from commitenv.site.shares import RunningShares
+from commitenv.site.meter import SiteMeter
+from commitenv.site.pools import pool_seed
 
 SITE_FEATURES = ("time_in_hour", "hour_of_horizon", "commitment", "hour_energy", "target")
 _R = 20.0
 SITE_LOW = np.array([0, 0, 0, 0, -_R], dtype=np.float32)
 SITE_HIGH = np.array([1, 1, _R, _R, _R], dtype=np.float32)
-_POOL_SEED_TAG = 0x706C  # "pl"
-
-
-def pool_seed(run_seed: int, index: int) -> int:
-    """The run seed of the site's ``index``-th pool, derived one way from the site's run seed (31 bits)."""
-    st = np.random.SeedSequence([int(run_seed), _POOL_SEED_TAG, int(index)]).generate_state(1, dtype=np.uint32)
-    return int(st[0]) & 0x7FFF_FFFF
 
 
 class SiteEnv(gym.Env):
@@ -77,13 +71,10 @@ class SiteEnv(gym.Env):
         for i, (n, e) in enumerate(self.envs.items()):
             obs[n], infos[n] = e.reset(seed=pool_seed(self.run_seed, i))
         self.k = 0
-        self.settlement = HourlySettlement(self.commit_j, self.lp, self.lm, self.K)
-        self.shares = RunningShares(self.names, self.lp, self.lm, seed=self.run_seed)
-        self._hour_start = np.zeros(len(self.names))  # each pool's settlement meter when the hour began
+        self.meter = SiteMeter(self.names, self.commit_j, self.lp, self.lm, self.K, seed=self.run_seed,
+                               pool_rewards=self.pool_rewards)
         self.misses = 0
         self.pool_returns = dict.fromkeys(self.names, 0.0)
-        self.tail_energy_j = 0.0
-        self.tail_cost_kwh = 0.0
         return self._obs(obs), self._info(infos, new_misses=0)
 
     def _check(self, action: Any) -> None:
@@ -116,48 +107,43 @@ class SiteEnv(gym.Env):
         for n, e in self.envs.items():
             obs[n], r_pool, terminated, _, infos[n] = e.step(action[n])
             self.pool_returns[n] += r_pool  # the pool's return had it settled alone
-        meters = np.array([e.settlement_meter_j for e in self.envs.values()])
-        booked = self.settlement.record(math.fsum(meters.tolist()))
+        booked = self.meter.record(np.array([e.settlement_meter_j for e in self.envs.values()]))
         self.k += 1
-        reward = -booked.cost_change_kwh
+        reward = booked.reward
         new_misses = sum(int(i["new_misses"]) for i in infos.values())
         self.misses += new_misses
-        hour_commit = float(self.commit_j[booked.hour])
-        pool_change = None
-        if self.pool_rewards or booked.closed is not None:
-            pool_change = self.shares.update(meters - self._hour_start, hour_commit)
-        settlement = None
-        if booked.closed is not None:
-            settlement = booked.closed.as_dict()
-            settlement["pool_cost_share_kwh_eq"] = dict(zip(self.names, self.shares.phi.tolist()))
-            settlement["pool_cost_share_se_kwh_eq"] = (None if self.shares.se is None
-                                                       else dict(zip(self.names, self.shares.se.tolist())))
-            self.shares.close_hour()
-            self._hour_start = meters
-        info = self._info(infos, new_misses=new_misses, settlement=settlement)
+        info = self._info(infos, new_misses=new_misses, settlement=booked.settlement)
+        pool_reward = booked.pool_reward
         if terminated:
-            tails = np.array([e.tail_energy_j for e in self.envs.values()])
-            self.tail_energy_j = math.fsum(tails.tolist())
-            self.tail_cost_kwh = self.settlement.tail_cost(self.tail_energy_j)
-            reward -= self.tail_cost_kwh
-            info["site"]["tail_energy_j"] = self.tail_energy_j
-            info["site"]["tail_cost_kwh_eq"] = self.tail_cost_kwh
-            if pool_change is not None:
-                pool_change = pool_change + self.shares.tail(tails)
-        if self.pool_rewards:
-            info["site"]["pool_reward"] = dict(zip(self.names, (-pool_change).tolist()))
+            tail_cost, tail_shares = self.meter.finish(np.array([e.tail_energy_j for e in self.envs.values()]))
+            reward -= tail_cost
+            info["site"]["tail_energy_j"] = self.meter.tail_energy_j
+            info["site"]["tail_cost_kwh_eq"] = tail_cost
+            if pool_reward is not None:
+                pool_reward = pool_reward - tail_shares
+        if pool_reward is not None:
+            info["site"]["pool_reward"] = dict(zip(self.names, pool_reward.tolist()))
         return self._obs(obs), float(reward), terminated, False, info
 
     # ------------------------------------------------------------------------------------------ views
     @property
     def hour_cost_kwh(self) -> np.ndarray:
         """The site's settlement cost of every closed hour (kWh-eq)."""
-        return self.settlement.cost_kwh
+        return self.meter.settlement.cost_kwh
 
     @property
     def hour_energy_j(self) -> np.ndarray:
         """The site meter's energy of every closed hour (J)."""
-        return self.settlement.energy_j
+        return self.meter.settlement.energy_j
+
+    @property
+    def tail_energy_j(self) -> float:
+        """The energy all pools drew after the last hour (J; 0 until the episode ends)."""
+        return self.meter.tail_energy_j
+
+    @property
+    def tail_cost_kwh(self) -> float:
+        return self.meter.tail_cost_kwh
 
     def _hour_state(self) -> tuple[int, int, float, float]:
         k, K = self.k, self.K

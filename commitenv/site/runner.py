@@ -1,6 +1,7 @@
 """Run a site episode with one controller per pool, each pool tracking its own commitment (``budget="own"``) or a
 share of the site's (``budget="site"``: a coordinator reallocates the site's remaining commitment among the pools
-at every interval), and summarise it: the site's bill, each pool's outcome and gate.
+at every interval), in this process or sharded over Ray actors, and summarise it: the site's bill, each pool's
+outcome and gate.
 
 The coordinator (``budget="site"``). Only the site meter is settled, so a pool that is ahead of its own commitment
 need not catch up while another is behind. Before every decision it gives each pool the hour's budget
@@ -11,6 +12,11 @@ need not catch up while another is behind. Before every decision it gives each p
 the site's; equal weights when every pool is past its own): the site's remaining commitment split in proportion to
 what each pool still planned to use. The pool's controller sees ``B_i`` as ``info["commitment_j"]`` (and the
 matching ``target_j``); nothing else changes, and it sees nothing of the other pools but its budget.
+
+Sharding (``ray=ADDRESS``, ``shards=N``): the pools are split into N contiguous groups, each a Ray actor
+(`commitenv.site.pools.PoolGroup`) holding its pools and their controllers; the actors step in lockstep, one call
+per interval, and return per-pool reports only (`PoolReport`); this process keeps the site meter. The result is the
+in-process run's, bit for bit (the same groups' code, the same seeds).
 """
 
 from __future__ import annotations
@@ -22,117 +28,150 @@ from typing import Any
 
 import numpy as np
 
-from commitenv.control import Controller, ControllerContext
-from commitenv.evaluation import score_episode
-from commitenv.planning import PlanningClock
-from commitenv.scenarios.build import derived_seed
 from commitenv.scoring import gate_outcome
-from commitenv.site.env import SiteEnv, pool_seed
-from commitenv.site.loader import Site
+from commitenv.site.loader import Site, load_site
+from commitenv.site.meter import SiteMeter
+from commitenv.site.pools import PoolGroup, PoolReport
 
 BUDGETS = ("own", "site")
 
 
 @dataclass
 class SiteRun:
-    """A finished site episode: the site's summary and every pool's (`commitenv.evaluation.score_episode`'s, on
-    the pool's own commitment as if it settled alone)."""
+    """A finished site episode: the site's summary, its hourly bills, and every pool's summary
+    (`commitenv.evaluation.score_episode`'s, on the pool's own commitment as if it settled alone)."""
 
     summary: dict[str, Any]
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hours: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _budgets(env: SiteEnv, infos: dict[str, dict]) -> dict[str, float]:
-    """Each pool's hour budget under the site coordinator (see the module docstring)."""
-    names = env.names
-    own = np.array([float(infos[n]["commitment_j"]) for n in names])
-    used = np.array([float(infos[n]["hour_energy_j"]) for n in names])
+def site_budgets(reports: list[PoolReport], site_commit_j: float) -> list[float]:
+    """Each pool's hour budget under the site coordinator (see the module docstring), in the reports' order."""
+    own = np.array([r.commitment_j for r in reports])
+    used = np.array([r.hour_energy_j for r in reports])
     left = np.maximum(own - used, 0.0)
-    w = left / left.sum() if left.sum() > 0 else np.full(len(names), 1.0 / len(names))
-    _, _, site_commit, site_used = env._hour_state()
-    site_left = site_commit - site_used
-    return {n: float(used[i] + w[i] * site_left) for i, n in enumerate(names)}
+    w = left / left.sum() if left.sum() > 0 else np.full(len(reports), 1.0 / len(reports))
+    site_left = site_commit_j - math.fsum(used.tolist())
+    return (used + w * site_left).tolist()
+
+
+class _Local:
+    """The pool groups in this process (the same calls as the Ray actors')."""
+
+    def __init__(self, groups: list[PoolGroup]) -> None:
+        self.groups = groups
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        return [getattr(g, method)(*a) for g, a in zip(self.groups, args)]
+
+    def close(self) -> None:
+        pass
+
+
+class _Ray:
+    """The pool groups as Ray actors, one CPU each; every call goes to all of them and waits for all."""
+
+    def __init__(self, ray, site: Site, shards: list[list[int]], controller: str, kwargs: dict, charge: bool) -> None:
+        import os
+
+        self.ray = ray
+        cache = os.environ.get("COMMITENV_CACHE")
+        actor = ray.remote(num_cpus=1, runtime_env={"env_vars": {"COMMITENV_CACHE": cache}} if cache else None)(PoolGroup)
+        self.groups = [actor.remote(site, s, controller, kwargs, charge) for s in shards]
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        return self.ray.get([getattr(g, method).remote(*a) for g, a in zip(self.groups, args)])
+
+    def close(self) -> None:
+        for g in self.groups:
+            self.ray.kill(g)
+
+
+def _shards(n_pools: int, n: int) -> list[list[int]]:
+    n = max(1, min(n, n_pools))
+    bounds = np.linspace(0, n_pools, n + 1).round().astype(int)
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(n)]
 
 
 def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget: str = "own",
                      controller_kwargs: dict[str, Any] | None = None, charge_planning: bool = True,
-                     progress: bool = False) -> tuple[SiteEnv, SiteRun]:
-    """One site episode, ``controller`` (a registered name or spec) running each pool; see the module docstring."""
-    from commitenv.registry import controller_name, resolve
+                     progress: bool = False, ray_address: str | None = None, shards: int = 1) -> SiteRun:
+    """One site episode, ``controller`` (a registered name or spec) running each pool; see the module docstring.
+    ``ray_address`` (``"local"`` starts a local Ray) shards the pools over ``shards`` actors."""
+    from commitenv.registry import resolve
 
     if budget not in BUDGETS:
         raise ValueError(f"budget: expected one of {BUDGETS}, got {budget!r}")
-    env = SiteEnv(site)
-    spec = resolve(controller)
-    t0 = time.perf_counter()
-    obs, info = env.reset(seed=seed)
-    ctrls: dict[str, Controller] = {}
-    for i, (n, e) in enumerate(env.envs.items()):
-        c = spec.make(**(controller_kwargs or {}))
-        if not isinstance(c, Controller):
-            raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(c).__name__}")
-        c.reset(ControllerContext.from_env(e), derived_seed(pool_seed(seed, i), "controller"))
-        if (p := c.dispatch_policy()) is not None:
-            e.set_dispatch(p)
-        if (p := c.local_policy()) is not None:
-            e.set_local_policy(p)
-        ctrls[n] = c
-    name = controller_name(next(iter(ctrls.values())))
-    clock = PlanningClock()
-    ret, terminated = 0.0, False
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    if not (isinstance(shards, int) and shards >= 1):
+        raise ValueError(f"shards: expected an integer >= 1, got {shards!r}")
+    st = site if isinstance(site, Site) else load_site(site)
+    name = resolve(controller).name
+    parts = _shards(len(st.pools), shards)
+    kwargs = dict(controller_kwargs or {})
+    started = False
+    if ray_address is not None:
+        from commitenv.runner import _ray_init, import_ray
 
-        bar = tqdm(total=env.H * env.K, unit="interval", desc=f"{env.site.name} / {name}", leave=False)
+        ray = import_ray("a site sharded on Ray")
+        started = _ray_init(ray, ray_address, len(parts))
+        groups: _Local | _Ray = _Ray(ray, st, parts, controller, kwargs, charge_planning)
+    else:
+        groups = _Local([PoolGroup(st, p, controller, kwargs, charge_planning) for p in parts])
+    meter = SiteMeter(st.pool_names, st.commit_j, st.lambda_plus, st.lambda_minus, st.intervals_per_hour, seed=seed)
+    steps = st.horizon_hours * st.intervals_per_hour
+    bar = None
+    t0 = time.perf_counter()
     try:
-        while not terminated:
-            pools_info = info["pools"]
+        reports = [r for rs in groups.call("reset", [(seed,)] * len(parts)) for r in rs]
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=steps, unit="interval", desc=f"{st.name} / {name}", leave=False)
+        ret, misses, hours = 0.0, 0, []
+        for k in range(steps):
+            args: list[tuple] = [(None,)] * len(parts)
             if budget == "site":
-                for n, b in _budgets(env, pools_info).items():
-                    pi = pools_info[n]
-                    left = env.K - int(pi["interval"])
-                    pools_info[n] = {**pi, "commitment_j": b,
-                                     "target_j": (b - float(pi["hour_energy_j"])) / left if left > 0 else 0.0}
-            action = {}
-            for n, c in ctrls.items():
-                e = env.envs[n]
-                if charge_planning and e.charges_planning:
-                    with clock:
-                        action[n] = c.act(obs["pools"][n], pools_info[n])
-                    e.charge_planning(clock.seconds)
-                else:
-                    action[n] = c.act(obs["pools"][n], pools_info[n])
-            obs, r, terminated, _, info = env.step(action)
-            ret += r
+                b = site_budgets(reports, float(st.commit_j[k // st.intervals_per_hour]))
+                args = [([b[i] for i in p],) for p in parts]
+            reports = [r for rs in groups.call("step", args) for r in rs]
+            booked = meter.record(np.array([r.settlement_meter_j for r in reports]))
+            ret += booked.reward
+            misses += sum(r.new_misses for r in reports)
+            if booked.settlement is not None:
+                hours.append(booked.settlement)
             if bar is not None:
                 bar.update(1)
+        tail_cost, _ = meter.finish(np.array([r.tail_energy_j for r in reports]))
+        ret -= tail_cost
+        wall = time.perf_counter() - t0
+        pools: dict[str, dict[str, Any]] = {}
+        for d in groups.call("summaries", [(wall,)] * len(parts)):
+            pools.update(d)
     finally:
         if bar is not None:
             bar.close()
-        for c in ctrls.values():
-            c.close()
-    wall = time.perf_counter() - t0
-    pools = {}
-    for i, (n, e) in enumerate(env.envs.items()):
-        pools[n] = score_episode(e, name, pool_seed(seed, i), wall, env.pool_returns[n]).summary
-    cost_h = env.hour_cost_kwh
+        groups.close()
+        if started:
+            ray.shutdown()
+    s = meter.settlement
     summary = {
-        "site": env.site.name, "controller": name, "budget": budget, "seed": seed,
-        "cost_kwh_eq": float(math.fsum(cost_h.tolist()) + env.tail_cost_kwh),
-        "hours_cost_kwh_eq": float(cost_h.sum()), "tail_cost_kwh_eq": env.tail_cost_kwh,
-        "tail_energy_mj": env.tail_energy_j / 1e6,
-        "energy_mj": float(env.hour_energy_j.sum() / 1e6),
-        "commitment_mj": float(env.commit_j.sum() / 1e6),
-        "mean_abs_dev_pct": float(np.mean(np.abs(env.hour_energy_j / env.commit_j - 1.0)) * 100.0),
+        "site": st.name, "controller": name, "budget": budget, "seed": seed, "shards": len(parts),
+        "cost_kwh_eq": float(math.fsum(s.cost_kwh.tolist()) + tail_cost),
+        "hours_cost_kwh_eq": float(s.cost_kwh.sum()), "tail_cost_kwh_eq": tail_cost,
+        "tail_energy_mj": meter.tail_energy_j / 1e6,
+        "energy_mj": float(s.energy_j.sum() / 1e6),
+        "commitment_mj": float(st.commit_j.sum() / 1e6),
+        "mean_abs_dev_pct": float(np.mean(np.abs(s.energy_j / st.commit_j - 1.0)) * 100.0),
         "pools_alone_cost_kwh_eq": float(sum(p["cost_kwh_eq"] for p in pools.values())),
         "misses": int(sum(p["misses"] for p in pools.values())),
         "requests": int(sum(p["requests"] for p in pools.values())),
         "episode_return": ret, "wall_s": wall,
-        "hourly_cost_kwh_eq": cost_h.tolist(),
     }
+    if summary["misses"] != misses:  # an invariant: by the end every miss has become known to the site
+        raise RuntimeError(f"site run: the pools' records count {summary['misses']} misses, their steps reported {misses}")
     summary["attainment_pct"] = 100.0 * (1 - summary["misses"] / max(summary["requests"], 1))
-    return env, SiteRun(summary, pools)
+    return SiteRun(summary, pools, hours)
 
 
 def site_gates(run: SiteRun, lower: SiteRun | None) -> dict[str, Any]:

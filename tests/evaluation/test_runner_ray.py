@@ -128,10 +128,14 @@ def test_ray_scheduling_in_flight_order_errors_and_shutdown(monkeypatch):
     assert fake.options == {"num_cpus": 1, "runtime_env": {"env_vars": {"COMMITENV_CACHE": "/somewhere/cache"}}}
     assert fake.shutdowns == 1 and not fake.initialized
 
-    # a cluster address, every job in flight; Ray initialized by the caller is used and left running
+    # a cluster address, every job in flight; Ray initialized by the caller is used and left running (the address
+    # is probed before Ray is asked to connect: tests/site/test_site_runner.py tries one that does not answer)
     fake = FakeRay()
     monkeypatch.setitem(sys.modules, "ray", fake)
+    probed: list[str] = []
+    monkeypatch.setattr(runner, "_check_answers", probed.append)
     run_jobs(jobs, n_jobs=None, ray_address="ray://head:10001")
+    assert probed == ["ray://head:10001"]
     assert fake.most_in_flight == 5 and "num_cpus" not in fake.inits[0] and fake.shutdowns == 1
     fake.initialized = True
     run_jobs(jobs, ray_address="auto")

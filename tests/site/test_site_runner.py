@@ -77,7 +77,7 @@ def test_site_budget_splits_the_sites_remaining_commitment_by_what_each_pool_had
 
 def test_site_run_equals_the_env_stepped_with_the_same_actions(tmp_path, toy):
     path = three_pools(tmp_path, toy)
-    env_run, run = run_site_episode(path, "vllm", seed=5)
+    run = run_site_episode(path, "vllm", seed=5)
     env = SiteEnv(path)
     env.reset(seed=5)
     full = {n: {"active": e.n_replicas, "clock": e.profile.reference_clock_index} for n, e in env.envs.items()}
@@ -92,3 +92,33 @@ def test_site_run_equals_the_env_stepped_with_the_same_actions(tmp_path, toy):
     gates = site_gates(run, run)
     assert set(gates["pools"]) == {"a", "b", "c"}
     assert gates["passed"] == all(g["passed"] for g in gates["pools"].values())
+
+
+def _without_wall(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in ("wall_s", "shards")}
+
+
+def test_pools_sharded_on_a_local_ray_equal_the_in_process_run(tmp_path, toy):
+    ray = pytest.importorskip("ray")
+    path = three_pools(tmp_path, toy, commitment={"mj": 0.6})
+    here = run_site_episode(path, "epact", seed=4, budget="site")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        there = run_site_episode(path, "epact", seed=4, budget="site", ray_address="local", shards=2)
+    finally:
+        ray.shutdown()
+    assert there.summary["shards"] == 2
+    assert _without_wall(there.summary) == _without_wall(here.summary)
+    assert there.hours == here.hours
+    assert {n: _without_wall(p) for n, p in there.pools.items()} == {n: _without_wall(p) for n, p in here.pools.items()}
+
+
+def test_a_ray_address_that_does_not_answer_is_an_error_not_a_hang(tmp_path, toy):
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:  # a port on this machine that nothing listens on (bound, never listening)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"Ray at 127.0.0.1:{port}: nothing answers"):
+            run_site_episode(three_pools(tmp_path, toy), "vllm", ray_address=f"127.0.0.1:{port}", shards=2)

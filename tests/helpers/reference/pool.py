@@ -178,7 +178,8 @@ class ReferencePool(ReferencePlacement, ReferenceHooks, ReferenceCopies, Pool):
             elif self._slot_base == 0:
                 self.finish_t[i] = INF
             return
-        r = Req(self._slot_base + i, t, self._prompt[i], self._out[i], self._deadline[i], self._model[i])
+        r = Req(self._slot_base + i, t, int(self._prompt[i]), int(self._out[i]), float(self._deadline[i]),
+                int(self._model[i]))
         if self._hashes is not None:
             lo = self._hoff[i]
             nb = PrefixCache.shareable(self._hoff[i + 1] - lo, r.prompt, self.opt.prefix_block_tokens)

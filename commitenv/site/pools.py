@@ -1,0 +1,113 @@
+"""A group of a site's pools with their controllers, stepped one interval at a time: in this process, or as a Ray
+actor holding its pools (`commitenv.site.runner`). Each boundary it reports per pool only what the site needs (its
+meters, its own commitment, its new misses: `PoolReport`), so a driver of many actors holds per-interval aggregates,
+never a pool's requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from commitenv.control import Controller, ControllerContext
+from commitenv.envs import CommitServeEnv
+from commitenv.planning import PlanningClock
+from commitenv.scenarios.build import derived_seed
+from commitenv.site.loader import Site
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """One pool at an interval boundary: its settlement meter (cumulative J), the hour so far on its controller's
+    meter (J), its own commitment for the hour (J), the hour and interval, the misses that became known in the
+    step, and the energy it drew after the last hour (J; 0 until the end)."""
+
+    settlement_meter_j: float
+    hour_energy_j: float
+    commitment_j: float
+    hour: int
+    interval: int
+    new_misses: int
+    tail_energy_j: float = 0.0
+
+
+def pool_seed(run_seed: int, index: int) -> int:
+    """The run seed of the site's ``index``-th pool, derived one way from the site's run seed (31 bits)."""
+    import numpy as np
+
+    st = np.random.SeedSequence([int(run_seed), 0x706C, int(index)]).generate_state(1, dtype=np.uint32)
+    return int(st[0]) & 0x7FFF_FFFF
+
+
+def _report(env: CommitServeEnv, info: dict[str, Any]) -> PoolReport:
+    return PoolReport(float(env.settlement_meter_j), float(info["hour_energy_j"]), float(info["commitment_j"]),
+                      int(info["hour"]), int(info["interval"]), int(info["new_misses"]), float(env.tail_energy_j))
+
+
+class PoolGroup:
+    """Pools ``indices`` of ``site``, each run by its own instance of ``controller`` (a registered name or spec)."""
+
+    def __init__(self, site: Site, indices: list[int], controller: str, controller_kwargs: dict[str, Any] | None = None,
+                 charge_planning: bool = True) -> None:
+        from commitenv.registry import resolve
+
+        self.site, self.indices = site, list(indices)
+        self.names = [site.pools[i].name for i in self.indices]
+        self.envs = [CommitServeEnv(site.pools[i].scenario) for i in self.indices]
+        self.spec = resolve(controller)
+        self.controller_kwargs = dict(controller_kwargs or {})
+        self.charge_planning = charge_planning
+        self.ctrls: list[Controller] = []
+
+    def reset(self, seed: int) -> list[PoolReport]:
+        """Start the episode of site run seed ``seed``: every pool on its derived seed, its controller reset."""
+        self.seed = seed
+        self.obs, self.infos, self.ctrls = [], [], []
+        self.returns = [0.0] * len(self.envs)
+        for i, e in zip(self.indices, self.envs):
+            o, info = e.reset(seed=pool_seed(seed, i))
+            c = self.spec.make(**self.controller_kwargs)
+            if not isinstance(c, Controller):
+                raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(c).__name__}")
+            c.reset(ControllerContext.from_env(e), derived_seed(pool_seed(seed, i), "controller"))
+            if (p := c.dispatch_policy()) is not None:
+                e.set_dispatch(p)
+            if (p := c.local_policy()) is not None:
+                e.set_local_policy(p)
+            self.obs.append(o)
+            self.infos.append(info)
+            self.ctrls.append(c)
+        return [_report(e, i) for e, i in zip(self.envs, self.infos)]
+
+    def step(self, budgets: list[float] | None = None) -> list[PoolReport]:
+        """One interval of every pool: its controller decides (seeing ``budgets[j]`` as the hour's commitment when
+        given, with the matching target), the runner charges the decision's measured time, the pool steps."""
+        clock = PlanningClock()
+        for j, (e, c) in enumerate(zip(self.envs, self.ctrls)):
+            info = self.infos[j]
+            if budgets is not None:
+                left = e.K - int(info["interval"])
+                b = float(budgets[j])
+                info = {**info, "commitment_j": b,
+                        "target_j": (b - float(info["hour_energy_j"])) / left if left > 0 else 0.0}
+            if self.charge_planning and e.charges_planning:
+                with clock:
+                    action = c.act(self.obs[j], info)
+                e.charge_planning(clock.seconds)
+            else:
+                action = c.act(self.obs[j], info)
+            self.obs[j], r, _, _, self.infos[j] = e.step(action)
+            self.returns[j] += r
+        return [_report(e, i) for e, i in zip(self.envs, self.infos)]
+
+    def summaries(self, wall_s: float) -> dict[str, dict[str, Any]]:
+        """Every pool's summary (`commitenv.evaluation.score_episode`, on its own commitment as if it settled
+        alone), once the episode has ended; the controllers are closed."""
+        from commitenv.evaluation import score_episode
+        from commitenv.registry import controller_name
+
+        out = {}
+        for j, (n, e, c) in enumerate(zip(self.names, self.envs, self.ctrls)):
+            c.close()
+            out[n] = score_episode(e, controller_name(c), pool_seed(self.seed, self.indices[j]), wall_s,
+                                   self.returns[j]).summary
+        return out
