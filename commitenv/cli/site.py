@@ -10,6 +10,7 @@ from pathlib import Path
 from commitenv.cli.args import check_out, controller_kwargs, parse_controller_args
 from commitenv.runner import RAY_LOCAL, parse_seeds
 
+SHARED = "shared:"  # a policy shared by the pools, trained by commitenv.site.learn
 _COLS = [("controller", 12), ("budget", 6), ("cost_kWh", 10), ("vs_vllm_%", 9), ("alone_kWh", 10),
          ("|dev|_%", 8), ("attain_%", 8), ("gate", 9), ("wall_s", 8)]
 
@@ -66,23 +67,36 @@ def cmd_site(args: argparse.Namespace) -> int:
         raise ValueError(f"--budget: expected a comma-separated list of {BUDGETS}, got {args.budget!r}")
     specs = [c.strip() for c in args.controllers.split(",") if c.strip() and c.strip() != "vllm"]
     cargs = parse_controller_args(args.controller_arg)
-    kwargs = {c: controller_kwargs(resolve(c), c, cargs, scoped=True) for c in specs}
+    kwargs = {c: controller_kwargs(resolve(c), c, cargs, scoped=True) for c in specs if not c.startswith(SHARED)}
+    for c in specs:
+        if c.startswith(SHARED) and not (Path(c[len(SHARED):]) / "model.zip").is_file():
+            raise ValueError(f"--controllers {c}: no model.zip in {c[len(SHARED):]} (python -m commitenv.site.learn "
+                             "train ... --out DIR writes one)")
     runs = []
     print("  ".join(f"{h:>{w}}" for h, w in _COLS))
     for seed in seeds:
         ref = run_site_episode(site, "vllm", seed, progress=not args.quiet, ray_address=args.ray, shards=args.shards)
         plan = [("vllm", "own", ref)] + [(c, b, None) for c in specs for b in budgets]
         for c, b, done in plan:
-            run = done if done is not None else run_site_episode(
-                site, c, seed, budget=b, controller_kwargs=kwargs[c], progress=not args.quiet, ray_address=args.ray,
-                shards=args.shards)
+            if done is not None:
+                run = done
+            elif c.startswith(SHARED):  # a policy shared by the pools (commitenv.site.learn): one run, no budget
+                if b != budgets[0]:
+                    continue
+                from commitenv.site.learn import evaluate
+
+                run = evaluate(site, c[len(SHARED):], seed)
+                b = "-"
+            else:
+                run = run_site_episode(site, c, seed, budget=b, controller_kwargs=kwargs[c], progress=not args.quiet,
+                                       ray_address=args.ray, shards=args.shards)
             s = run.summary
             gates = site_gates(run, ref)
             s["gate"] = gates
             s["saving_vs_vllm_pct"] = 100.0 * (ref.summary["cost_kwh_eq"] - s["cost_kwh_eq"]) / ref.summary["cost_kwh_eq"]
             runs.append({"summary": s, "hours": run.hours, "pools": run.pools})
             n_ok = sum(g["passed"] for g in gates["pools"].values())
-            cells = [c if done is None else "vllm", b, f"{s['cost_kwh_eq']:.3f}", f"{s['saving_vs_vllm_pct']:.1f}",
+            cells = [(c if done is None else "vllm")[-12:], b, f"{s['cost_kwh_eq']:.3f}", f"{s['saving_vs_vllm_pct']:.1f}",
                      f"{s['pools_alone_cost_kwh_eq']:.3f}", f"{s['mean_abs_dev_pct']:.2f}", f"{s['attainment_pct']:.3f}",
                      f"{n_ok}/{len(gates['pools'])}", f"{s['wall_s']:.0f}"]
             print("  ".join(f"{v:>{w}}" for v, (_, w) in zip(cells, _COLS)), flush=True)

@@ -10,8 +10,9 @@ Typical use by an environment::
     prof = scenario_profile(sc)
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from commitenv._lazy import lazy_names
 
 # Public names and the submodule defining each. Loaded on first use, so that ``import commitenv`` (which
 # registers the scenarios) does not pull in the engine.
@@ -35,17 +36,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs

@@ -14,24 +14,23 @@ SITE_ENTRY_POINT = "commitenv.site:SiteEnv"  # sites (``sites/*.yaml``) register
 
 
 def register_all() -> list[str]:
-    """Register each shipped scenario (idempotent: ids already registered are skipped). Returns the ids
+    """Register each shipped scenario and site (idempotent: ids already registered are skipped). Returns the ids
     registered by this call."""
+    from commitenv.site.loader import list_sites  # (reads file names only, as list_scenarios does)
+
+    added = _register(list_scenarios(), ENTRY_POINT, "scenario")
+    return added + _register(list_sites(), SITE_ENTRY_POINT, "site")
+
+
+def _register(names: list[str], entry_point: str, kwarg: str) -> list[str]:
     import gymnasium as gym
 
     added = []
-    for name in list_scenarios():
+    for name in names:
         eid = env_id(name)
         if eid in gym.envs.registry:
             continue
-        gym.register(id=eid, entry_point=ENTRY_POINT, kwargs={"scenario": name}, max_episode_steps=None)
-        added.append(eid)
-    from commitenv.site.loader import list_sites  # (reads file names only, as above)
-
-    for name in list_sites():
-        eid = env_id(name)
-        if eid in gym.envs.registry:
-            continue
-        gym.register(id=eid, entry_point=SITE_ENTRY_POINT, kwargs={"site": name}, max_episode_steps=None)
+        gym.register(id=eid, entry_point=entry_point, kwargs={kwarg: name}, max_episode_steps=None)
         added.append(eid)
     return added
 

@@ -1,8 +1,9 @@
 """Sites: several pools behind one meter and one hourly commitment (`load_site`, `SiteEnv`; the pools as PettingZoo
 agents in `commitenv.site.agents`, one controller per pool in `commitenv.site.runner`)."""
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from commitenv._lazy import lazy_names
 
 # Public names and the submodule defining each, loaded on first use: registering the shipped sites (at ``import
 # commitenv``) reads file names only and must not pull in the engine.
@@ -14,17 +15,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs

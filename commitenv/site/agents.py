@@ -29,6 +29,7 @@ class SitePoolsEnv(ParallelEnv):
     metadata = {"name": "commitenv_site_pools_v0", "render_modes": [], "is_parallelizable": True}
 
     def __init__(self, site: str | Site = "site-4pool-day") -> None:
+        self.render_mode = None  # (nothing to render)
         self.site_env = SiteEnv(site, pool_rewards=True)
         self.possible_agents = list(self.site_env.names)
         self.agents: list[str] = []

@@ -99,6 +99,13 @@ class PoolGroup:
             self.returns[j] += r
         return [_report(e, i) for e, i in zip(self.envs, self.infos)]
 
+    def usage(self) -> dict[str, float]:
+        """This process's CPU time (s) and peak resident memory (MB) so far: a shard's cost on its machine."""
+        import resource
+        import time
+
+        return {"cpu_s": time.process_time(), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
     def summaries(self, wall_s: float) -> dict[str, dict[str, Any]]:
         """Every pool's summary (`commitenv.evaluation.score_episode`, on its own commitment as if it settled
         alone), once the episode has ended; the controllers are closed."""

@@ -148,17 +148,28 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
         pools: dict[str, dict[str, Any]] = {}
         for d in groups.call("summaries", [(wall,)] * len(parts)):
             pools.update(d)
+        usage = groups.call("usage", [()] * len(parts))
     finally:
         if bar is not None:
             bar.close()
         groups.close()
         if started:
             ray.shutdown()
+    summary = site_summary(st, meter, pools, controller=name, budget=budget, seed=seed, episode_return=ret,
+                           wall_s=wall, shards=len(parts), usage=usage)
+    if summary["misses"] != misses:  # an invariant: by the end every miss has become known to the site
+        raise RuntimeError(f"site run: the pools' records count {summary['misses']} misses, their steps reported {misses}")
+    return SiteRun(summary, pools, hours)
+
+
+def site_summary(st: Site, meter: SiteMeter, pools: dict[str, dict[str, Any]], *, controller: str, budget: str,
+                 seed: int, episode_return: float, wall_s: float, shards: int, usage: list) -> dict[str, Any]:
+    """The site's summary of a finished episode from its meter and its pools' summaries."""
     s = meter.settlement
     summary = {
-        "site": st.name, "controller": name, "budget": budget, "seed": seed, "shards": len(parts),
-        "cost_kwh_eq": float(math.fsum(s.cost_kwh.tolist()) + tail_cost),
-        "hours_cost_kwh_eq": float(s.cost_kwh.sum()), "tail_cost_kwh_eq": tail_cost,
+        "site": st.name, "controller": controller, "budget": budget, "seed": seed, "shards": shards,
+        "cost_kwh_eq": float(math.fsum(s.cost_kwh.tolist()) + meter.tail_cost_kwh),
+        "hours_cost_kwh_eq": float(s.cost_kwh.sum()), "tail_cost_kwh_eq": meter.tail_cost_kwh,
         "tail_energy_mj": meter.tail_energy_j / 1e6,
         "energy_mj": float(s.energy_j.sum() / 1e6),
         "commitment_mj": float(st.commit_j.sum() / 1e6),
@@ -166,12 +177,11 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
         "pools_alone_cost_kwh_eq": float(sum(p["cost_kwh_eq"] for p in pools.values())),
         "misses": int(sum(p["misses"] for p in pools.values())),
         "requests": int(sum(p["requests"] for p in pools.values())),
-        "episode_return": ret, "wall_s": wall,
+        "episode_return": episode_return, "wall_s": wall_s,
+        "shard_usage": usage,  # per shard: its process's CPU s and peak RSS MB (in process: this process's)
     }
-    if summary["misses"] != misses:  # an invariant: by the end every miss has become known to the site
-        raise RuntimeError(f"site run: the pools' records count {summary['misses']} misses, their steps reported {misses}")
     summary["attainment_pct"] = 100.0 * (1 - summary["misses"] / max(summary["requests"], 1))
-    return SiteRun(summary, pools, hours)
+    return summary
 
 
 def site_gates(run: SiteRun, lower: SiteRun | None) -> dict[str, Any]:

@@ -158,7 +158,7 @@ def test_the_shipped_site_loads_and_registers_beside_the_scenarios():
     from commitenv.scenarios import list_scenarios, load_scenario
     from commitenv.site import list_sites
 
-    assert list_sites() == ["site-4pool-day"]
+    assert list_sites() == ["site-4pool-day", "site-4pool-hour"]
     assert not set(list_sites()) & set(list_scenarios())  # one id namespace: a site may not shadow a scenario
     spec = gym.spec("commitenv/site-4pool-day-v0")
     assert spec.entry_point == "commitenv.site:SiteEnv" and spec.kwargs == {"site": "site-4pool-day"}
@@ -172,3 +172,5 @@ def test_the_shipped_site_loads_and_registers_beside_the_scenarios():
         2 * np.asarray(commitments_mj(load_scenario("bench-h20-day")))
     assert site.commit_j == pytest.approx(want * 1e6, rel=1e-12)
     assert len({pool_seed(0, i) for i in range(4)}) == 4  # four different days
+    hour = load_site("site-4pool-hour")
+    assert [p.scenario.name for p in hour.pools] == ["bench-h200-hour-fixed-a30"] * 2 + ["bench-h20-hour-fixed-a30"] * 2

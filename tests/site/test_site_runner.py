@@ -95,7 +95,7 @@ def test_site_run_equals_the_env_stepped_with_the_same_actions(tmp_path, toy):
 
 
 def _without_wall(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k not in ("wall_s", "shards")}
+    return {k: v for k, v in d.items() if k not in ("wall_s", "shards", "shard_usage")}
 
 
 def test_pools_sharded_on_a_local_ray_equal_the_in_process_run(tmp_path, toy):
