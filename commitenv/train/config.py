@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
                       ValidationError)
 
@@ -185,17 +184,12 @@ def parse_config(raw: Any, algo: str, source: str = "<config>") -> AlgoConfig:
 
 def load_config(path: str | Path, algo: str) -> AlgoConfig:
     """The hyperparameters of ``algo`` in the YAML file ``path`` (see the module docstring)."""
-    p = Path(path)
+    from commitenv.scenarios.loader import read_yaml
+
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"--config {path}: file not found") from None
-    except OSError as e:
-        raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
+        raw = read_yaml(Path(path), ValueError)
+    except ValueError as e:
+        raise ValueError(f"--config {e}") from None
     return parse_config(raw, algo, str(path))
 
 
