@@ -11,7 +11,7 @@ from commitenv.cli.args import check_out, controller_kwargs, parse_controller_ar
 from commitenv.runner import RAY_LOCAL, parse_seeds
 
 SHARED = "shared:"  # a policy shared by the pools, trained by commitenv.site.learn
-_COLS = [("controller", 12), ("budget", 6), ("cost_kWh", 10), ("vs_vllm_%", 9), ("alone_kWh", 10),
+_COLS = [("controller", 18), ("budget", 6), ("cost_kWh", 10), ("vs_vllm_%", 9), ("alone_kWh", 10),
          ("|dev|_%", 8), ("attain_%", 8), ("gate", 9), ("wall_s", 8)]
 
 
@@ -96,7 +96,8 @@ def cmd_site(args: argparse.Namespace) -> int:
             s["saving_vs_vllm_pct"] = 100.0 * (ref.summary["cost_kwh_eq"] - s["cost_kwh_eq"]) / ref.summary["cost_kwh_eq"]
             runs.append({"summary": s, "hours": run.hours, "pools": run.pools})
             n_ok = sum(g["passed"] for g in gates["pools"].values())
-            cells = [(c if done is None else "vllm")[-12:], b, f"{s['cost_kwh_eq']:.3f}", f"{s['saving_vs_vllm_pct']:.1f}",
+            label = "vllm" if done is not None else (f"shared:{Path(c[len(SHARED):]).name}" if c.startswith(SHARED) else c)
+            cells = [label, b, f"{s['cost_kwh_eq']:.3f}", f"{s['saving_vs_vllm_pct']:.1f}",
                      f"{s['pools_alone_cost_kwh_eq']:.3f}", f"{s['mean_abs_dev_pct']:.2f}", f"{s['attainment_pct']:.3f}",
                      f"{n_ok}/{len(gates['pools'])}", f"{s['wall_s']:.0f}"]
             print("  ".join(f"{v:>{w}}" for v, (_, w) in zip(cells, _COLS)), flush=True)
