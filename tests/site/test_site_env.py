@@ -158,7 +158,7 @@ def test_the_shipped_site_loads_and_registers_beside_the_scenarios():
     from commitenv.scenarios import list_scenarios, load_scenario
     from commitenv.site import list_sites
 
-    assert list_sites() == ["site-4pool-day", "site-4pool-hour"]
+    assert list_sites() == ["site-10k-gpu-day", "site-4pool-day", "site-4pool-hour"]
     assert not set(list_sites()) & set(list_scenarios())  # one id namespace: a site may not shadow a scenario
     spec = gym.spec("commitenv/site-4pool-day-v0")
     assert spec.entry_point == "commitenv.site:SiteEnv" and spec.kwargs == {"site": "site-4pool-day"}
@@ -172,5 +172,18 @@ def test_the_shipped_site_loads_and_registers_beside_the_scenarios():
         2 * np.asarray(commitments_mj(load_scenario("bench-h20-day")))
     assert site.commit_j == pytest.approx(want * 1e6, rel=1e-12)
     assert len({pool_seed(0, i) for i in range(4)}) == 4  # four different days
+    big = load_site("site-10k-gpu-day")
+    assert len(big.pools) == 312 and sum(p.scenario.pool.gpus for p in big.pools) == 9984
+    assert big.pool_names[:2] == ("h200-0", "h200-1") and big.pool_names[-1] == "h20-155"
+    assert big.commit_j == pytest.approx(78 * want * 1e6, rel=1e-12)  # 156 + 156 pools: 78 times the 4-pool site's
     hour = load_site("site-4pool-hour")
     assert [p.scenario.name for p in hour.pools] == ["bench-h200-hour-fixed-a30"] * 2 + ["bench-h20-hour-fixed-a30"] * 2
+
+
+@pytest.mark.parametrize("site, cycles", [("site-4pool-hour", 70), ("site-4pool-day", 10)])
+def test_pettingzoo_parallel_api_on_the_shipped_sites(site, cycles):
+    from pettingzoo.test import parallel_api_test
+
+    from commitenv.site.agents import SitePoolsEnv
+
+    parallel_api_test(SitePoolsEnv(site), num_cycles=cycles)  # the hour's 70 cycles run it to its end (60 steps)
