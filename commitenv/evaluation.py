@@ -250,7 +250,7 @@ def run_episode(
     asks for it (the delay is then what the controller reports; for tests that compare two runs of a slow planner
     bit for bit)."""
     from commitenv.envs import CommitServeEnv
-    from commitenv.control import Controller, ControllerContext
+    from commitenv.control import Controller
     from commitenv.registry import controller_name, origin_of, resolve
 
     recorded = _jsonable(controller_kwargs) if controller_kwargs else None
@@ -266,15 +266,7 @@ def run_episode(
     t_start = time.perf_counter()
     obs, info = env.reset(seed=seed)
     # hindsight door: only for a controller whose class declares it (the oracle); the run is marked below
-    hindsight = uses_hindsight(ctrl)
-    # the controller gets a seed derived one way from the run seed: the run seed would regenerate the trace
-    ctrl.reset(ControllerContext.from_env(env, hindsight=hindsight), derived_seed(seed, "controller"))
-    policy = ctrl.dispatch_policy()
-    if policy is not None:
-        env.set_dispatch(policy)
-    local = ctrl.local_policy()
-    if local is not None:
-        env.set_local_policy(local)
+    hindsight = start_controller(ctrl, env, seed)
     steps = env.H * env.K
     bar = None
     if progress:
@@ -339,6 +331,24 @@ def run_episode(
             continue
         res.summary[k] = v.item() if isinstance(v, np.generic) else v
     return env, res
+
+
+def start_controller(ctrl: Any, env: Any, seed: int) -> bool:
+    """Begin ``ctrl``'s episode on ``env`` (just reset with run seed ``seed``): its context (with the hindsight door
+    only for a controller whose class declares it, the oracle), a controller seed derived one way from the run seed
+    (the run seed would regenerate the trace), and its dispatch and local policies installed. Returns whether the
+    controller uses hindsight (the run is then marked)."""
+    from commitenv.control import ControllerContext
+
+    hindsight = uses_hindsight(ctrl)
+    ctrl.reset(ControllerContext.from_env(env, hindsight=hindsight), derived_seed(seed, "controller"))
+    policy = ctrl.dispatch_policy()
+    if policy is not None:
+        env.set_dispatch(policy)
+    local = ctrl.local_policy()
+    if local is not None:
+        env.set_local_policy(local)
+    return hindsight
 
 
 # ------------------------------------------------------------------------------------------ hindsight marking
