@@ -19,7 +19,10 @@ def add_site_parser(sub) -> None:
     """``commitenv site`` and ``commitenv sites``."""
     s = sub.add_parser("site", help="run controllers on a site of pools behind one meter (vLLM beside them)")
     s.add_argument("site", nargs="?", default="site-4pool-day", help="site name or path of a site YAML file")
-    s.add_argument("--controllers", default="epact_plus", help="comma-separated controller specs (vllm always runs)")
+    s.add_argument("--controllers", default="epact_plus",
+                   help="comma-separated controller specs (vllm always runs); one per pool pattern as "
+                        "SPEC@PATTERN+SPEC@PATTERN (e.g. sb3:bc-margin-h200-public@h200-*+sb3:bc-margin-h20-public@h20-*); "
+                        "shared:DIR for a policy trained by python -m commitenv.site.learn")
     s.add_argument("--controller-arg", action="append", metavar="[CONTROLLER.]KEY=VALUE",
                    help="constructor argument (repeatable), for every controller or, with CONTROLLER., for one")
     s.add_argument("--budget", default="own,site",
@@ -52,7 +55,7 @@ def cmd_sites(args: argparse.Namespace) -> int:
 def cmd_site(args: argparse.Namespace) -> int:
     from commitenv.registry import resolve
     from commitenv.site import load_site
-    from commitenv.site.runner import BUDGETS, run_site_episode, site_gates
+    from commitenv.site.runner import BUDGETS, pool_specs, run_site_episode, site_gates
 
     if args.shards < 1:
         raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
@@ -67,7 +70,14 @@ def cmd_site(args: argparse.Namespace) -> int:
         raise ValueError(f"--budget: expected a comma-separated list of {BUDGETS}, got {args.budget!r}")
     specs = [c.strip() for c in args.controllers.split(",") if c.strip() and c.strip() != "vllm"]
     cargs = parse_controller_args(args.controller_arg)
-    kwargs = {c: controller_kwargs(resolve(c), c, cargs, scoped=True) for c in specs if not c.startswith(SHARED)}
+    kwargs = {c: controller_kwargs(resolve(c), c, cargs, scoped=True) for c in specs
+              if not c.startswith(SHARED) and "@" not in c}
+    for c in specs:
+        if "@" in c:  # a controller per pool pattern: checked against the site's pools, no constructor arguments
+            pool_specs(site, c)
+            for spec in {p.rpartition("@")[0] for p in c.split("+")}:
+                resolve(spec)
+            kwargs[c] = {}
     for c in specs:
         if c.startswith(SHARED) and not (Path(c[len(SHARED):]) / "model.zip").is_file():
             raise ValueError(f"--controllers {c}: no model.zip in {c[len(SHARED):]} (python -m commitenv.site.learn "

@@ -114,6 +114,16 @@ def slog(x: float) -> float:
     return math.copysign(math.log1p(abs(x)), x)
 
 
+def energy_features(commit_j: float, used_j: float, last_j: float, k: int, K: int, e_scale: float) -> list[float]:
+    """Features 2-5 (commitment, hour_energy, last_interval_energy, target) of an hour with commitment ``commit_j``,
+    ``used_j`` of it used after ``k`` of its ``K`` intervals, ``last_j`` in the last one; ``e_scale`` = N x TDP x 1 h
+    (see the table above). Also what a site coordinator's budget makes of them (`commitenv.site.pools`)."""
+    d = commit_j if commit_j > 0 else e_scale  # D_h: an energy-only hour (E*_h = 0) takes the full-power hour's energy
+    target = (d - used_j) / (K - k) if k < K else 0.0
+    return [soft(max(commit_j, 0.0) / e_scale), soft(max(used_j, 0.0) / d), slog(last_j / (d / K) - 1.0),
+            slog(target / (d / K) - 1.0)]
+
+
 def observe(env: Any) -> np.ndarray:
     """The 16 features of a `CommitServeEnv`'s current decision boundary (the table above); advances its arrival
     counter."""
@@ -121,10 +131,7 @@ def observe(env: Any) -> np.ndarray:
     k, K = env.k, env.K
     h = min(k // K, env.H - 1)
     kin = k - h * K
-    ec = env.commit_j[h]
-    d = ec if ec > 0 else env._e_scale  # D_h: an energy-only hour (E*_h = 0) takes the full-power hour's energy
     m = env.meter_prev - env.meter_hour_start  # the controller's meter, not the settled energy
-    target = (d - m) / (K - kin) if kin < K else 0.0
     now = pool.now
     slots, left = pool.live_state()
     n_live = len(slots)
@@ -141,10 +148,7 @@ def observe(env: Any) -> np.ndarray:
         [
             kin / K,
             h / env.H,
-            soft(ec / env._e_scale),
-            soft(m / d),
-            slog(env.last_interval_j / (d / K) - 1.0),
-            slog(target / (d / K) - 1.0),
+            *energy_features(float(env.commit_j[h]), m, env.last_interval_j, kin, K, env._e_scale),
             math.log1p(arrivals) / 10,
             math.log1p(cnt["waiting"]) / 10,
             math.log1p(cnt["running"]) / 10,

@@ -8,8 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from commitenv.control import Controller
 from commitenv.envs import CommitServeEnv
+from commitenv.envs.observation import OBS_HIGH, OBS_LOW, energy_features
 from commitenv.evaluation import start_controller
 from commitenv.planning import PlanningClock
 from commitenv.site.loader import Site
@@ -32,8 +35,6 @@ class PoolReport:
 
 def pool_seed(run_seed: int, index: int) -> int:
     """The run seed of the site's ``index``-th pool, derived one way from the site's run seed (31 bits)."""
-    import numpy as np
-
     st = np.random.SeedSequence([int(run_seed), 0x706C, int(index)]).generate_state(1, dtype=np.uint32)
     return int(st[0]) & 0x7FFF_FFFF
 
@@ -44,16 +45,18 @@ def _report(env: CommitServeEnv, info: dict[str, Any]) -> PoolReport:
 
 
 class PoolGroup:
-    """Pools ``indices`` of ``site``, each run by its own instance of ``controller`` (a registered name or spec)."""
+    """Pools ``indices`` of ``site``, each run by its own instance of its controller (``specs[j]``, a registered
+    name or spec, for pool ``indices[j]``)."""
 
-    def __init__(self, site: Site, indices: list[int], controller: str, controller_kwargs: dict[str, Any] | None = None,
+    def __init__(self, site: Site, indices: list[int], specs: list[str], controller_kwargs: dict[str, Any] | None = None,
                  charge_planning: bool = True) -> None:
         from commitenv.registry import resolve
 
         self.site, self.indices = site, list(indices)
         self.names = [site.pools[i].name for i in self.indices]
         self.envs = [CommitServeEnv(site.pools[i].scenario) for i in self.indices]
-        self.spec = resolve(controller)
+        resolved = {s: resolve(s) for s in set(specs)}
+        self.specs = [resolved[s] for s in specs]
         self.controller_kwargs = dict(controller_kwargs or {})
         self.charge_planning = charge_planning
         self.ctrls: list[Controller] = []
@@ -64,9 +67,9 @@ class PoolGroup:
         self.seed = seed
         self.obs, self.infos, self.ctrls = [], [], []
         self.returns = [0.0] * len(self.envs)
-        for i, e in zip(self.indices, self.envs):
+        for i, e, spec in zip(self.indices, self.envs, self.specs):
             o, info = e.reset(seed=pool_seed(seed, i))
-            c = self.spec.make(**self.controller_kwargs)
+            c = spec.make(**self.controller_kwargs)
             if not isinstance(c, Controller):
                 raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(c).__name__}")
             self.hindsight = start_controller(c, e, pool_seed(seed, i))
@@ -80,18 +83,21 @@ class PoolGroup:
         given, with the matching target), the runner charges the decision's measured time, the pool steps."""
         clock = PlanningClock()
         for j, (e, c) in enumerate(zip(self.envs, self.ctrls)):
-            info = self.infos[j]
-            if budgets is not None:
-                left = e.K - int(info["interval"])
-                b = float(budgets[j])
-                info = {**info, "commitment_j": b,
-                        "target_j": (b - float(info["hour_energy_j"])) / left if left > 0 else 0.0}
+            info, obs = self.infos[j], self.obs[j]
+            if budgets is not None:  # the budget replaces the pool's commitment wherever the controller reads it
+                # (in the observation a budget <= 0, the site already over, reads as the energy-only regime: every
+                # joule is overuse)
+                k, used, b = int(info["interval"]), float(info["hour_energy_j"]), float(budgets[j])
+                info = {**info, "commitment_j": b, "target_j": (b - used) / (e.K - k) if k < e.K else 0.0}
+                obs = obs.copy()
+                obs[2:6] = np.clip(energy_features(b, used, float(info["interval_energy_j"]), k, e.K, e._e_scale),
+                                   OBS_LOW[2:6], OBS_HIGH[2:6])
             if self.charge_planning and e.charges_planning:
                 with clock:
-                    action = c.act(self.obs[j], info)
+                    action = c.act(obs, info)
                 e.charge_planning(clock.seconds)
             else:
-                action = c.act(self.obs[j], info)
+                action = c.act(obs, info)
             self.obs[j], r, _, _, self.infos[j] = e.step(action)
             self.returns[j] += r
         return [_report(e, i) for e, i in zip(self.envs, self.infos)]

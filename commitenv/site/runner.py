@@ -46,6 +46,29 @@ class SiteRun:
     hours: list[dict[str, Any]] = field(default_factory=list)
 
 
+def pool_specs(st: Site, controller: str) -> list[str]:
+    """Each pool's controller spec: ``controller`` for every pool, or with ``SPEC@PATTERN+SPEC@PATTERN...`` the spec
+    of the one pattern (fnmatch-style) the pool's name matches; ValueError naming a pool that matches none or two."""
+    import fnmatch
+
+    if "@" not in controller:
+        return [controller] * len(st.pools)
+    rules = []
+    for part in controller.split("+"):
+        spec, at, pattern = part.rpartition("@")
+        if not at or not spec or not pattern:
+            raise ValueError(f"controller {controller!r}: expected SPEC@PATTERN parts joined by '+', got {part!r}")
+        rules.append((spec, pattern))
+    out = []
+    for p in st.pools:
+        hits = [spec for spec, pattern in rules if fnmatch.fnmatchcase(p.name, pattern)]
+        if len(hits) != 1:
+            raise ValueError(f"controller {controller!r}: pool '{p.name}' matches {len(hits)} of the patterns "
+                             f"{[pat for _, pat in rules]}; expected exactly one")
+        out.append(hits[0])
+    return out
+
+
 def site_budgets(reports: list[PoolReport], site_commit_j: float) -> list[float]:
     """Each pool's hour budget under the site coordinator (see the module docstring), in the reports' order."""
     own = np.array([r.commitment_j for r in reports])
@@ -72,13 +95,13 @@ class _Local:
 class _Ray:
     """The pool groups as Ray actors, one CPU each; every call goes to all of them and waits for all."""
 
-    def __init__(self, ray, site: Site, shards: list[list[int]], controller: str, kwargs: dict, charge: bool) -> None:
+    def __init__(self, ray, site: Site, shards: list[list[int]], specs: list[str], kwargs: dict, charge: bool) -> None:
         import os
 
         self.ray = ray
         cache = os.environ.get("COMMITENV_CACHE")
         actor = ray.remote(num_cpus=1, runtime_env={"env_vars": {"COMMITENV_CACHE": cache}} if cache else None)(PoolGroup)
-        self.groups = [actor.remote(site, s, controller, kwargs, charge) for s in shards]
+        self.groups = [actor.remote(site, s, [specs[i] for i in s], kwargs, charge) for s in shards]
 
     def call(self, method: str, args: list[tuple]) -> list[Any]:
         return self.ray.get([getattr(g, method).remote(*a) for g, a in zip(self.groups, args)])
@@ -97,8 +120,9 @@ def _shards(n_pools: int, n: int) -> list[list[int]]:
 def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget: str = "own",
                      controller_kwargs: dict[str, Any] | None = None, charge_planning: bool = True,
                      progress: bool = False, ray_address: str | None = None, shards: int = 1) -> SiteRun:
-    """One site episode, ``controller`` (a registered name or spec) running each pool; see the module docstring.
-    ``ray_address`` (``"local"`` starts a local Ray) shards the pools over ``shards`` actors."""
+    """One site episode, ``controller`` (a registered name or spec, or ``SPEC@PATTERN+...``: `pool_specs`) running
+    each pool; see the module docstring. ``ray_address`` (``"local"`` starts a local Ray) shards the pools over
+    ``shards`` actors."""
     from commitenv.registry import resolve
 
     if budget not in BUDGETS:
@@ -106,7 +130,8 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
     if not (isinstance(shards, int) and shards >= 1):
         raise ValueError(f"shards: expected an integer >= 1, got {shards!r}")
     st = site if isinstance(site, Site) else load_site(site)
-    name = resolve(controller).name
+    specs = pool_specs(st, controller)
+    name = resolve(controller).name if "@" not in controller else controller
     parts = _shards(len(st.pools), shards)
     kwargs = dict(controller_kwargs or {})
     started = False
@@ -115,9 +140,9 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
 
         ray = import_ray("a site sharded on Ray")
         started = _ray_init(ray, ray_address, len(parts))
-        groups: _Local | _Ray = _Ray(ray, st, parts, controller, kwargs, charge_planning)
+        groups: _Local | _Ray = _Ray(ray, st, parts, specs, kwargs, charge_planning)
     else:
-        groups = _Local([PoolGroup(st, p, controller, kwargs, charge_planning) for p in parts])
+        groups = _Local([PoolGroup(st, p, [specs[i] for i in p], kwargs, charge_planning) for p in parts])
     meter = SiteMeter(st.pool_names, st.commit_j, st.lambda_plus, st.lambda_minus, st.intervals_per_hour, seed=seed)
     steps = st.horizon_hours * st.intervals_per_hour
     bar = None

@@ -4,13 +4,14 @@ every decision), and the site's bill equal to the env stepped with the same acti
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 
 import numpy as np
 import pytest
 
 from commitenv.site import SiteEnv, load_site
-from commitenv.site.runner import run_site_episode, site_gates
+from commitenv.site.runner import pool_specs, run_site_episode, site_gates
 
 from helpers.sites import three_pools
 
@@ -26,7 +27,8 @@ class Recorder(Controller):
         with open(self.log, "a") as fh:
             fh.write(json.dumps({"scenario_commit": self.ctx.commitments_j[info["hour"]], "commit": info["commitment_j"],
                                  "used": info["hour_energy_j"], "target": info["target_j"], "k": info["interval"],
-                                 "hour": info["hour"], "t": info["t"]}) + "\\n")
+                                 "hour": info["hour"], "t": info["t"], "last": info["interval_energy_j"], "gpus": self.ctx.n_gpus,
+                                 "obs": [float(x) for x in observation[2:6]]}) + "\\n")
         return self.ctx.action(self.ctx.n_replicas, self.ctx.reference_clock_mhz)
 """
 
@@ -72,6 +74,21 @@ def test_site_budget_splits_the_sites_remaining_commitment_by_what_each_pool_had
         for r in step:
             assert r["target"] == pytest.approx((r["commit"] - r["used"]) / (6 - k), rel=1e-12, abs=1e-6)
         moved += int(np.any(np.abs(got - own) > 1.0))
+        for r in step:  # a policy reading the observation sees the budget too (features 2-5, by hand)
+            b, u = r["commit"], r["used"]
+
+            def soft(x):
+                return x if x <= 1 else 1 + math.log(x)
+
+            def slog(x):
+                return math.copysign(math.log1p(abs(x)), x)
+
+            e_scale = r["gpus"] * 100.0 * 3600  # the toy GPU's 100 W
+            big = b if b > 0 else e_scale  # a budget <= 0 (the site already over): the energy-only regime
+            d = big / 6
+            want_obs = [soft(max(b, 0) / e_scale), soft(u / big), slog(r["last"] / d - 1),
+                        slog((big - u) / (6 - k) / d - 1)]
+            assert r["obs"] == pytest.approx(want_obs, rel=1e-5, abs=1e-6)
     assert moved >= 6  # the budgets do differ from the pools' own commitments
 
 
@@ -122,3 +139,17 @@ def test_a_ray_address_that_does_not_answer_is_an_error_not_a_hang(tmp_path, toy
         port = s.getsockname()[1]
         with pytest.raises(ValueError, match=rf"Ray at 127.0.0.1:{port}: nothing answers"):
             run_site_episode(three_pools(tmp_path, toy), "vllm", ray_address=f"127.0.0.1:{port}", shards=2)
+
+
+def test_a_controller_per_pool_pattern(tmp_path, toy):
+    site = load_site(three_pools(tmp_path, toy))
+    assert pool_specs(site, "vllm") == ["vllm"] * 3
+    assert pool_specs(site, "epact@[ab]+vllm@c") == ["epact", "epact", "vllm"]
+    with pytest.raises(ValueError, match="pool 'c' matches 0 of the patterns"):
+        pool_specs(site, "epact@[ab]")
+    with pytest.raises(ValueError, match="pool 'a' matches 2 of the patterns"):
+        pool_specs(site, "epact@*+vllm@a")
+    with pytest.raises(ValueError, match="expected SPEC@PATTERN parts"):
+        pool_specs(site, "epact@a+vllm")
+    run = run_site_episode(site, "epact@[ab]+vllm@c", seed=1)
+    assert [run.pools[n]["controller"] for n in "abc"] == ["epact", "epact", "vllm"]
