@@ -107,6 +107,7 @@ def cmd_site(args: argparse.Namespace) -> int:
             runs.append({"summary": s, "hours": run.hours, "pools": run.pools})
             n_ok = sum(g["passed"] for g in gates["pools"].values())
             label = "vllm" if done is not None else (f"shared:{Path(c[len(SHARED):]).name}" if c.startswith(SHARED) else c)
+            label = label if len(label) <= 18 else label[:15] + "..."  # (site.json has the whole spec)
             cells = [label, b, f"{s['cost_kwh_eq']:.3f}", f"{s['saving_vs_vllm_pct']:.1f}",
                      f"{s['pools_alone_cost_kwh_eq']:.3f}", f"{s['mean_abs_dev_pct']:.2f}", f"{s['attainment_pct']:.3f}",
                      f"{n_ok}/{len(gates['pools'])}", f"{s['wall_s']:.0f}"]
