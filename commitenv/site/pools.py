@@ -31,6 +31,8 @@ class PoolReport:
     interval: int
     new_misses: int
     tail_energy_j: float = 0.0
+    miss_fraction: float = 0.0  # known misses / arrivals so far of the current arrival hour
+    epsilon: float = 0.0  # the pool scenario's miss tolerance
 
 
 def pool_seed(run_seed: int, index: int) -> int:
@@ -40,8 +42,10 @@ def pool_seed(run_seed: int, index: int) -> int:
 
 
 def _report(env: CommitServeEnv, info: dict[str, Any]) -> PoolReport:
-    return PoolReport(float(env.settlement_meter_j), float(info["hour_energy_j"]), float(info["commitment_j"]),
-                      int(info["hour"]), int(info["interval"]), int(info["new_misses"]), float(env.tail_energy_j))
+    h = int(info["hour"])
+    return PoolReport(float(env.settlement_meter_j), float(info["hour_energy_j"]), float(info["commitment_j"]), h,
+                      int(info["interval"]), int(info["new_misses"]), float(env.tail_energy_j),
+                      float(info["miss_fraction_by_hour"][h]), float(env.scenario.epsilon))
 
 
 class PoolGroup:

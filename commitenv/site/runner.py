@@ -13,6 +13,11 @@ the site's; equal weights when every pool is past its own): the site's remaining
 what each pool still planned to use. The pool's controller sees ``B_i`` as ``info["commitment_j"]`` (and the
 matching ``target_j``); nothing else changes, and it sees nothing of the other pools but its budget.
 
+``budget="guarded"``: the same, except that a pool whose current arrival hour's known miss fraction has reached
+``GUARD`` (0.5) x its epsilon keeps its own remaining commitment (``B_i = M_i + max(E*_i - M_i, 0)``: no cut, no
+extra) and the other pools share what is left of the site's (a pool near its gate is not asked to cover another's
+overuse).
+
 Sharding (``ray=ADDRESS``, ``shards=N``): the pools are split into N contiguous groups, each a Ray actor
 (`commitenv.site.pools.PoolGroup`) holding its pools and their controllers; the actors step in lockstep, one call
 per interval, and return per-pool reports only (`PoolReport`); this process keeps the site meter. The result is the
@@ -33,7 +38,7 @@ from commitenv.site.loader import Site, load_site
 from commitenv.site.meter import SiteMeter
 from commitenv.site.pools import PoolGroup, PoolReport
 
-BUDGETS = ("own", "site")
+BUDGETS = ("own", "site", "guarded")
 
 
 @dataclass
@@ -69,14 +74,26 @@ def pool_specs(st: Site, controller: str) -> list[str]:
     return out
 
 
-def site_budgets(reports: list[PoolReport], site_commit_j: float) -> list[float]:
-    """Each pool's hour budget under the site coordinator (see the module docstring), in the reports' order."""
+GUARD = 0.5  # the guarded coordinator stops cutting a pool once its hour's known miss fraction reaches GUARD x epsilon
+
+
+def site_budgets(reports: list[PoolReport], site_commit_j: float, *, guarded: bool = False) -> list[float]:
+    """Each pool's hour budget under the site coordinator (see the module docstring), in the reports' order;
+    ``guarded``: a pool whose current hour's known miss fraction has reached ``GUARD`` x its epsilon keeps its own
+    remaining commitment (it is neither cut nor given more) and the others share the rest."""
     own = np.array([r.commitment_j for r in reports])
     used = np.array([r.hour_energy_j for r in reports])
     left = np.maximum(own - used, 0.0)
-    w = left / left.sum() if left.sum() > 0 else np.full(len(reports), 1.0 / len(reports))
     site_left = site_commit_j - math.fsum(used.tolist())
-    return (used + w * site_left).tolist()
+    free = np.ones(len(reports), dtype=bool)
+    if guarded:
+        free = np.array([r.miss_fraction < GUARD * r.epsilon for r in reports])
+        if not free.any():
+            return (used + left).tolist()
+        site_left -= math.fsum(left[~free].tolist())
+    lf = np.where(free, left, 0.0)
+    w = lf / lf.sum() if lf.sum() > 0 else free / free.sum()
+    return np.where(free, used + w * site_left, used + left).tolist()
 
 
 class _Local:
@@ -156,8 +173,8 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
         ret, misses, hours = 0.0, 0, []
         for k in range(steps):
             args: list[tuple] = [(None,)] * len(parts)
-            if budget == "site":
-                b = site_budgets(reports, float(st.commit_j[k // st.intervals_per_hour]))
+            if budget != "own":
+                b = site_budgets(reports, float(st.commit_j[k // st.intervals_per_hour]), guarded=budget == "guarded")
                 args = [([b[i] for i in p],) for p in parts]
             reports = [r for rs in groups.call("step", args) for r in rs]
             booked = meter.record(np.array([r.settlement_meter_j for r in reports]))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from commitenv.site import SiteEnv, load_site
-from commitenv.site.runner import pool_specs, run_site_episode, site_gates
+from commitenv.site.runner import pool_specs, run_site_episode, site_budgets, site_gates
 
 from helpers.sites import three_pools
 
@@ -153,3 +153,18 @@ def test_a_controller_per_pool_pattern(tmp_path, toy):
         pool_specs(site, "epact@a+vllm")
     run = run_site_episode(site, "epact@[ab]+vllm@c", seed=1)
     assert [run.pools[n]["controller"] for n in "abc"] == ["epact", "epact", "vllm"]
+
+
+def test_the_guarded_coordinator_keeps_a_pool_near_its_gate_on_its_own_budget():
+    from commitenv.site.pools import PoolReport
+
+    def rep(own, used, miss):
+        return PoolReport(0.0, used, own, 0, 3, 0, 0.0, miss, 0.01)
+
+    reports = [rep(10, 5, 0.0), rep(20, 25, 0.004), rep(30, 10, 0.006)]  # the third at 0.6 % >= 0.5 x 1 %
+    # site: 60 committed, 40 used, 20 left; own lefts 5, 0 (past its own), 20
+    assert site_budgets(reports, 60.0) == pytest.approx([5 + 4, 25, 10 + 16])  # split 5 : 20 of the 20 left
+    assert site_budgets(reports, 60.0, guarded=True) == pytest.approx([5, 25, 30])  # the third keeps its 20
+    assert site_budgets(reports, 50.0, guarded=True) == pytest.approx([-5, 25, 30])  # the others absorb the cut
+    everyone = [rep(10, 5, 0.02), rep(20, 25, 0.02)]
+    assert site_budgets(everyone, 20.0, guarded=True) == pytest.approx([10, 25])  # all guarded: their own
