@@ -171,11 +171,15 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
 
             bar = tqdm(total=steps, unit="interval", desc=f"{st.name} / {name}", leave=False)
         ret, misses, hours = 0.0, 0, []
+        guarded = dict.fromkeys(st.pool_names, 0)  # decisions at which the guard kept a pool on its own budget
         for k in range(steps):
             args: list[tuple] = [(None,)] * len(parts)
             if budget != "own":
                 b = site_budgets(reports, float(st.commit_j[k // st.intervals_per_hour]), guarded=budget == "guarded")
                 args = [([b[i] for i in p],) for p in parts]
+                if budget == "guarded":
+                    for n, r in zip(st.pool_names, reports):
+                        guarded[n] += int(r.miss_fraction >= GUARD * r.epsilon)
             reports = [r for rs in groups.call("step", args) for r in rs]
             booked = meter.record(np.array([r.settlement_meter_j for r in reports]))
             ret += booked.reward
@@ -199,6 +203,8 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
             ray.shutdown()
     summary = site_summary(st, meter, pools, controller=name, budget=budget, seed=seed, episode_return=ret,
                            wall_s=wall, shards=len(parts), usage=usage)
+    if budget == "guarded":
+        summary["guarded_decisions"] = guarded
     if summary["misses"] != misses:  # an invariant: by the end every miss has become known to the site
         raise RuntimeError(f"site run: the pools' records count {summary['misses']} misses, their steps reported {misses}")
     return SiteRun(summary, pools, hours)

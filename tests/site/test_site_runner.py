@@ -168,3 +168,37 @@ def test_the_guarded_coordinator_keeps_a_pool_near_its_gate_on_its_own_budget():
     assert site_budgets(reports, 50.0, guarded=True) == pytest.approx([-5, 25, 30])  # the others absorb the cut
     everyone = [rep(10, 5, 0.02), rep(20, 25, 0.02)]
     assert site_budgets(everyone, 20.0, guarded=True) == pytest.approx([10, 25])  # all guarded: their own
+
+
+def test_a_guarded_run_counts_the_decisions_the_guard_protected(tmp_path):
+    from helpers.scenarios import toy_miss
+    from helpers.sites import write_site
+
+    sc = toy_miss(tmp_path / "sc")  # bursts that one replica at the low clock misses
+    site = write_site(tmp_path, [{"name": "a", "scenario": str(sc)}, {"name": "b", "scenario": str(sc)}],
+                      commitment={"mj": 0.3})
+    low = tmp_path / "low.py"
+    low.write_text(LOW)
+    log = tmp_path / "low.jsonl"
+    run = run_site_episode(site, f"{low}:Low", seed=2, budget="guarded", controller_kwargs={"log": str(log)})
+    seen = [json.loads(x) for x in log.read_text().splitlines()]  # pools a, b alternate, one line per decision
+    eps = 0.01  # the toy scenario's epsilon (the schema's default)
+    want = {"a": sum(f >= 0.5 * eps for f in seen[0::2]), "b": sum(f >= 0.5 * eps for f in seen[1::2])}
+    assert run.summary["guarded_decisions"] == want
+    assert want["a"] > 0  # the bursts' misses do engage the guard
+    assert "guarded_decisions" not in run_site_episode(site, "vllm", seed=2).summary
+
+
+LOW = """
+import json
+from commitenv.control import Controller
+
+class Low(Controller):
+    '''One replica at the low clock; logs the miss fraction of the hour it decides in.'''
+    def __init__(self, log):
+        self.log = log
+    def act(self, observation, info):
+        with open(self.log, "a") as fh:
+            fh.write(json.dumps(info["miss_fraction_by_hour"][info["hour"]]) + "\\n")
+        return self.ctx.action(1, self.ctx.clocks_mhz[0])
+"""
