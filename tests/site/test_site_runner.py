@@ -202,3 +202,19 @@ class Low(Controller):
             fh.write(json.dumps(info["miss_fraction_by_hour"][info["hour"]]) + "\\n")
         return self.ctx.action(1, self.ctx.clocks_mhz[0])
 """
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--budget", "own,global"], "--budget: expected a comma-separated list of ('own', 'site', 'guarded')"),
+    (["--shards", "2"], "--shards: only with --ray"),
+    (["--controllers", "shared:/nowhere"], "no model.zip in /nowhere"),
+    (["--controllers", "epact@a"], "pool 'b' matches 0 of the patterns"),
+    (["--controllers", "no-such-controller"], "no-such-controller"),
+])
+def test_the_site_command_refuses_bad_options_before_any_run(tmp_path, toy, capsys, extra, fragment):
+    from commitenv.cli import main
+
+    rc = main(["site", str(three_pools(tmp_path, toy)), "--quiet", *extra])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.startswith("error:") and fragment in err, err
+    assert "vllm" not in out  # nothing ran
