@@ -28,7 +28,8 @@ def add_site_parser(sub) -> None:
     s.add_argument("--budget", default="own,site",
                    help="comma-separated: own (each pool tracks its own commitment), site (a coordinator splits the "
                         "site's remaining commitment among the pools every interval), guarded (the same, but a pool "
-                        "whose hour's known misses reach half its tolerance keeps its own budget)")
+                        "whose hour's known misses reach half its tolerance, or with a live request past its visible "
+                        "deadline, keeps its own budget)")
     s.add_argument("--seeds", default="0", metavar="LIST", help="site run seeds: 0-4, 0,3,7")
     s.add_argument("--shards", type=int, default=1, metavar="N",
                    help="with --ray: the pools split into N Ray actors stepping in lockstep (default 1)")

@@ -33,6 +33,7 @@ class PoolReport:
     tail_energy_j: float = 0.0
     miss_fraction: float = 0.0  # known misses / arrivals so far of the current arrival hour
     epsilon: float = 0.0  # the pool scenario's miss tolerance
+    overdue_frac: float = 0.0  # live requests past their visible deadline / live requests (observation feature 12)
 
 
 def pool_seed(run_seed: int, index: int) -> int:
@@ -41,11 +42,11 @@ def pool_seed(run_seed: int, index: int) -> int:
     return int(st[0]) & 0x7FFF_FFFF
 
 
-def _report(env: CommitServeEnv, info: dict[str, Any]) -> PoolReport:
+def _report(env: CommitServeEnv, info: dict[str, Any], obs: np.ndarray) -> PoolReport:
     h = int(info["hour"])
     return PoolReport(float(env.settlement_meter_j), float(info["hour_energy_j"]), float(info["commitment_j"]), h,
                       int(info["interval"]), int(info["new_misses"]), float(env.tail_energy_j),
-                      float(info["miss_fraction_by_hour"][h]), float(env.scenario.epsilon))
+                      float(info["miss_fraction_by_hour"][h]), float(env.scenario.epsilon), float(obs[12]))
 
 
 class PoolGroup:
@@ -80,7 +81,7 @@ class PoolGroup:
             self.obs.append(o)
             self.infos.append(info)
             self.ctrls.append(c)
-        return [_report(e, i) for e, i in zip(self.envs, self.infos)]
+        return [_report(e, i, o) for e, i, o in zip(self.envs, self.infos, self.obs)]
 
     def step(self, budgets: list[float] | None = None) -> list[PoolReport]:
         """One interval of every pool: its controller decides (seeing ``budgets[j]`` as the hour's commitment when
@@ -104,7 +105,7 @@ class PoolGroup:
                 action = c.act(obs, info)
             self.obs[j], r, _, _, self.infos[j] = e.step(action)
             self.returns[j] += r
-        return [_report(e, i) for e, i in zip(self.envs, self.infos)]
+        return [_report(e, i, o) for e, i, o in zip(self.envs, self.infos, self.obs)]
 
     def usage(self) -> dict[str, float]:
         """This process's CPU time (s) and peak resident memory (MB) so far: a shard's cost on its machine."""

@@ -13,10 +13,10 @@ the site's; equal weights when every pool is past its own): the site's remaining
 what each pool still planned to use. The pool's controller sees ``B_i`` as ``info["commitment_j"]`` (and the
 matching ``target_j``); nothing else changes, and it sees nothing of the other pools but its budget.
 
-``budget="guarded"``: the same, except that a pool whose current arrival hour's known miss fraction has reached
-``GUARD`` (0.5) x its epsilon keeps its own remaining commitment (``B_i = M_i + max(E*_i - M_i, 0)``: no cut, no
-extra) and the other pools share what is left of the site's (a pool near its gate is not asked to cover another's
-overuse).
+``budget="guarded"``: the same, except that a pool at risk (`at_risk`: its current arrival hour's known miss
+fraction has reached ``GUARD`` (0.5) x its epsilon, or one of its live requests is past its visible deadline) keeps its
+own remaining commitment (``B_i = M_i + max(E*_i - M_i, 0)``: no cut, no extra) and the other pools share what is
+left of the site's (a pool near its gate is not asked to cover another's overuse).
 
 Sharding (``ray=ADDRESS``, ``shards=N``): the pools are split into N contiguous groups, each a Ray actor
 (`commitenv.site.pools.PoolGroup`) holding its pools and their controllers; the actors step in lockstep, one call
@@ -77,17 +77,24 @@ def pool_specs(st: Site, controller: str) -> list[str]:
 GUARD = 0.5  # the guarded coordinator stops cutting a pool once its hour's known miss fraction reaches GUARD x epsilon
 
 
+def at_risk(r: PoolReport) -> bool:
+    """A pool the guarded coordinator keeps on its own budget: its current hour's known miss fraction has reached
+    ``GUARD`` x its epsilon, or a live request is past its visible deadline (an early sign of misses to come: a miss
+    is known only when its deadline passes unfinished)."""
+    return r.miss_fraction >= GUARD * r.epsilon or r.overdue_frac > 0
+
+
 def site_budgets(reports: list[PoolReport], site_commit_j: float, *, guarded: bool = False) -> list[float]:
     """Each pool's hour budget under the site coordinator (see the module docstring), in the reports' order;
-    ``guarded``: a pool whose current hour's known miss fraction has reached ``GUARD`` x its epsilon keeps its own
-    remaining commitment (it is neither cut nor given more) and the others share the rest."""
+    ``guarded``: a pool `at_risk` keeps its own remaining commitment (it is neither cut nor given more) and the others
+    share the rest."""
     own = np.array([r.commitment_j for r in reports])
     used = np.array([r.hour_energy_j for r in reports])
     left = np.maximum(own - used, 0.0)
     site_left = site_commit_j - math.fsum(used.tolist())
     free = np.ones(len(reports), dtype=bool)
     if guarded:
-        free = np.array([r.miss_fraction < GUARD * r.epsilon for r in reports])
+        free = np.array([not at_risk(r) for r in reports])
         if not free.any():
             return (used + left).tolist()
         site_left -= math.fsum(left[~free].tolist())
@@ -179,7 +186,7 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
                 args = [([b[i] for i in p],) for p in parts]
                 if budget == "guarded":
                     for n, r in zip(st.pool_names, reports):
-                        guarded[n] += int(r.miss_fraction >= GUARD * r.epsilon)
+                        guarded[n] += int(at_risk(r))
             reports = [r for rs in groups.call("step", args) for r in rs]
             booked = meter.record(np.array([r.settlement_meter_j for r in reports]))
             ret += booked.reward

@@ -168,6 +168,9 @@ def test_the_guarded_coordinator_keeps_a_pool_near_its_gate_on_its_own_budget():
     assert site_budgets(reports, 50.0, guarded=True) == pytest.approx([-5, 25, 30])  # the others absorb the cut
     everyone = [rep(10, 5, 0.02), rep(20, 25, 0.02)]
     assert site_budgets(everyone, 20.0, guarded=True) == pytest.approx([10, 25])  # all guarded: their own
+    # a live request past its visible deadline guards a pool before any miss is known
+    late = [rep(10, 5, 0.0), rep(20, 25, 0.004), PoolReport(0.0, 10, 30, 0, 3, 0, 0.0, 0.0, 0.01, 0.05)]
+    assert site_budgets(late, 60.0, guarded=True) == pytest.approx([5, 25, 30])
 
 
 def test_a_guarded_run_counts_the_decisions_the_guard_protected(tmp_path):
@@ -183,7 +186,8 @@ def test_a_guarded_run_counts_the_decisions_the_guard_protected(tmp_path):
     run = run_site_episode(site, f"{low}:Low", seed=2, budget="guarded", controller_kwargs={"log": str(log)})
     seen = [json.loads(x) for x in log.read_text().splitlines()]  # pools a, b alternate, one line per decision
     eps = 0.01  # the toy scenario's epsilon (the schema's default)
-    want = {"a": sum(f >= 0.5 * eps for f in seen[0::2]), "b": sum(f >= 0.5 * eps for f in seen[1::2])}
+    risky = [f >= 0.5 * eps or overdue > 0 for f, overdue in seen]
+    want = {"a": sum(risky[0::2]), "b": sum(risky[1::2])}
     assert run.summary["guarded_decisions"] == want
     assert want["a"] > 0  # the bursts' misses do engage the guard
     assert "guarded_decisions" not in run_site_episode(site, "vllm", seed=2).summary
@@ -194,12 +198,12 @@ import json
 from commitenv.control import Controller
 
 class Low(Controller):
-    '''One replica at the low clock; logs the miss fraction of the hour it decides in.'''
+    '''One replica at the low clock; logs the miss fraction of the hour it decides in and its overdue share.'''
     def __init__(self, log):
         self.log = log
     def act(self, observation, info):
         with open(self.log, "a") as fh:
-            fh.write(json.dumps(info["miss_fraction_by_hour"][info["hour"]]) + "\\n")
+            fh.write(json.dumps([info["miss_fraction_by_hour"][info["hour"]], float(observation[12])]) + "\\n")
         return self.ctx.action(1, self.ctx.clocks_mhz[0])
 """
 
