@@ -248,9 +248,7 @@ def _run_ray(ray, jobs: list[Any], done: Callable[[int, dict[str, Any]], None], 
              fn: Callable[[Any], dict[str, Any]] = run_job) -> None:
     """Run ``jobs`` as Ray tasks (one CPU each), keeping at most ``in_flight`` submitted (None: all), and pass
     each result, its files written here (for `run_job`), to ``done(index, result)`` as it finishes."""
-    cache = os.environ.get("COMMITENV_CACHE")
-    task = ray.remote(num_cpus=1, runtime_env={"env_vars": {"COMMITENV_CACHE": cache}} if cache else None)(
-        run_job_shipped if fn is run_job else fn)
+    task = ray.remote(num_cpus=1, runtime_env=ray_runtime_env())(run_job_shipped if fn is run_job else fn)
     limit = in_flight or len(jobs)
     todo = iter(enumerate(jobs))
     waiting: dict[Any, int] = {}
@@ -272,6 +270,13 @@ def _run_ray(ray, jobs: list[Any], done: Callable[[int, dict[str, Any]], None], 
         for ref in waiting:  # interrupted: do not leave tasks running on a cluster
             with contextlib.suppress(Exception):  # the interruption is what to report, not a failed cancel
                 ray.cancel(ref, force=True)
+
+
+def ray_runtime_env() -> dict[str, Any] | None:
+    """What a Ray task or actor of ours needs from this process's environment: its cache folder (the compiled engine,
+    the reference runs), when one is set."""
+    cache = os.environ.get("COMMITENV_CACHE")
+    return {"env_vars": {"COMMITENV_CACHE": cache}} if cache else None
 
 
 RAY_CONNECT_TIMEOUT_S = 5.0  # how long an address given as HOST:PORT may take to accept a connection

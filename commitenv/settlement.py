@@ -21,6 +21,12 @@ import numpy as np
 from commitenv.metrics import J_PER_KWH, deviation_cost_kwh, deviation_pct_or_none
 
 
+def remaining_per_interval(commit_j: float, used_j: float, k: int, K: int) -> float:
+    """The hour's commitment left after ``used_j`` of it in ``k`` of its ``K`` intervals, split evenly over the
+    intervals left (J; 0 once the hour is over): the target an env's ``info["target_j"]`` reports."""
+    return (commit_j - used_j) / (K - k) if k < K else 0.0
+
+
 def tail_cost_kwh(energy_j: float, lambda_plus: float) -> float:
     """The cost of energy drawn after the last settled hour (the completion tail): an hour for which nothing was
     bought, so every joule is overuse, lambda_plus E (kWh-eq; the energy-only formula, E* = 0)."""

@@ -83,7 +83,7 @@ from commitenv.scenarios import (commitments_mj, engine_options, load_scenario, 
                                  scenario_tenant_model, scenario_workload)
 from commitenv.scenarios.build import realism_of
 from commitenv.scenarios.schema import Scenario
-from commitenv.settlement import HourlySettlement
+from commitenv.settlement import HourlySettlement, remaining_per_interval
 from commitenv.sim import Pool, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
@@ -440,7 +440,7 @@ class CommitServeEnv(gym.Env):
             "interval_energy_j": interval_j,
             "hour_energy_j": m,
             "commitment_j": float(self.commit_j[h]),
-            "target_j": float((self.commit_j[h] - m) / (K - kin)) if kin < K else 0.0,
+            "target_j": float(remaining_per_interval(float(self.commit_j[h]), m, kin, K)),
             "active": self.cfg[0],
             "clock_mhz": self.clocks_mhz[self.cfg[1]],
             **({"active_by_model": list(self.shared_cfg.active),

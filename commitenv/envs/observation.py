@@ -80,6 +80,8 @@ from typing import Any
 
 import numpy as np
 
+from commitenv.settlement import remaining_per_interval
+
 OBS_FEATURES = (
     "time_in_hour",
     "hour_of_horizon",
@@ -119,7 +121,7 @@ def energy_features(commit_j: float, used_j: float, last_j: float, k: int, K: in
     ``used_j`` of it used after ``k`` of its ``K`` intervals, ``last_j`` in the last one; ``e_scale`` = N x TDP x 1 h
     (see the table above). Also what a site coordinator's budget makes of them (`commitenv.site.pools`)."""
     d = commit_j if commit_j > 0 else e_scale  # D_h: an energy-only hour (E*_h = 0) takes the full-power hour's energy
-    target = (d - used_j) / (K - k) if k < K else 0.0
+    target = remaining_per_interval(d, used_j, k, K)
     return [soft(max(commit_j, 0.0) / e_scale), soft(max(used_j, 0.0) / d), slog(last_j / (d / K) - 1.0),
             slog(target / (d / K) - 1.0)]
 

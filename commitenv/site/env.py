@@ -29,8 +29,8 @@ from gymnasium import spaces
 
 from commitenv.envs import CommitServeEnv
 from commitenv.envs.actions import check_action, check_shared_action
-from commitenv.envs.observation import slog, soft
-from commitenv.settlement import HourlySettlement
+from commitenv.envs.observation import energy_features
+from commitenv.settlement import HourlySettlement, remaining_per_interval
 from commitenv.site.loader import Site, load_site
 from commitenv.site.meter import SiteMeter
 from commitenv.site.pools import pool_seed
@@ -153,16 +153,14 @@ class SiteEnv(gym.Env):
 
     def _obs(self, pools: dict[str, np.ndarray]) -> dict[str, Any]:
         h, kin, ec, m = self._hour_state()
-        K = self.K
-        target = (ec - m) / (K - kin) if kin < K else 0.0
-        x = np.array([kin / K, h / self.H, soft(ec / self._e_scale), soft(m / ec), slog(target / (ec / K) - 1.0)],
-                     dtype=np.float32)
+        commitment, hour_energy, _, target = energy_features(ec, m, 0.0, kin, self.K, self._e_scale)  # the pools' own
+        x = np.array([kin / self.K, h / self.H, commitment, hour_energy, target], dtype=np.float32)
         return {"site": np.clip(x, SITE_LOW, SITE_HIGH), "pools": pools}
 
     def _info(self, pools: dict[str, dict], *, new_misses: int, settlement: dict | None = None) -> dict[str, Any]:
         h, kin, ec, m = self._hour_state()
         site: dict[str, Any] = {"t": self.k * self.dt, "hour": h, "interval": kin, "commitment_j": ec,
-                                "hour_energy_j": m, "target_j": (ec - m) / (self.K - kin) if kin < self.K else 0.0,
+                                "hour_energy_j": m, "target_j": remaining_per_interval(ec, m, kin, self.K),
                                 "cost": float(new_misses), "misses": self.misses,
                                 "reward_offset_kwh": self.reward_offset_kwh}
         if settlement is not None:

@@ -12,10 +12,13 @@ import numpy as np
 
 from commitenv.control import Controller
 from commitenv.envs import CommitServeEnv
-from commitenv.envs.observation import OBS_HIGH, OBS_LOW, energy_features
+from commitenv.envs.observation import OBS_FEATURES, OBS_HIGH, OBS_LOW, energy_features
 from commitenv.evaluation import start_controller
 from commitenv.planning import PlanningClock
+from commitenv.settlement import remaining_per_interval
 from commitenv.site.loader import Site
+
+_OVERDUE = OBS_FEATURES.index("overdue_frac")
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def _report(env: CommitServeEnv, info: dict[str, Any], obs: np.ndarray) -> PoolR
     h = int(info["hour"])
     return PoolReport(float(env.settlement_meter_j), float(info["hour_energy_j"]), float(info["commitment_j"]), h,
                       int(info["interval"]), int(info["new_misses"]), float(env.tail_energy_j),
-                      float(info["miss_fraction_by_hour"][h]), float(env.scenario.epsilon), float(obs[12]))
+                      float(info["miss_fraction_by_hour"][h]), float(env.scenario.epsilon), float(obs[_OVERDUE]))
 
 
 class PoolGroup:
@@ -65,19 +68,19 @@ class PoolGroup:
         self.controller_kwargs = dict(controller_kwargs or {})
         self.charge_planning = charge_planning
         self.ctrls: list[Controller] = []
-        self.hindsight = False  # the controller uses the hindsight door (the oracle): its runs are marked
+        self.hindsight = [False] * len(self.envs)  # a pool's controller uses the hindsight door: its run is marked
 
     def reset(self, seed: int) -> list[PoolReport]:
         """Start the episode of site run seed ``seed``: every pool on its derived seed, its controller reset."""
         self.seed = seed
         self.obs, self.infos, self.ctrls = [], [], []
         self.returns = [0.0] * len(self.envs)
-        for i, e, spec in zip(self.indices, self.envs, self.specs):
+        for j, (i, e, spec) in enumerate(zip(self.indices, self.envs, self.specs)):
             o, info = e.reset(seed=pool_seed(seed, i))
             c = spec.make(**self.controller_kwargs)
             if not isinstance(c, Controller):
                 raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(c).__name__}")
-            self.hindsight = start_controller(c, e, pool_seed(seed, i))
+            self.hindsight[j] = start_controller(c, e, pool_seed(seed, i))
             self.obs.append(o)
             self.infos.append(info)
             self.ctrls.append(c)
@@ -93,7 +96,7 @@ class PoolGroup:
                 # (in the observation a budget <= 0, the site already over, reads as the energy-only regime: every
                 # joule is overuse)
                 k, used, b = int(info["interval"]), float(info["hour_energy_j"]), float(budgets[j])
-                info = {**info, "commitment_j": b, "target_j": (b - used) / (e.K - k) if k < e.K else 0.0}
+                info = {**info, "commitment_j": b, "target_j": remaining_per_interval(b, used, k, e.K)}
                 obs = obs.copy()
                 obs[2:6] = np.clip(energy_features(b, used, float(info["interval_energy_j"]), k, e.K, e._e_scale),
                                    OBS_LOW[2:6], OBS_HIGH[2:6])
@@ -125,6 +128,6 @@ class PoolGroup:
             c.close()
             out[n] = score_episode(e, controller_name(c), pool_seed(self.seed, self.indices[j]), wall_s,
                                    self.returns[j]).summary
-            if self.hindsight:
+            if self.hindsight[j]:
                 out[n]["hindsight"] = True  # a bound, not a competitor (as run_episode marks it)
         return out

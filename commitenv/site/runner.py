@@ -120,11 +120,10 @@ class _Ray:
     """The pool groups as Ray actors, one CPU each; every call goes to all of them and waits for all."""
 
     def __init__(self, ray, site: Site, shards: list[list[int]], specs: list[str], kwargs: dict, charge: bool) -> None:
-        import os
+        from commitenv.runner import ray_runtime_env
 
         self.ray = ray
-        cache = os.environ.get("COMMITENV_CACHE")
-        actor = ray.remote(num_cpus=1, runtime_env={"env_vars": {"COMMITENV_CACHE": cache}} if cache else None)(PoolGroup)
+        actor = ray.remote(num_cpus=1, runtime_env=ray_runtime_env())(PoolGroup)
         self.groups = [actor.remote(site, s, [specs[i] for i in s], kwargs, charge) for s in shards]
 
     def call(self, method: str, args: list[tuple]) -> list[Any]:
