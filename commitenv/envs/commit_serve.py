@@ -186,11 +186,23 @@ class CommitServeEnv(gym.Env):
             self._tables = {key: scenario_workload(self.scenario, seed)}
         return self._tables[key]
 
+    def _workload_seed(self, options: dict[str, Any] | None) -> int:
+        """The seed the episode's workload is drawn from: the run seed, or ``options["workload_seed"]`` (a site's
+        routed pools draw their route's one workload, each then serving its share; the engine keeps the run seed)."""
+        opts = dict(options or {})
+        unknown = sorted(set(opts) - {"workload_seed"})
+        if unknown:
+            raise ValueError(f"reset options: unknown {unknown}; expected only 'workload_seed'")
+        ws = opts.get("workload_seed", self.run_seed)
+        if isinstance(ws, bool) or not isinstance(ws, (int, np.integer)) or ws < 0:
+            raise ValueError(f"reset options['workload_seed']: expected an integer >= 0, got {ws!r}")
+        return int(ws)
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self.run_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         sc = self.scenario
-        table = self._workload(self.run_seed)
+        table = self._workload(self._workload_seed(options))
         self.table = table
         if self.backend is None:
             pool = Pool(self.profiles, self.layout, engine_options(sc, self.run_seed),

@@ -67,7 +67,9 @@ class PoolModelsEnv(ParallelEnv):
 
     # ------------------------------------------------------------------------------------------ episode
     def reset(self, seed: int | None = None, options: dict | None = None):
-        obs, info = self.env.reset(seed=seed, options=options)
+        """Reset the pool (of ``options``, only ``workload_seed`` reaches it; PettingZoo passes others freely)."""
+        pool_opts = {k: v for k, v in (options or {}).items() if k == "workload_seed"}
+        obs, info = self.env.reset(seed=seed, options=pool_opts or None)
         self.agents = list(self.possible_agents)
         self._clock_req = [self.env._init_clock] * len(self.possible_agents)
         self.shares = RunningShares(tuple(self.possible_agents), self.env.lp, self.env.lm, seed=self.env.run_seed)

@@ -9,6 +9,7 @@ truth, and the seed a controller is given, so a controller's seed tells it nothi
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import replace
 from functools import lru_cache
@@ -33,12 +34,13 @@ from commitenv.workload import (
     builtin_workload,
     load_trace,
     scale_rate,
+    select_rows,
     time_window,
 )
 from commitenv.workload.builtin import builtin_window
 from commitenv.workload.synthetic import synthesize_window, window_hours
 
-_TAGS = {"workload": 0x776C, "controller": 0x6374, "arrivals": 0x6172, "tenants": 0x746E}
+_TAGS = {"workload": 0x776C, "controller": 0x6374, "arrivals": 0x6172, "tenants": 0x746E, "route": 0x7274}
 
 
 def derived_seed(run_seed: int, purpose: str) -> int:
@@ -158,6 +160,27 @@ def with_tenant_mix(sc: Scenario, table: RequestTable, seed: int) -> RequestTabl
     rng = np.random.default_rng(derived_seed(seed, "tenants"))
     tenant = rng.choice(len(names), size=len(table), p=p / p.sum()).astype(np.int32)
     return replace(table, tenant=tenant, tenant_names=names, meta=dict(table.meta))
+
+
+def route_choice(seed: int, name: str, split: list[float], n: int) -> np.ndarray:
+    """The share (index into ``split``) each of a route's ``n`` requests goes to: one uniform draw per request in
+    arrival order, seeded by the workload's seed and the route's name (every pool of the route draws the same)."""
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+    st = np.random.SeedSequence([int(seed) & ((1 << 63) - 1), _TAGS["route"], key]).generate_state(2, dtype=np.uint32)
+    u = np.random.default_rng([int(x) for x in st]).random(n)
+    edges = np.cumsum(np.asarray(split, dtype=np.float64))[:-1]
+    return np.searchsorted(edges, u, side="right")
+
+
+def with_route(sc: Scenario, table: RequestTable, seed: int) -> RequestTable:
+    """``table`` narrowed to this pool's share of its route (``workload.route``; unchanged without one)."""
+    r = sc.workload.route
+    if r is None:
+        return table
+    rows = np.flatnonzero(route_choice(seed, r.name, r.split, len(table)) == r.index)
+    out = select_rows(table, rows)
+    out.meta.update({"route": r.name, "route_share": r.index, "route_split": list(r.split)})
+    return out
 
 
 def _with_context_limit(source: str, prof: Profile, limit: int) -> Profile:
@@ -352,9 +375,10 @@ def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
     if sc.workload.seed is None:
         if seed is None:
             raise ScenarioError(f"{sc.source}: workload.seed: null (a new workload per run seed), but no run seed was given")
-        return with_tenant_mix(sc, episode_workload(sc, seed), derived_seed(seed, "workload"))
+        table = with_tenant_mix(sc, episode_workload(sc, seed), derived_seed(seed, "workload"))
+        return with_route(sc, table, derived_seed(seed, "workload"))
     s = workload_seed(sc, seed)
-    return with_tenant_mix(sc, _pinned_workload(sc, s, sc.workload.start_hour, "workload.start_hour"), s)
+    return with_route(sc, with_tenant_mix(sc, _pinned_workload(sc, s, sc.workload.start_hour, "workload.start_hour"), s), s)
 
 
 def reference_workload(sc: Scenario, seed: int, start_hour: float | None = None) -> RequestTable:
@@ -363,8 +387,10 @@ def reference_workload(sc: Scenario, seed: int, start_hour: float | None = None)
     the same trace) instead of ``workload.start_hour``."""
     pinned = sc.model_copy(update={"workload": sc.workload.model_copy(update={"seed": int(seed)})})
     if start_hour is None:
-        return _pinned_workload(pinned, int(seed), sc.workload.start_hour, "workload.start_hour")
-    return _pinned_workload(pinned, int(seed), float(start_hour), "commitment.reference.start_hour")
+        table = _pinned_workload(pinned, int(seed), sc.workload.start_hour, "workload.start_hour")
+    else:
+        table = _pinned_workload(pinned, int(seed), float(start_hour), "commitment.reference.start_hour")
+    return with_route(sc, table, int(seed))
 
 
 def _pinned_workload(sc: Scenario, s: int, start_hour: float, field: str) -> RequestTable:

@@ -130,6 +130,8 @@ def reference_inputs(sc: Scenario) -> dict:
         wl["trace"] = {"sha256": _sha256_file(Path(sc.workload.trace).expanduser())}  # content, not location
     if sc.workload.tenant_mix is None:
         del wl["tenant_mix"]  # absent from one-model scenarios' keys
+    if sc.workload.route is None:
+        del wl["route"]  # absent from unrouted scenarios' keys
     if sc.workload.synthetic is None:
         del wl["synthetic"]  # absent from older scenarios' keys
     else:

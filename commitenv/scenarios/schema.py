@@ -151,6 +151,28 @@ class SyntheticSpec(_Strict):
         return self.lengths.endswith(_PATH_HINTS) or any(c in self.lengths for c in _PATH_HINTS[1:])
 
 
+class RouteShareSpec(_Strict):
+    """This pool's share of a router's arrivals (a site route, `commitenv.site`): the route's workload is drawn whole
+    (the same seed for every pool of the route) and each request goes to share ``i`` with probability ``split[i]`` (one
+    uniform draw per request, seeded by the workload's seed and the route's ``name``); this pool serves the requests
+    of share ``index``. The route's pools together serve every request exactly once."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    split: list[float] = Field(min_length=1)
+    index: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RouteShareSpec":
+        if any(not (0.0 <= v <= 1.0) for v in self.split):
+            raise ValueError(f"workload.route.split: expected fractions in [0, 1], got {self.split}")
+        if abs(sum(self.split) - 1.0) > 1e-9:
+            raise ValueError(f"workload.route.split: fractions must sum to 1, got {sum(self.split):.12g}")
+        if self.index >= len(self.split):
+            raise ValueError(f"workload.route.index: expected 0 .. {len(self.split) - 1} (one per split entry), "
+                             f"got {self.index}")
+        return self
+
+
 class WorkloadSpec(_Strict):
     """Where requests come from: a built-in generator, a trace file or a synthetic spec, and the window served.
 
@@ -170,6 +192,7 @@ class WorkloadSpec(_Strict):
     rate_spread: float = Field(default=0.0, ge=0, lt=1)
     window_slack_h: float = Field(default=0.0, ge=0)
     tenant_mix: dict[str, float] | None = None  # tenant name -> share of the requests (drawn per request, seeded)
+    route: RouteShareSpec | None = None  # serve one share of a router's split of these arrivals (site routes)
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadSpec":

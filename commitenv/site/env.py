@@ -33,7 +33,7 @@ from commitenv.envs.observation import energy_features
 from commitenv.settlement import HourlySettlement, remaining_per_interval
 from commitenv.site.loader import Site, load_site
 from commitenv.site.meter import SiteMeter
-from commitenv.site.pools import pool_seed
+from commitenv.site.pools import pool_reset
 
 SITE_FEATURES = ("time_in_hour", "hour_of_horizon", "commitment", "hour_energy", "target")
 _R = 20.0
@@ -69,7 +69,7 @@ class SiteEnv(gym.Env):
         self.run_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         obs, infos = {}, {}
         for i, (n, e) in enumerate(self.envs.items()):
-            obs[n], infos[n] = e.reset(seed=pool_seed(self.run_seed, i))
+            obs[n], infos[n] = e.reset(**pool_reset(self.site, self.run_seed, i))
         self.k = 0
         self.meter = SiteMeter(self.names, self.commit_j, self.lp, self.lm, self.K, seed=self.run_seed,
                                pool_rewards=self.pool_rewards)

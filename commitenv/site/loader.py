@@ -19,10 +19,12 @@ from commitenv.site.schema import SiteError, SiteSpec
 
 @dataclass(frozen=True)
 class SitePool:
-    """One pool of a loaded site: its name and its checked scenario (overrides applied)."""
+    """One pool of a loaded site: its name, its checked scenario (overrides applied; for a routed pool, its share of
+    the route's workload in place of its own) and the route it serves (None: its own workload)."""
 
     name: str
     scenario: Scenario
+    route: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,9 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _pool_scenario(spec_pool, where: str, base: Path) -> Scenario:
-    """A pool's scenario: the file its ``scenario`` names (next to the site file first), its ``overrides`` merged."""
+def _pool_scenario(spec_pool, where: str, base: Path, workload: dict | None = None) -> Scenario:
+    """A pool's scenario: the file its ``scenario`` names (next to the site file first), its ``overrides`` merged,
+    and its ``workload`` replaced by ``workload`` when given (a routed pool's share of its route)."""
     ref = spec_pool.scenario
     local = base / ref
     try:
@@ -103,12 +106,35 @@ def _pool_scenario(spec_pool, where: str, base: Path) -> Scenario:
     raw = read_yaml(path, SiteError)
     if not isinstance(raw, dict):
         raise SiteError(f"{where}.scenario: {path}: expected a mapping of scenario fields")
-    src = f"{where} ({path}" + (" with the site's overrides)" if spec_pool.overrides else ")")
+    src = f"{where} ({path}" + (" with the site's overrides" if spec_pool.overrides else "")
+    merged = _merge(raw, spec_pool.overrides)
+    if workload is not None:
+        merged["workload"] = workload
+        src += f" and its share of route '{workload['route']['name']}'"
+    src += ")"
     try:
-        sc = parse_scenario(_merge(raw, spec_pool.overrides), src)
+        sc = parse_scenario(merged, src)
         return check_scenario(sc, path.resolve().parent)
     except ScenarioError as e:
         raise SiteError(str(e)) from None
+
+
+def _check_routes(src: str, spec: SiteSpec, pools: list[SitePool]) -> None:
+    """Every route feeds pools of one model each, the same model for all (a request can go to any of them)."""
+    from commitenv.scenarios.build import scenario_profiles
+
+    by_name = {p.name: p for p in pools}
+    for r in spec.routes:
+        served: dict[str, str] = {}
+        for n in r.split:
+            sc = by_name[n].scenario
+            if sc.pool.shared:
+                raise SiteError(f"{src}: routes: route '{r.name}': pool '{n}' serves several models "
+                                f"({[m.name for m in sc.pool.models]}); a route feeds single-model pools")
+            served[n] = scenario_profiles(sc)[0].model.name
+        if len(set(served.values())) > 1:
+            raise SiteError(f"{src}: routes: route '{r.name}': its pools serve different models {served}; a route's "
+                            f"requests must be servable by every pool it feeds")
 
 
 def load_site(name_or_path: str | Path, *, use_cache: bool = True) -> Site:
@@ -130,11 +156,20 @@ def load_site(name_or_path: str | Path, *, use_cache: bool = True) -> Site:
     if shipped and spec.name != path.stem:
         raise SiteError(f"{src}: name: expected '{path.stem}' (the file name), got '{spec.name}'")
     base = path.resolve().parent
+    routed = {p: (r, list(r.split).index(p)) for r in spec.routes for p in r.split}
     pools: list[SitePool] = []
     for i, p in enumerate(spec.pools):
-        sc = _pool_scenario(p, f"{src}: pools[{i}]", base)
         names = [p.name] if p.count == 1 else [f"{p.name}-{j}" for j in range(p.count)]
-        pools.extend(SitePool(n, sc) for n in names)
+        own = None  # (the pools of one entry that serve their own workload share one scenario)
+        for n in names:
+            if n in routed:
+                r, k = routed[n]
+                wl = {**r.workload, "route": {"name": r.name, "split": list(r.split.values()), "index": k}}
+                pools.append(SitePool(n, _pool_scenario(p, f"{src}: pools[{i}] '{n}'", base, wl), r.name))
+            else:
+                own = own or _pool_scenario(p, f"{src}: pools[{i}]", base)
+                pools.append(SitePool(n, own))
+    _check_routes(src, spec, pools)
     first = pools[0].scenario
     for i, sp in enumerate(pools):
         sc = sp.scenario

@@ -5,6 +5,7 @@ never a pool's requests."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,20 @@ def pool_seed(run_seed: int, index: int) -> int:
     return int(st[0]) & 0x7FFF_FFFF
 
 
+def pool_reset(site: Site, run_seed: int, index: int) -> dict[str, Any]:
+    """The ``reset`` arguments of the site's ``index``-th pool in the episode of site run seed ``run_seed``: its own
+    derived seed and, for a routed pool, the route's workload seed (the same for every pool of the route, derived one
+    way from the site's run seed and the route's name, so each pool draws the route's one workload and keeps its
+    share)."""
+    seed = pool_seed(run_seed, index)
+    route = site.pools[index].route
+    if route is None:
+        return {"seed": seed}
+    key = int.from_bytes(hashlib.sha256(route.encode()).digest()[:8], "little")
+    st = np.random.SeedSequence([int(run_seed), 0x7274, key]).generate_state(1, dtype=np.uint32)
+    return {"seed": seed, "options": {"workload_seed": int(st[0]) & 0x7FFF_FFFF}}
+
+
 def _report(env: CommitServeEnv, info: dict[str, Any], obs: np.ndarray) -> PoolReport:
     h = int(info["hour"])
     return PoolReport(float(env.settlement_meter_j), float(info["hour_energy_j"]), float(info["commitment_j"]), h,
@@ -76,7 +91,7 @@ class PoolGroup:
         self.obs, self.infos, self.ctrls = [], [], []
         self.returns = [0.0] * len(self.envs)
         for j, (i, e, spec) in enumerate(zip(self.indices, self.envs, self.specs)):
-            o, info = e.reset(seed=pool_seed(seed, i))
+            o, info = e.reset(**pool_reset(self.site, seed, i))
             c = spec.make(**self.controller_kwargs)
             if not isinstance(c, Controller):
                 raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(c).__name__}")

@@ -27,6 +27,27 @@ class SitePoolSpec(_Strict):
     count: int = Field(default=1, ge=1, le=100_000)
 
 
+class SiteRouteSpec(_Strict):
+    """A site router: one stream of arrivals (``workload``, a scenario workload spec) split between pools that serve
+    the same model, each request to pool p with probability ``split[p]`` (drawn per request, seeded by the route's
+    workload seed and its name). A routed pool serves its share instead of its scenario's own workload; its own
+    commitment (``pools: sum``) is then its scenario's reference run on its share of the route's reference workload."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    workload: dict[str, Any]
+    split: dict[str, float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _split(self) -> "SiteRouteSpec":
+        bad = {p: v for p, v in self.split.items() if not 0.0 <= v <= 1.0}
+        if bad:
+            raise ValueError(f"routes: route '{self.name}': split: expected fractions in [0, 1], got {bad}")
+        if abs(sum(self.split.values()) - 1.0) > 1e-9:
+            raise ValueError(f"routes: route '{self.name}': split: fractions must sum to 1, got "
+                             f"{sum(self.split.values()):.12g}")
+        return self
+
+
 class SiteCommitmentSpec(_Strict):
     """The hourly commitment on the site meter: ``pools`` (the sum of the pools' own commitments, each built as its
     scenario says, times ``scale``) or ``mj`` (absolute, one value or one per hour)."""
@@ -61,6 +82,7 @@ class SiteSpec(_Strict):
     lambda_plus: float | None = Field(default=None, gt=0)
     lambda_minus: float | None = Field(default=None, ge=0)
     gate: Literal["per_pool"] = "per_pool"
+    routes: list[SiteRouteSpec] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict)  # where each parameter comes from (free text)
 
     @model_validator(mode="after")
@@ -70,4 +92,17 @@ class SiteSpec(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"pools: pool names must be distinct, got {dup} more than once")
+        rnames = [r.name for r in self.routes]
+        if len(set(rnames)) != len(rnames):
+            raise ValueError(f"routes: route names must be distinct, got {rnames}")
+        seen: dict[str, str] = {}
+        for r in self.routes:
+            for p in r.split:
+                if p not in names:
+                    raise ValueError(f"routes: route '{r.name}': split: unknown pool '{p}'; expected pools of this "
+                                     f"site: {names}")
+                if p in seen:
+                    raise ValueError(f"routes: pool '{p}' is in routes '{seen[p]}' and '{r.name}'; a pool serves "
+                                     f"one route at most")
+                seen[p] = r.name
         return self

@@ -9,7 +9,7 @@ from .lengths import EmpiricalLengths, builtin_lengths
 from .loaders import load_azure_csv, load_burstgpt_csv, load_mooncake_jsonl, load_plain_csv, load_trace
 from .synthetic import synthesize
 from .table import RequestTable, WorkloadError, make_table
-from .transforms import compress_time, merge, scale_rate, tag_tenant, time_window
+from .transforms import compress_time, merge, scale_rate, select_rows, tag_tenant, time_window
 
 __all__ = [
     "AZURE_CODE_DAY_HOURLY_COUNTS",
@@ -30,6 +30,7 @@ __all__ = [
     "make_table",
     "merge",
     "scale_rate",
+    "select_rows",
     "synthesize",
     "tag_tenant",
     "time_window",

@@ -41,6 +41,14 @@ def _rows(table: RequestTable, idx: np.ndarray, *, arrival: np.ndarray | None = 
     )
 
 
+def select_rows(table: RequestTable, rows: np.ndarray) -> RequestTable:
+    """Rows ``rows`` (increasing indices) of ``table``, in order: a subset of its requests, times unchanged."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) and (rows[0] < 0 or rows[-1] >= len(table) or np.any(np.diff(rows) <= 0)):
+        raise WorkloadError(f"select_rows: expected increasing row indices in [0, {len(table)})")
+    return _rows(table, rows)
+
+
 def time_window(table: RequestTable, start_s: float, end_s: float, rebase: bool = True) -> RequestTable:
     """Requests with ``start_s <= arrival_s < end_s``; with ``rebase`` times are shifted so ``start_s`` is 0
     (the window start, not its first request, becomes time 0, so hour boundaries stay where they were)."""

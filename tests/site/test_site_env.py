@@ -158,7 +158,7 @@ def test_the_shipped_site_loads_and_registers_beside_the_scenarios():
     from commitenv.scenarios import list_scenarios, load_scenario
     from commitenv.site import list_sites
 
-    assert list_sites() == ["site-10k-gpu-day", "site-4pool-day", "site-4pool-hour"]
+    assert list_sites() == ["site-10k-gpu-day", "site-4pool-day", "site-4pool-hour", "site-routed-hour"]
     assert not set(list_sites()) & set(list_scenarios())  # one id namespace: a site may not shadow a scenario
     spec = gym.spec("commitenv/site-4pool-day-v0")
     assert spec.entry_point == "commitenv.site:SiteEnv" and spec.kwargs == {"site": "site-4pool-day"}

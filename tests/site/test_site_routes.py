@@ -1,0 +1,133 @@
+"""A site router: one stream of arrivals split between pools serving the same model. Its pools together serve every
+request of the route exactly once, in the split's proportions, drawn alike in every process; routed pools' commitments
+come from their share of the route's reference run; bad routes are refused naming the route and the field."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from commitenv.envs import CommitServeEnv
+from commitenv.scenarios import load_scenario, scenario_workload
+from commitenv.scenarios.build import reference_workload
+from commitenv.scenarios.schema import ScenarioError
+from commitenv.site import SiteEnv, SiteError, load_site
+from commitenv.site.pools import PoolGroup
+from commitenv.workload import load_trace
+from helpers.scenarios import write_scenario
+from helpers.sites import write_site
+
+
+def routed(folder, toy, split: dict[str, float], **fields):
+    """Pools a, b (and c when the split names it) of the toy scenario, fed by one route of the toy trace."""
+    trace = str(toy.parent / "toy3.csv")
+    pools = [{"name": n, "scenario": str(toy)} for n in ("a", "b", "c")]
+    route = {"name": "r", "workload": {"trace": trace}, "split": split}
+    return write_site(folder, pools, routes=[route], **fields)
+
+
+def rows(table) -> set[tuple]:
+    return set(zip(table.arrival_s.tolist(), table.prompt_tokens.tolist(), table.output_tokens.tolist()))
+
+
+def test_the_routes_pools_serve_every_request_once(tmp_path, toy):
+    site = load_site(routed(tmp_path, toy, {"a": 0.3, "b": 0.7}))
+    assert [p.route for p in site.pools] == ["r", "r", None]
+    env = SiteEnv(site)
+    env.reset(seed=4)
+    whole = load_trace(toy.parent / "toy3.csv")
+    ta, tb, tc = (env.envs[n].table for n in "abc")
+    assert len(ta) + len(tb) == len(whole) == len(tc)  # c serves its own workload: the same trace, whole
+    assert rows(ta) | rows(tb) == rows(whole) and not rows(ta) & rows(tb)
+    for t in (ta, tb):
+        assert np.all(np.diff(t.arrival_s) >= 0)
+    # the shares of the toy trace's 301 requests: 0.3 within 4 standard deviations of the binomial
+    n = len(whole)
+    assert abs(len(ta) / n - 0.3) < 4 * math.sqrt(0.3 * 0.7 / n)
+
+
+def test_a_large_route_keeps_its_split_and_every_process_draws_it_alike(tmp_path):
+    site = load_site("site-routed-hour")
+    assert site.spec.routes[0].split == {"h200": 0.5, "h20": 0.5}
+    env = SiteEnv(site)
+    env.reset(seed=9)
+    a, b = (env.envs[n].table for n in ("h200", "h20"))
+    n = len(a) + len(b)
+    assert n > 30_000 and abs(len(a) / n - 0.5) < 4 * math.sqrt(0.25 / n)
+    # the whole stream is the route's workload (coding hour 12 at rate x 2): twice one pool's mean hour, within the
+    # rate spread of 10 %
+    one = len(scenario_workload(load_scenario("bench-h200-hour-fixed-a30"), 9))
+    assert 2 * one * 0.85 < n < 2 * one * 1.15
+    # a pool group (what a Ray actor runs) holding only pool h20 draws the same share: no trace crosses processes
+    group = PoolGroup(site, [1], ["vllm"])
+    group.reset(9)
+    assert np.array_equal(group.envs[0].table.arrival_s, b.arrival_s)
+    env.reset(seed=10)
+    assert not np.array_equal(env.envs["h20"].table.arrival_s[:50], b.arrival_s[:50])
+
+
+def test_a_routed_pools_commitment_is_from_its_share_of_the_routes_reference(tmp_path):
+    site = load_site("site-routed-hour")
+    shares = [reference_workload(p.scenario, 0) for p in site.pools]
+    plain = site.pools[0].scenario
+    whole = reference_workload(plain.model_copy(update={"workload": plain.workload.model_copy(update={"route": None})}), 0)
+    assert rows(shares[0]) | rows(shares[1]) == rows(whole) and not rows(shares[0]) & rows(shares[1])
+    alone = load_site("site-4pool-hour").commit_j[0] / 2  # one H200 and one H20 pool, each on the whole hour
+    # each pool committed on about half the route's rate-x2 hour: about one pool's hour each (idle floors kept)
+    assert 0.9 * alone < site.commit_j[0] < 1.1 * alone
+
+
+@pytest.mark.parametrize("split, route_extra, msg", [
+    ({"a": 0.5, "b": 0.4}, {}, "fractions must sum to 1, got 0.9"),
+    ({"a": 0.5, "z": 0.5}, {}, "unknown pool 'z'"),
+    ({"a": 1.2, "b": -0.2}, {}, "expected fractions in [0, 1]"),
+    ({"a": 0.5, "b": 0.5}, {"workload": {"trace": "x.csv", "bogus": 1}}, "bogus"),
+])
+def test_bad_routes_are_refused(tmp_path, toy, split, route_extra, msg):
+    path = routed(tmp_path, toy, split)
+    if route_extra:
+        import yaml
+
+        raw = yaml.safe_load(path.read_text())
+        raw["routes"][0].update(route_extra)
+        path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SiteError, match=msg.replace("[", r"\[").replace("]", r"\]")) as e:
+        load_site(path)
+    assert "route" in str(e.value) and "toy-site.yaml" in str(e.value)
+
+
+def test_a_pool_in_two_routes_or_serving_another_model_is_refused(tmp_path, toy):
+    trace = str(toy.parent / "toy3.csv")
+    pools = [{"name": n, "scenario": str(toy)} for n in ("a", "b")]
+    two = [{"name": "r", "workload": {"trace": trace}, "split": {"a": 0.5, "b": 0.5}},
+           {"name": "s", "workload": {"trace": trace}, "split": {"a": 1.0}}]
+    with pytest.raises(SiteError, match="pool 'a' is in routes 'r' and 's'"):
+        load_site(write_site(tmp_path, pools, routes=two))
+    other = write_scenario(tmp_path, "h200-pool", pool={"profile": "h200-qwen3.8-27b-fp8", "gpus": 2},
+                           workload={"trace": trace}, horizon_hours=3, commitment={"mj": [0.2, 0.5, 0.3]},
+                           lambda_plus=3.0, lambda_minus=0.5)
+    mixed = [{"name": "a", "scenario": str(toy)}, {"name": "h", "scenario": str(other)}]
+    route = [{"name": "r", "workload": {"trace": trace}, "split": {"a": 0.5, "h": 0.5}}]
+    with pytest.raises(SiteError, match="route 'r': its pools serve different models"):
+        load_site(write_site(tmp_path, mixed, routes=route))
+
+
+def test_a_route_share_in_a_scenario_is_checked(tmp_path, toy):
+    trace = str(toy.parent / "toy3.csv")
+    for route, msg in (({"name": "r", "split": [0.5, 0.5], "index": 2}, "workload.route.index: expected 0 .. 1"),
+                       ({"name": "r", "split": [0.7, 0.7], "index": 0}, "fractions must sum to 1, got 1.4")):
+        path = write_scenario(tmp_path, "share", workload={"trace": trace, "route": route}, horizon_hours=3,
+                              commitment={"mj": [0.2, 0.5, 0.3]})
+        with pytest.raises(ScenarioError, match=msg):
+            load_scenario(path)
+
+
+def test_reset_options_name_the_workload_seed_only(toy):
+    env = CommitServeEnv(load_scenario(toy))
+    with pytest.raises(ValueError, match=r"unknown \['workload'\]; expected only 'workload_seed'"):
+        env.reset(seed=1, options={"workload": 3})
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="workload_seed'\\]: expected an integer >= 0"):
+            env.reset(seed=1, options={"workload_seed": bad})
