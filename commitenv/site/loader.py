@@ -120,18 +120,14 @@ def _pool_scenario(spec_pool, where: str, base: Path, workload: dict | None = No
 
 
 def _check_routes(src: str, spec: SiteSpec, pools: list[SitePool]) -> None:
-    """Every route feeds pools of one model each, the same model for all (a request can go to any of them)."""
+    """Every route feeds pools of the same model (a request can go to any of them)."""
     from commitenv.scenarios.build import scenario_profiles
 
     by_name = {p.name: p for p in pools}
     for r in spec.routes:
         served: dict[str, str] = {}
         for n in r.split:
-            sc = by_name[n].scenario
-            if sc.pool.shared:
-                raise SiteError(f"{src}: routes: route '{r.name}': pool '{n}' serves several models "
-                                f"({[m.name for m in sc.pool.models]}); a route feeds single-model pools")
-            served[n] = scenario_profiles(sc)[0].model.name
+            served[n] = scenario_profiles(by_name[n].scenario)[0].model.name  # (shared pools refused before)
         if len(set(served.values())) > 1:
             raise SiteError(f"{src}: routes: route '{r.name}': its pools serve different models {served}; a route's "
                             f"requests must be servable by every pool it feeds")
@@ -160,14 +156,16 @@ def load_site(name_or_path: str | Path, *, use_cache: bool = True) -> Site:
     pools: list[SitePool] = []
     for i, p in enumerate(spec.pools):
         names = [p.name] if p.count == 1 else [f"{p.name}-{j}" for j in range(p.count)]
-        own = None  # (the pools of one entry that serve their own workload share one scenario)
+        own = _pool_scenario(p, f"{src}: pools[{i}]", base)  # (shared by the entry's pools that are not routed)
         for n in names:
             if n in routed:
                 r, k = routed[n]
+                if own.pool.shared:
+                    raise SiteError(f"{src}: routes: route '{r.name}': pool '{n}' serves several models "
+                                    f"({[m.name for m in own.pool.models]}); a route feeds single-model pools")
                 wl = {**r.workload, "route": {"name": r.name, "split": list(r.split.values()), "index": k}}
                 pools.append(SitePool(n, _pool_scenario(p, f"{src}: pools[{i}] '{n}'", base, wl), r.name))
             else:
-                own = own or _pool_scenario(p, f"{src}: pools[{i}]", base)
                 pools.append(SitePool(n, own))
     _check_routes(src, spec, pools)
     first = pools[0].scenario

@@ -131,3 +131,22 @@ def test_reset_options_name_the_workload_seed_only(toy):
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(ValueError, match="workload_seed'\\]: expected an integer >= 0"):
             env.reset(seed=1, options={"workload_seed": bad})
+
+
+def test_a_route_may_feed_pools_expanded_from_one_entry(tmp_path, toy):
+    trace = str(toy.parent / "toy3.csv")
+    path = write_site(tmp_path, [{"name": "a", "scenario": str(toy), "count": 3}],
+                      routes=[{"name": "r", "workload": {"trace": trace}, "split": {"a-0": 0.5, "a-2": 0.5}}])
+    site = load_site(path)
+    assert [(p.name, p.route) for p in site.pools] == [("a-0", "r"), ("a-1", None), ("a-2", "r")]
+    env = SiteEnv(site)
+    env.reset(seed=2)
+    t0, t1, t2 = (env.envs[n].table for n in ("a-0", "a-1", "a-2"))
+    assert rows(t0) | rows(t2) == rows(t1) and not rows(t0) & rows(t2)  # a-1 serves the whole trace alone
+
+
+def test_a_route_refuses_a_shared_pool(tmp_path):
+    pools = [{"name": "s", "scenario": "festina-h100-shared"}]
+    route = [{"name": "r", "workload": {"builtin": "azure-conv-hour"}, "split": {"s": 1.0}}]
+    with pytest.raises(SiteError, match="route 'r': pool 's' serves several models"):
+        load_site(write_site(tmp_path, pools, routes=route))
