@@ -239,14 +239,15 @@ class CommitServeEnv(gym.Env):
         self.last_interval_j = 0.0
         self.arrived_prev = 0
         self.misses = 0
-        self._dl_order = np.argsort(pool.deadline, kind="stable")
-        self._dl_sorted = pool.deadline[self._dl_order]
+        if not self._misses_at_completion:  # (misses known as deadlines pass: rows in deadline order)
+            self._dl_order = np.argsort(pool.deadline, kind="stable")
+            self._dl_sorted = pool.deadline[self._dl_order]
         self._dl_ptr = 0
         self.tail_energy_j = 0.0
         self.settlement_meter_j = 0.0  # the settlement meter's reading at the last boundary (a site sums them)
         self.tail_cost_kwh = 0.0
-        self._hour_of = arrival_hours(table.arrival_s, self.H)
-        self._hour_rows = np.searchsorted(self._hour_of, np.arange(self.H + 1))  # the table is in arrival order
+        # the first row of each arrival hour (the table is in arrival order; an hour per row is not kept: 8 B a request)
+        self._hour_rows = np.searchsorted(arrival_hours(table.arrival_s, self.H), np.arange(self.H + 1))
         self.misses_by_hour = np.zeros(self.H, dtype=np.int64)
         self._planning_delay = 0.0
         self._charged_delay = 0.0
@@ -409,10 +410,14 @@ class CommitServeEnv(gym.Env):
         ok = self.pool.finish_t[idx] <= self.pool.deadline[idx]
         return self._book_misses(idx[~ok])
 
+    def _hours(self, rows: np.ndarray) -> np.ndarray:
+        """The arrival hours of table ``rows`` (indices or a mask), as the SLO gate counts them."""
+        return arrival_hours(self.table.arrival_s[rows], self.H)
+
     def _book_misses(self, missed: np.ndarray) -> int:
         """Count the requests ``missed`` (table rows) in their arrival hours; their number."""
         if len(missed):
-            self.misses_by_hour += np.bincount(self._hour_of[missed], minlength=self.H)[: self.H]
+            self.misses_by_hour += np.bincount(self._hours(missed), minlength=self.H)[: self.H]
         return int(len(missed))
 
     def _count_misses_at_completion(self, t: float) -> int:
@@ -421,7 +426,7 @@ class CommitServeEnv(gym.Env):
             fin, dl = pool.finish_t, pool.deadline
             missed = ~(fin <= dl)  # NaN (never finished) and rejected (inf) miss
             new = int(np.count_nonzero(missed)) - self.misses
-            self.misses_by_hour = np.bincount(self._hour_of[missed], minlength=self.H)[: self.H].astype(np.int64)
+            self.misses_by_hour = np.bincount(self._hours(missed), minlength=self.H)[: self.H].astype(np.int64)
             self._pending_done = []
             pool.done_slots.clear()
             return new
