@@ -88,6 +88,7 @@ from commitenv.sim import Pool, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
 from commitenv.sim.local import LocalPolicy
+from commitenv.workload import select_rows
 from commitenv.workload.table import RequestTable
 
 class CommitServeEnv(gym.Env):
@@ -186,23 +187,51 @@ class CommitServeEnv(gym.Env):
             self._tables = {key: scenario_workload(self.scenario, seed)}
         return self._tables[key]
 
-    def _workload_seed(self, options: dict[str, Any] | None) -> int:
-        """The seed the episode's workload is drawn from: the run seed, or ``options["workload_seed"]`` (a site's
-        routed pools draw their route's one workload, each then serving its share; the engine keeps the run seed)."""
+    def _reset_options(self, options: dict[str, Any] | None) -> tuple[int, bool]:
+        """The seed the episode's workload is drawn from (the run seed, or ``options["workload_seed"]``: a site's
+        routed pools draw their route's one workload, each then serving its share; the engine keeps the run seed), and
+        ``options["stream"]``: whether the pool starts with no requests, given them later by `extend_workload`."""
         opts = dict(options or {})
-        unknown = sorted(set(opts) - {"workload_seed"})
+        unknown = sorted(set(opts) - {"workload_seed", "stream"})
         if unknown:
-            raise ValueError(f"reset options: unknown {unknown}; expected only 'workload_seed'")
+            raise ValueError(f"reset options: unknown {unknown}; expected 'workload_seed' and 'stream' only")
         ws = opts.get("workload_seed", self.run_seed)
         if isinstance(ws, bool) or not isinstance(ws, (int, np.integer)) or ws < 0:
             raise ValueError(f"reset options['workload_seed']: expected an integer >= 0, got {ws!r}")
-        return int(ws)
+        stream = opts.get("stream", False)
+        if not isinstance(stream, bool):
+            raise ValueError(f"reset options['stream']: expected true or false, got {stream!r}")
+        if stream and (self.shared or self.attribution or self.backend is not None):
+            raise ValueError("reset options['stream']: only a simulated one-model pool without attribution starts "
+                             "empty and takes its requests as they come")
+        return int(ws), stream
+
+    def extend_workload(self, rows: RequestTable) -> None:
+        """Serve ``rows`` too (after ``reset(options={"stream": True})``, or more of a workload): requests arriving no
+        earlier than the pool's clock and its last request, e.g. a router's share of the coming interval."""
+        if self.pool is None:
+            raise RuntimeError("extend_workload() called before reset()")
+        if self.attribution:
+            raise ValueError("extend_workload: not with attribution (its bills are sized at reset)")
+        n0 = len(self.table)
+        self.pool.extend(rows)
+        self.table = table = self.pool.table
+        self._hour_rows = np.searchsorted(arrival_hours(table.arrival_s, self.H), np.arange(self.H + 1))
+        if not self._misses_at_completion:  # the new rows' deadlines merged into those not yet passed
+            dl = self.pool.deadline
+            tail = np.concatenate([self._dl_order[self._dl_ptr:], np.arange(n0, len(table))])
+            tail = tail[np.argsort(dl[tail], kind="stable")]
+            self._dl_order = np.concatenate([self._dl_order[:self._dl_ptr], tail])
+            self._dl_sorted = dl[self._dl_order]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self.run_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         sc = self.scenario
-        table = self._workload(self._workload_seed(options))
+        ws, stream = self._reset_options(options)
+        table = self._workload(ws)
+        if stream:
+            table = select_rows(table, np.zeros(0, dtype=np.int64))  # (nothing yet: rows come by extend_workload)
         self.table = table
         if self.backend is None:
             pool = Pool(self.profiles, self.layout, engine_options(sc, self.run_seed),

@@ -162,14 +162,18 @@ def with_tenant_mix(sc: Scenario, table: RequestTable, seed: int) -> RequestTabl
     return replace(table, tenant=tenant, tenant_names=names, meta=dict(table.meta))
 
 
-def route_choice(seed: int, name: str, split: list[float], n: int) -> np.ndarray:
-    """The share (index into ``split``) each of a route's ``n`` requests goes to: one uniform draw per request in
-    arrival order, seeded by the workload's seed and the route's name (every pool of the route draws the same)."""
+def route_uniforms(seed: int, name: str, n: int) -> np.ndarray:
+    """One uniform draw per request of a route's ``n`` requests, in arrival order, seeded by the workload's seed and
+    the route's name (every pool of the route draws the same); a request goes to the share whose interval of the
+    split's cumulative fractions holds its draw (`route_shares`)."""
     key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
     st = np.random.SeedSequence([int(seed) & ((1 << 63) - 1), _TAGS["route"], key]).generate_state(2, dtype=np.uint32)
-    u = np.random.default_rng([int(x) for x in st]).random(n)
-    edges = np.cumsum(np.asarray(split, dtype=np.float64))[:-1]
-    return np.searchsorted(edges, u, side="right")
+    return np.random.default_rng([int(x) for x in st]).random(n)
+
+
+def route_shares(u: np.ndarray, split) -> np.ndarray:
+    """The share (index into ``split``) of each request with draw ``u``."""
+    return np.searchsorted(np.cumsum(np.asarray(split, dtype=np.float64))[:-1], u, side="right")
 
 
 def with_route(sc: Scenario, table: RequestTable, seed: int) -> RequestTable:
@@ -177,10 +181,19 @@ def with_route(sc: Scenario, table: RequestTable, seed: int) -> RequestTable:
     r = sc.workload.route
     if r is None:
         return table
-    rows = np.flatnonzero(route_choice(seed, r.name, r.split, len(table)) == r.index)
+    rows = np.flatnonzero(route_shares(route_uniforms(seed, r.name, len(table)), r.split) == r.index)
     out = select_rows(table, rows)
     out.meta.update({"route": r.name, "route_share": r.index, "route_split": list(r.split)})
     return out
+
+
+def route_stream(sc: Scenario, seed: int) -> tuple[RequestTable, np.ndarray]:
+    """A routed scenario's whole route workload for run seed ``seed`` (before any split) and its requests' draws:
+    what a router splits interval by interval (`commitenv.site`)."""
+    if sc.workload.route is None:
+        raise ScenarioError(f"{sc.source}: workload.route: the scenario is not routed")
+    table, rs = _unrouted_workload(sc, seed)
+    return table, route_uniforms(rs, sc.workload.route.name, len(table))
 
 
 def _with_context_limit(source: str, prof: Profile, limit: int) -> Profile:
@@ -372,13 +385,18 @@ def scenario_workload(sc: Scenario, seed: int | None = None) -> RequestTable:
     trace, windowed to ``[start_hour, start_hour + horizon_hours)`` and rebased so the window starts at time 0, then
     rate-scaled by ``workload.rate_scale``; when ``workload.seed`` is null, a fresh episode workload drawn from
     the run seed ``seed`` (`episode_workload`)."""
+    return with_route(sc, *_unrouted_workload(sc, seed))
+
+
+def _unrouted_workload(sc: Scenario, seed: int | None) -> tuple[RequestTable, int]:
+    """`scenario_workload` before a route's split, and the seed of the route's draws."""
     if sc.workload.seed is None:
         if seed is None:
             raise ScenarioError(f"{sc.source}: workload.seed: null (a new workload per run seed), but no run seed was given")
-        table = with_tenant_mix(sc, episode_workload(sc, seed), derived_seed(seed, "workload"))
-        return with_route(sc, table, derived_seed(seed, "workload"))
+        ws = derived_seed(seed, "workload")
+        return with_tenant_mix(sc, episode_workload(sc, seed), ws), ws
     s = workload_seed(sc, seed)
-    return with_route(sc, with_tenant_mix(sc, _pinned_workload(sc, s, sc.workload.start_hour, "workload.start_hour"), s), s)
+    return with_tenant_mix(sc, _pinned_workload(sc, s, sc.workload.start_hour, "workload.start_hour"), s), s
 
 
 def reference_workload(sc: Scenario, seed: int, start_hour: float | None = None) -> RequestTable:

@@ -28,9 +28,10 @@ from commitenv.sim.placement import Placement
 from commitenv.sim.records import (EngineOptions, InFlightPart, Instance, PoolLayout, StepLogBatch,  # noqa: F401
                                    StepLogEntry)
 from commitenv.sim.results import KernelResults, _KernelPolicy, _StepSink
-from commitenv.sim.terms import RequestTerms, request_terms  # noqa: F401
+from commitenv.sim.terms import RequestTerms, prediction_rng, request_terms  # noqa: F401
 from commitenv.sim.truth import TruthSource
 from commitenv.workload.table import RequestTable
+from commitenv.workload.transforms import concat_tables
 
 INF = math.inf
 
@@ -146,34 +147,71 @@ class Pool(KernelResults, Placement, PolicyHooks, Copies):
         self._arr = table.arrival_s  # (arrays, not lists: a day's lists held 130 MB per pool)
         self._prompt = table.prompt_tokens
         self._n = n
-        tm = np.zeros(n, dtype=np.int64)
         if tenant_model:
             for ten, m in tenant_model.items():
                 if not 0 <= m < self.n_models:
                     raise ValueError(f"tenant_model: tenant {ten} mapped to model {m}, but the pool has {self.n_models}")
-                tm[table.tenant == ten] = m
         self.tenant_model = dict(tenant_model or {})  # the scenario's routing of tenants to models (public)
-        self.model_of = tm  # model serving each request row
-        self._model = tm
-        terms = request_terms(self.profiles, self.opt, table, tm)
-        self.rejected, self.out_tokens, self.lref = terms.rejected, terms.out_tokens, terms.lref
-        self.deadline, self.pred_out, self.visible_deadline = terms.deadline, terms.pred_out, terms.visible_deadline
-        self._out = self.out_tokens
-        self._deadline = self.deadline
-        self.overhead_s = self.truth.request_overheads(n) if self.truth is not None else None
+        # the random terms' generators, kept so that rows added later (`extend`) continue their draws
+        self._terms_rng = prediction_rng(self.opt)
+        self._oh_rng = self.truth.overhead_rng() if self.truth is not None else None
+        for name, a in self._row_arrays(table).items():
+            setattr(self, name, a)
+        self._alias_rows()
         self.done_slots: list[int] | None = None  # a list when the environment tracks completions (misses)
         self._n_results = n
         self._hashes = None  # prefix blocks, when the workload has them and caching is on
         if self.opt.prefix_caching and table.prefix_offsets is not None and table.prefix_hashes is not None:
             self._hashes = table.prefix_hashes.tolist()
             self._hoff = table.prefix_offsets.tolist()
-        self.finish_t = np.full(n, np.nan)
-        self.first_t = np.full(n, np.nan)
-        self.max_tbt_s = np.full(n, np.nan)  # the longest gap between consecutive output tokens (per-token TBT)
-        self.replica_of = np.full(n, -1, dtype=np.int32)
-        self.preemptions = np.zeros(n, dtype=np.int32)
         self._cursor = int(np.searchsorted(table.arrival_s, t_start, side="left"))
         self.now = max(self.now, t_start)
+
+    # the per-request arrays, one entry per workload row (`_row_arrays`)
+    _ROW_ARRAYS = ("model_of", "rejected", "out_tokens", "lref", "deadline", "pred_out", "visible_deadline",
+                   "overhead_s", "finish_t", "first_t", "max_tbt_s", "replica_of", "preemptions")
+
+    def _row_arrays(self, table: RequestTable) -> dict[str, np.ndarray | None]:
+        """``table``'s per-request arrays (`_ROW_ARRAYS`): its model by tenant, its terms (drawing on the pool's
+        generators), its truth overheads and empty results."""
+        n = len(table)
+        tm = np.zeros(n, dtype=np.int64)
+        for ten, m in self.tenant_model.items():
+            tm[table.tenant == ten] = m
+        terms = request_terms(self.profiles, self.opt, table, tm, rng=self._terms_rng)
+        return {"model_of": tm, "rejected": terms.rejected, "out_tokens": terms.out_tokens, "lref": terms.lref,
+                "deadline": terms.deadline, "pred_out": terms.pred_out, "visible_deadline": terms.visible_deadline,
+                "overhead_s": self.truth.request_overheads(n, self._oh_rng) if self.truth is not None else None,
+                "finish_t": np.full(n, np.nan), "first_t": np.full(n, np.nan),
+                "max_tbt_s": np.full(n, np.nan),  # the longest gap between consecutive output tokens (per-token TBT)
+                "replica_of": np.full(n, -1, dtype=np.int32), "preemptions": np.zeros(n, dtype=np.int32)}
+
+    def _alias_rows(self) -> None:
+        self._model, self._out, self._deadline = self.model_of, self.out_tokens, self.deadline
+
+    def extend(self, rows: RequestTable) -> None:
+        """Serve ``rows`` too: requests that arrive no earlier than the pool's clock and its last request (a router's
+        next share, a streamed hour). Their terms continue the attached rows' random draws, so a workload attached
+        whole or in arrival-ordered parts, each before the clock reaches it, is served alike."""
+        if self.table is None or self._slot_base != 0 or self.late_done is not None:
+            raise RuntimeError("extend: only a pool serving its own attached workload (not a copy) takes more rows")
+        if self._hashes is not None or rows.prefix_offsets is not None:
+            raise ValueError("extend: rows with prefix blocks cannot be added to a running pool (attach them whole)")
+        if not len(rows):
+            return
+        first = float(rows.arrival_s[0])
+        last = float(self.table.arrival_s[-1]) if len(self.table) else -INF
+        if first < last or first < self.now:
+            raise ValueError(f"extend: the rows start arriving at {first} s, before the pool's last request "
+                             f"({last} s) or its clock ({self.now} s); expected later arrivals")
+        table = concat_tables(self.table, rows)
+        for name, a in self._row_arrays(rows).items():
+            old = getattr(self, name)
+            setattr(self, name, None if a is None else np.concatenate([old, a]))
+        self._alias_rows()
+        self.table, self._arr, self._prompt = table, table.arrival_s, table.prompt_tokens
+        self._n = self._n_results = len(table)
+        self._ks.extend_rows(self)
 
     @property
     def arrived(self) -> int:

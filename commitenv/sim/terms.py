@@ -41,11 +41,17 @@ def _capped_lref(profiles: list[Profile], table: RequestTable, model_of: np.ndar
     return out, lref
 
 
+def prediction_rng(opt: "EngineOptions") -> np.random.Generator:
+    """The generator of the length-prediction errors of a run with ``opt``, at its start."""
+    return np.random.default_rng(np.random.SeedSequence([opt.seed, 7919]))
+
+
 def request_terms(profiles: list[Profile], opt: "EngineOptions", table: RequestTable,
-                  model_of: np.ndarray) -> RequestTerms:
+                  model_of: np.ndarray, rng: np.random.Generator | None = None) -> RequestTerms:
     """The `RequestTerms` of ``table`` served by ``profiles`` (request i by model ``model_of[i]``) under ``opt``
     (SLO scale, length prediction error and bias with its seed, visible deadlines); shared by the simulated pool
-    and the hardware backend, so both judge a request alike."""
+    and the hardware backend, so both judge a request alike. Prediction errors come from ``rng`` when given
+    (continuing it, so a workload's terms computed in arrival-ordered parts equal its terms computed whole)."""
     n = len(table)
     rejected = np.zeros(n, dtype=bool)
     for m, prof in enumerate(profiles):
@@ -56,7 +62,7 @@ def request_terms(profiles: list[Profile], opt: "EngineOptions", table: RequestT
     if opt.oracle_lengths or (s == 0 and opt.length_bias == 0):
         pred_out = out.copy()
     else:
-        rng = np.random.default_rng(np.random.SeedSequence([opt.seed, 7919]))
+        rng = prediction_rng(opt) if rng is None else rng
         f = np.exp(s * rng.standard_normal(n) - 0.5 * s * s) * (1.0 + opt.length_bias)
         pred_out = np.maximum(1, np.rint(out * f)).astype(np.int64)
     visible = deadline

@@ -162,11 +162,16 @@ class TruthSource:
         """Factors of a segment of replica ``rep`` (its GPU's cell factors) starting at ``t``."""
         return self.draw(rep.gpu.index, t)
 
-    def request_overheads(self, n: int) -> np.ndarray:
-        """Per-request overhead (s) outside the engine, log-normal with the spec's mean and CV."""
+    def overhead_rng(self) -> np.random.Generator:
+        """The generator of the per-request overheads, at its start (a pool keeps it to draw later requests' on)."""
+        return np.random.default_rng(self._overhead_ss)
+
+    def request_overheads(self, n: int, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Per-request overhead (s) outside the engine, log-normal with the spec's mean and CV; drawn from ``rng`` when
+        given (continuing it: parts drawn one after another equal one draw of them all), else from the start."""
         sp = self.spec
         if sp.overhead_s <= 0:
             return np.zeros(n)
-        rng = np.random.default_rng(self._overhead_ss)
+        rng = self.overhead_rng() if rng is None else rng
         s2 = math.log1p(sp.overhead_cv ** 2)
         return sp.overhead_s * np.exp(math.sqrt(s2) * rng.standard_normal(n) - 0.5 * s2)

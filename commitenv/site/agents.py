@@ -63,7 +63,10 @@ class SitePoolsEnv(ParallelEnv):
         unknown = sorted(str(a) for a in actions if a not in self.possible_agents)
         if unknown:
             raise ValueError(f"actions: unknown agent(s) {unknown}; the agents are {self.possible_agents}")
-        obs, _, terminated, truncated, info = self.site_env.step(actions)
+        env = self.site_env
+        if env.routers:  # (the pools are the agents; a route under control: action keeps its file's split)
+            actions = {**actions, "routes": {r.name: np.zeros(len(r.pools), np.float32) for r in env.routers}}
+        obs, _, terminated, truncated, info = env.step(actions)
         o, i = self._split(obs, info)
         rewards = {n: float(r) for n, r in info["site"]["pool_reward"].items()}
         terms = {n: bool(terminated) for n in self.agents}

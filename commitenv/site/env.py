@@ -2,7 +2,8 @@
 together on the site meter.
 
 Each pool is a `commitenv.envs.CommitServeEnv` (the one engine), stepped in lockstep; the site adds the meter, the
-settlement and the reward. Action: ``Dict`` {pool name: that pool's action}. Observation: ``Dict`` with ``"site"``
+settlement and the reward. Action: ``Dict`` {pool name: that pool's action}, plus ``"routes"`` ({route: a weight per
+pool}, `commitenv.site.router`) when a route's split is under ``control: action``. Observation: ``Dict`` with ``"site"``
 (``SITE_FEATURES``, the site meter's hour against the site's commitment, scaled as the pools' features are) and
 ``"pools"`` ({pool name: that pool's 16 features}). Reward: minus the change of the open hour's site settlement cost,
 and at the end minus the tail (the energy all pools drew after the last hour) at lambda_plus, so that an episode's
@@ -33,7 +34,8 @@ from commitenv.envs.observation import energy_features
 from commitenv.settlement import HourlySettlement, remaining_per_interval
 from commitenv.site.loader import Site, load_site
 from commitenv.site.meter import SiteMeter
-from commitenv.site.pools import pool_reset
+from commitenv.site.pools import pool_reset, route_seed
+from commitenv.site.router import Router
 
 SITE_FEATURES = ("time_in_hour", "hour_of_horizon", "commitment", "hour_energy", "target")
 _R = 20.0
@@ -55,7 +57,13 @@ class SiteEnv(gym.Env):
         self.commit_j = st.commit_j
         self.lp, self.lm = st.lambda_plus, st.lambda_minus
         self.pool_rewards = bool(pool_rewards)
-        self.action_space = spaces.Dict({n: e.action_space for n, e in self.envs.items()})
+        # routes under control: action: their routers, and the pools they feed (which take requests as they come)
+        self.routers = [Router(r) for r in st.spec.routes if r.control == "action"]
+        self._streamed = {p for r in self.routers for p in r.pools}
+        act = {n: e.action_space for n, e in self.envs.items()}
+        if self.routers:
+            act["routes"] = spaces.Dict({r.name: r.space for r in self.routers})
+        self.action_space = spaces.Dict(act)
         self.observation_space = spaces.Dict({
             "site": spaces.Box(SITE_LOW, SITE_HIGH, dtype=np.float32),
             "pools": spaces.Dict({n: e.observation_space for n, e in self.envs.items()})})
@@ -69,7 +77,9 @@ class SiteEnv(gym.Env):
         self.run_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         obs, infos = {}, {}
         for i, (n, e) in enumerate(self.envs.items()):
-            obs[n], infos[n] = e.reset(**pool_reset(self.site, self.run_seed, i))
+            obs[n], infos[n] = e.reset(**pool_reset(self.site, self.run_seed, i, streamed=n in self._streamed))
+        for r in self.routers:
+            r.reset(self.envs[r.pools[0]].scenario, route_seed(self.run_seed, r.name))
         self.k = 0
         self.meter = SiteMeter(self.names, self.commit_j, self.lp, self.lm, self.K, seed=self.run_seed,
                                pool_rewards=self.pool_rewards)
@@ -77,16 +87,26 @@ class SiteEnv(gym.Env):
         self.pool_returns = dict.fromkeys(self.names, 0.0)
         return self._obs(obs), self._info(infos, new_misses=0)
 
-    def _check(self, action: Any) -> None:
-        """Every pool's action, checked before any pool steps (the site is unchanged when this raises)."""
+    def _check(self, action: Any) -> list[np.ndarray]:
+        """Every pool's action, checked before any pool steps (the site is unchanged when this raises); the routers'
+        splits."""
         if not isinstance(action, Mapping):
             raise ValueError(f"action: expected a dict {{pool name: pool action}} with keys {list(self.names)}, "
                              f"got {type(action).__name__}")
-        unknown = sorted(str(k) for k in action if k not in self.envs)
-        missing = [n for n in self.names if n not in action]
+        keys = list(self.names) + (["routes"] if self.routers else [])
+        unknown = sorted(str(k) for k in action if k not in keys)
+        missing = [n for n in keys if n not in action]
         if unknown or missing:
-            raise ValueError(f"action: expected exactly the pools {list(self.names)}"
+            raise ValueError(f"action: expected exactly the keys {keys}"
                              + (f"; unknown: {unknown}" if unknown else "") + (f"; missing: {missing}" if missing else ""))
+        splits = []
+        if self.routers:
+            ra = action["routes"]
+            names = [r.name for r in self.routers]
+            if not isinstance(ra, Mapping) or sorted(ra) != sorted(names):
+                raise ValueError(f"action['routes']: expected a dict {{route: weights}} with keys {names}, got "
+                                 f"{sorted(ra) if isinstance(ra, Mapping) else type(ra).__name__}")
+            splits = [r.split(ra[r.name]) for r in self.routers]
         for n, e in self.envs.items():
             try:
                 if e.shared:
@@ -95,13 +115,18 @@ class SiteEnv(gym.Env):
                     check_action(action[n], e.n_replicas, e.clocks_mhz)
             except ValueError as err:
                 raise ValueError(f"action['{n}']: {err}") from None
+        return splits
 
     def step(self, action: Any):
         if self.k < 0:
             raise RuntimeError("step() called before reset()")
         if self.k >= self.H * self.K:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        self._check(action)
+        splits = self._check(action)
+        t_end = (self.k + 1) * self.dt if self.k + 1 < self.H * self.K else math.inf
+        for r, split in zip(self.routers, splits):  # the coming interval's arrivals, to the pools the split says
+            for p, rows in zip(r.pools, r.hand_out(t_end, split)):
+                self.envs[p].extend_workload(rows)
         obs, infos = {}, {}
         terminated = False
         for n, e in self.envs.items():

@@ -46,18 +46,23 @@ def pool_seed(run_seed: int, index: int) -> int:
     return int(st[0]) & 0x7FFF_FFFF
 
 
-def pool_reset(site: Site, run_seed: int, index: int) -> dict[str, Any]:
+def route_seed(run_seed: int, route: str) -> int:
+    """The workload seed of route ``route`` in the episode of site run seed ``run_seed`` (the same for every pool of
+    the route, derived one way from both, so each pool draws the route's one workload and keeps its share)."""
+    key = int.from_bytes(hashlib.sha256(route.encode()).digest()[:8], "little")
+    st = np.random.SeedSequence([int(run_seed), 0x7274, key]).generate_state(1, dtype=np.uint32)
+    return int(st[0]) & 0x7FFF_FFFF
+
+
+def pool_reset(site: Site, run_seed: int, index: int, *, streamed: bool = False) -> dict[str, Any]:
     """The ``reset`` arguments of the site's ``index``-th pool in the episode of site run seed ``run_seed``: its own
-    derived seed and, for a routed pool, the route's workload seed (the same for every pool of the route, derived one
-    way from the site's run seed and the route's name, so each pool draws the route's one workload and keeps its
-    share)."""
+    derived seed and, for a routed pool, its route's workload seed (`route_seed`); ``streamed``: the pool starts empty
+    and its router hands it its requests interval by interval (`SiteEnv` with a route under ``control: action``)."""
     seed = pool_seed(run_seed, index)
     route = site.pools[index].route
     if route is None:
         return {"seed": seed}
-    key = int.from_bytes(hashlib.sha256(route.encode()).digest()[:8], "little")
-    st = np.random.SeedSequence([int(run_seed), 0x7274, key]).generate_state(1, dtype=np.uint32)
-    return {"seed": seed, "options": {"workload_seed": int(st[0]) & 0x7FFF_FFFF}}
+    return {"seed": seed, "options": {"workload_seed": route_seed(run_seed, route), "stream": bool(streamed)}}
 
 
 def _report(env: CommitServeEnv, info: dict[str, Any], obs: np.ndarray) -> PoolReport:

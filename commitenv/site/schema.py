@@ -36,6 +36,9 @@ class SiteRouteSpec(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     workload: dict[str, Any]
     split: dict[str, float] = Field(min_length=1)
+    # fixed: every episode at ``split``; action: `SiteEnv`'s action sets the split of each coming interval
+    # (``split`` is then the split of an all-zero action, and the one `commitenv site`'s runs use)
+    control: Literal["fixed", "action"] = "fixed"
 
     @model_validator(mode="after")
     def _split(self) -> "SiteRouteSpec":
@@ -92,6 +95,8 @@ class SiteSpec(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"pools: pool names must be distinct, got {dup} more than once")
+        if self.routes and "routes" in names:
+            raise ValueError("pools: 'routes' names the routers' part of a site's action; give the pool another name")
         rnames = [r.name for r in self.routes]
         if len(set(rnames)) != len(rnames):
             raise ValueError(f"routes: route names must be distinct, got {rnames}")

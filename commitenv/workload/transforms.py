@@ -49,6 +49,25 @@ def select_rows(table: RequestTable, rows: np.ndarray) -> RequestTable:
     return _rows(table, rows)
 
 
+def concat_tables(a: RequestTable, b: RequestTable) -> RequestTable:
+    """``a``'s requests, then ``b``'s (arriving no earlier than ``a``'s last; the same tenants, or ``a`` empty; no
+    prefix blocks): a workload grown by a later part."""
+    if len(a) and a.tenant_names != b.tenant_names:
+        raise WorkloadError(f"concat_tables: tenants {b.tenant_names} differ from {a.tenant_names}")
+    if a.prefix_offsets is not None or b.prefix_offsets is not None:
+        raise WorkloadError("concat_tables: tables with prefix blocks are not concatenated")
+    return RequestTable(
+        arrival_s=np.concatenate([a.arrival_s, b.arrival_s]),
+        prompt_tokens=np.concatenate([a.prompt_tokens, b.prompt_tokens]),
+        output_tokens=np.concatenate([a.output_tokens, b.output_tokens]),
+        tenant=np.concatenate([a.tenant, b.tenant]).astype(np.int32),
+        request_id=np.concatenate([a.request_id, b.request_id]),
+        tenant_names=b.tenant_names if not len(a) else a.tenant_names,
+        source=a.source,
+        meta=dict(a.meta),
+    )
+
+
 def time_window(table: RequestTable, start_s: float, end_s: float, rebase: bool = True) -> RequestTable:
     """Requests with ``start_s <= arrival_s < end_s``; with ``rebase`` times are shifted so ``start_s`` is 0
     (the window start, not its first request, becomes time 0, so hour boundaries stay where they were)."""

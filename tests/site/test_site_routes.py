@@ -124,13 +124,17 @@ def test_a_route_share_in_a_scenario_is_checked(tmp_path, toy):
             load_scenario(path)
 
 
-def test_reset_options_name_the_workload_seed_only(toy):
+def test_reset_options_are_checked(toy):
     env = CommitServeEnv(load_scenario(toy))
-    with pytest.raises(ValueError, match=r"unknown \['workload'\]; expected only 'workload_seed'"):
+    with pytest.raises(ValueError, match=r"unknown \['workload'\]; expected 'workload_seed' and 'stream' only"):
         env.reset(seed=1, options={"workload": 3})
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(ValueError, match="workload_seed'\\]: expected an integer >= 0"):
             env.reset(seed=1, options={"workload_seed": bad})
+    with pytest.raises(ValueError, match="stream'\\]: expected true or false"):
+        env.reset(seed=1, options={"stream": 1})
+    with pytest.raises(ValueError, match="without attribution"):
+        CommitServeEnv(load_scenario(toy), attribution=True).reset(seed=1, options={"stream": True})
 
 
 def test_a_route_may_feed_pools_expanded_from_one_entry(tmp_path, toy):
@@ -150,3 +154,96 @@ def test_a_route_refuses_a_shared_pool(tmp_path):
     route = [{"name": "r", "workload": {"builtin": "azure-conv-hour"}, "split": {"s": 1.0}}]
     with pytest.raises(SiteError, match="route 'r': pool 's' serves several models"):
         load_site(write_site(tmp_path, pools, routes=route))
+
+
+# ---------------------------------------------------------------------------------------------- a router as an action
+def action_site(folder, base: str = "site-routed-hour"):
+    """The shipped routed site with its route under ``control: action`` (the file's order kept: it numbers the shares)."""
+    import yaml
+
+    from commitenv.site.loader import resolve_site
+
+    raw = yaml.safe_load(resolve_site(base)[0].read_text())
+    raw["name"] = "routed-action"
+    raw["routes"][0]["control"] = "action"
+    path = folder / "routed-action.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def run_site(env, seed, routes=None, steps=None):
+    """Returns, per pool: (requests, misses, energy J), and the rewards; ``routes(k)``: the router action of step k."""
+    env.reset(seed=seed)
+    rewards, done, k = [], False, 0
+    while not done and (steps is None or k < steps):
+        a = {n: {"active": 20 + k % 12, "clock": k % 3} for n in env.names}
+        if routes is not None:
+            a["routes"] = {"code": routes(k)}
+        _, r, done, _, _ = env.step(a)
+        rewards.append(r)
+        k += 1
+    return {n: (len(e.table), e.misses, e.pool.energy_j()) for n, e in env.envs.items()}, rewards
+
+
+def test_a_router_at_the_files_split_runs_exactly_as_the_fixed_route(tmp_path):
+    fixed = SiteEnv(load_site("site-routed-hour"))
+    routed = SiteEnv(load_site(action_site(tmp_path)))
+    assert routed.action_space["routes"]["code"].shape == (2,)
+    # weights (0.5, 0.5) and all-zero weights (the file's split) alternate: the same split every interval
+    half = lambda k: np.array([0.0, 0.0] if k % 2 else [0.5, 0.5], np.float32)  # noqa: E731
+    a, ra = run_site(fixed, 5)
+    b, rb = run_site(routed, 5, half)
+    assert a == b and ra == rb  # bit for bit: the pools took their shares interval by interval
+
+
+def test_the_router_sends_each_interval_where_its_action_says(tmp_path):
+    env = SiteEnv(load_site(action_site(tmp_path)))
+    to_h200 = lambda k: np.array([1.0, 0.0] if k % 3 == 0 else [0.0, 1.0], np.float32)  # noqa: E731
+    run_site(env, 6, to_h200, steps=12)
+    whole = env.routers[0].table
+    h200, h20 = env.envs["h200"].table, env.envs["h20"].table
+    k_of = lambda t: (t // 60.0).astype(int)  # noqa: E731
+    assert np.all(k_of(h200.arrival_s) % 3 == 0) and np.all(k_of(h20.arrival_s) % 3 != 0)
+    # every request of the first 12 intervals handed out exactly once, none later
+    first = whole.arrival_s < 12 * 60.0
+    assert len(h200) + len(h20) == int(first.sum())
+    assert rows(h200) | rows(h20) == rows(select_first(whole, int(first.sum())))
+
+
+def select_first(table, n):
+    from commitenv.workload import select_rows
+
+    return select_rows(table, np.arange(n))
+
+
+def test_bad_router_actions_are_refused_and_change_nothing(tmp_path):
+    env = SiteEnv(load_site(action_site(tmp_path)))
+    env.reset(seed=1)
+    pools = {n: {"active": 32, "clock": 0} for n in env.names}
+    for routes, msg in (({"code": [1.5, 0.0]}, "expected 2 weights in \\[0, 1\\]"),
+                        ({"code": [0.5]}, "expected 2 weights"),
+                        ({"code": [float("nan"), 0.5]}, "expected 2 weights"),
+                        ({"other": [0.5, 0.5]}, "with keys \\['code'\\]")):
+        with pytest.raises(ValueError, match=msg):
+            env.step({**pools, "routes": routes})
+    with pytest.raises(ValueError, match="missing: \\['routes'\\]"):
+        env.step(pools)
+    assert env.k == 0 and all(len(e.table) == 0 for e in env.envs.values())
+
+
+def test_the_router_site_passes_gymnasiums_checker(tmp_path, toy):
+    from gymnasium.utils.env_checker import check_env
+
+    trace = str(toy.parent / "toy3.csv")
+    path = write_site(tmp_path, [{"name": n, "scenario": str(toy)} for n in ("a", "b")],
+                      routes=[{"name": "r", "workload": {"trace": trace}, "split": {"a": 0.3, "b": 0.7},
+                               "control": "action"}])
+    check_env(SiteEnv(load_site(path)), skip_render_check=True)
+
+
+def test_a_pool_may_not_be_named_routes(tmp_path, toy):
+    trace = str(toy.parent / "toy3.csv")
+    path = write_site(tmp_path, [{"name": n, "scenario": str(toy)} for n in ("routes", "b")],
+                      routes=[{"name": "r", "workload": {"trace": trace}, "split": {"routes": 0.5, "b": 0.5}}])
+    with pytest.raises(SiteError, match="'routes' names the routers' part"):
+        load_site(path)

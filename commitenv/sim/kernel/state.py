@@ -125,6 +125,13 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
         self._ensure(pool.now)
         self._load(pool.now)
 
+    def extend_rows(self, pool) -> None:
+        """`Pool.extend`: the pool's workload rows, now more of them (the same rows first), loaded as the clock nears
+        them."""
+        if self._stopped or self.slot_base != 0:
+            raise RuntimeError("kernel: rows added to a state whose arrivals were stopped, or to a copy")
+        self.src = _Rows.of(pool)
+
     def _load(self, t: float) -> None:
         """Load the workload rows arriving at or before ``t`` (and those of ``lookahead_s`` after, so that loads are
         rare)."""
