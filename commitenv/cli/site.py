@@ -36,6 +36,10 @@ def add_site_parser(sub) -> None:
     s.add_argument("--ray", nargs="?", const=RAY_LOCAL, default=None, metavar="ADDRESS",
                    help="run the pools in Ray actors, on a new local Ray or on the cluster at ADDRESS (needs the 'ray' "
                         "extra)")
+    s.add_argument("--router", default="fixed", metavar="POLICY",
+                   help="the policy setting the split of each route under control: action, every interval: fixed (the "
+                        "file's split) or efficient (load moves to the pool drawing the least energy per request while "
+                        "it is not at risk); the vLLM reference runs at the file's split")
     s.add_argument("--out", default=None, help="folder for site.json (every run's site, hourly and pool summaries)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_site)
@@ -63,6 +67,10 @@ def cmd_site(args: argparse.Namespace) -> int:
         raise ValueError(f"--shards: expected an integer >= 1, got {args.shards}")
     if args.shards > 1 and args.ray is None:
         raise ValueError("--shards: only with --ray (in this process the pools run one after another)")
+    from commitenv.site.router import ROUTER_POLICIES
+
+    if args.router not in ROUTER_POLICIES:
+        raise ValueError(f"--router: expected one of {sorted(ROUTER_POLICIES)}, got {args.router!r}")
     out = check_out(args.out)
     site = load_site(args.site)
     seeds = parse_seeds(args.seeds)
@@ -101,9 +109,12 @@ def cmd_site(args: argparse.Namespace) -> int:
                 b = "-"
             else:
                 run = run_site_episode(site, c, seed, budget=b, controller_kwargs=kwargs[c], progress=not args.quiet,
-                                       ray_address=args.ray, shards=args.shards)
+                                       ray_address=args.ray, shards=args.shards, router=args.router)
             s = run.summary
-            gates = site_gates(run, ref)
+            # a router that moved requests between pools: the gates' reference is vLLM on the same requests
+            gate_ref = ref if not run.splits or args.router == "fixed" else run_site_episode(
+                site, "vllm", seed, progress=False, ray_address=args.ray, shards=args.shards, replay_splits=run.splits)
+            gates = site_gates(run, gate_ref)
             s["gate"] = gates
             s["saving_vs_vllm_pct"] = 100.0 * (ref.summary["cost_kwh_eq"] - s["cost_kwh_eq"]) / ref.summary["cost_kwh_eq"]
             runs.append({"summary": s, "hours": run.hours, "pools": run.pools})

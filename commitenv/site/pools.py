@@ -18,6 +18,7 @@ from commitenv.evaluation import start_controller
 from commitenv.planning import PlanningClock
 from commitenv.settlement import remaining_per_interval
 from commitenv.site.loader import Site
+from commitenv.workload import RequestTable
 
 _OVERDUE = OBS_FEATURES.index("overdue_frac")
 
@@ -38,6 +39,7 @@ class PoolReport:
     miss_fraction: float = 0.0  # known misses / arrivals so far of the current arrival hour
     epsilon: float = 0.0  # the pool scenario's miss tolerance
     overdue_frac: float = 0.0  # live requests past their visible deadline / live requests (observation feature 12)
+    arrived: int = 0  # requests arrived so far in the episode
 
 
 def pool_seed(run_seed: int, index: int) -> int:
@@ -69,7 +71,8 @@ def _report(env: CommitServeEnv, info: dict[str, Any], obs: np.ndarray) -> PoolR
     h = int(info["hour"])
     return PoolReport(float(env.settlement_meter_j), float(info["hour_energy_j"]), float(info["commitment_j"]), h,
                       int(info["interval"]), int(info["new_misses"]), float(env.tail_energy_j),
-                      float(info["miss_fraction_by_hour"][h]), float(env.scenario.epsilon), float(obs[_OVERDUE]))
+                      float(info["miss_fraction_by_hour"][h]), float(env.scenario.epsilon), float(obs[_OVERDUE]),
+                      int(env.pool.arrived))
 
 
 class PoolGroup:
@@ -90,13 +93,14 @@ class PoolGroup:
         self.ctrls: list[Controller] = []
         self.hindsight = [False] * len(self.envs)  # a pool's controller uses the hindsight door: its run is marked
 
-    def reset(self, seed: int) -> list[PoolReport]:
-        """Start the episode of site run seed ``seed``: every pool on its derived seed, its controller reset."""
+    def reset(self, seed: int, streamed: list[str] | None = None) -> list[PoolReport]:
+        """Start the episode of site run seed ``seed``: every pool on its derived seed, its controller reset; the pools
+        named in ``streamed`` start empty, fed by their router (`step`'s ``rows``)."""
         self.seed = seed
         self.obs, self.infos, self.ctrls = [], [], []
         self.returns = [0.0] * len(self.envs)
         for j, (i, e, spec) in enumerate(zip(self.indices, self.envs, self.specs)):
-            o, info = e.reset(**pool_reset(self.site, seed, i))
+            o, info = e.reset(**pool_reset(self.site, seed, i, streamed=self.names[j] in (streamed or ())))
             c = spec.make(**self.controller_kwargs)
             if not isinstance(c, Controller):
                 raise TypeError(f"controller: expected a commitenv.control.Controller, got {type(c).__name__}")
@@ -106,9 +110,12 @@ class PoolGroup:
             self.ctrls.append(c)
         return [_report(e, i, o) for e, i, o in zip(self.envs, self.infos, self.obs)]
 
-    def step(self, budgets: list[float] | None = None) -> list[PoolReport]:
-        """One interval of every pool: its controller decides (seeing ``budgets[j]`` as the hour's commitment when
-        given, with the matching target), the runner charges the decision's measured time, the pool steps."""
+    def step(self, budgets: list[float] | None = None, rows: dict[str, RequestTable] | None = None) -> list[PoolReport]:
+        """One interval of every pool: ``rows`` (by pool name) join their pools first (a router's share of the
+        coming interval); its controller decides (seeing ``budgets[j]`` as the hour's commitment when given, with the
+        matching target), the runner charges the decision's measured time, the pool steps."""
+        for n, r in (rows or {}).items():
+            self.envs[self.names.index(n)].extend_workload(r)
         clock = PlanningClock()
         for j, (e, c) in enumerate(zip(self.envs, self.ctrls)):
             info, obs = self.infos[j], self.obs[j]

@@ -8,6 +8,7 @@ import numpy as np
 from gymnasium import spaces
 
 from commitenv.scenarios.build import route_shares, route_stream
+from commitenv.site.pools import PoolReport
 from commitenv.scenarios.schema import Scenario
 from commitenv.site.schema import SiteRouteSpec
 from commitenv.workload import RequestTable, select_rows
@@ -46,3 +47,92 @@ class Router:
         self.next_row = max(lo, hi)
         share = route_shares(self.u[lo:hi], split)
         return [select_rows(self.table, lo + np.flatnonzero(share == j)) for j in range(len(self.pools))]
+
+
+# ---------------------------------------------------------------------------------------------- routing policies
+class FixedSplit:
+    """Every interval at the route's file ``split`` (what a router blind to the pools does)."""
+
+    name = "fixed"
+
+    def reset(self, router: Router) -> None:
+        pass
+
+    def weights(self, router: Router, reports: dict[str, PoolReport]) -> np.ndarray:
+        return router.default
+
+
+class EfficientSplit:
+    """Moves ``step`` of the split per interval towards the pool of the route that has drawn the least energy per
+    arrived request so far (its settlement meter over its arrivals), while that pool is not at risk (its arrival
+    hour's known misses under ``guard`` x its tolerance, no live request past its visible deadline); a pool at risk
+    gives ``step`` back to the others. Every pool keeps at least ``min_share``. A baseline from what the pools report,
+    not a planner."""
+
+    name = "efficient"
+
+    def __init__(self, step: float = 0.05, min_share: float = 0.1, guard: float = 0.5) -> None:
+        if not (0 < step <= 1 and 0 <= min_share < 1 and 0 < guard <= 1):
+            raise ValueError(f"efficient router: expected 0 < step <= 1, 0 <= min_share < 1, 0 < guard <= 1; got "
+                             f"step={step}, min_share={min_share}, guard={guard}")
+        self.step, self.min_share, self.guard = step, min_share, guard
+
+    def reset(self, router: Router) -> None:
+        self.split = router.default.copy()
+        if self.min_share * len(router.pools) > 1:
+            raise ValueError(f"efficient router: min_share {self.min_share} x {len(router.pools)} pools exceeds 1")
+
+    def _at_risk(self, r: PoolReport) -> bool:
+        return r.miss_fraction >= self.guard * r.epsilon or r.overdue_frac > 0
+
+    def weights(self, router: Router, reports: dict[str, PoolReport]) -> np.ndarray:
+        rep = [reports[p] for p in router.pools]
+        if min(r.arrived for r in rep) == 0:
+            return self.split  # (nothing to compare yet)
+        per_req = np.array([r.settlement_meter_j / r.arrived for r in rep])
+        risk = np.array([self._at_risk(r) for r in rep])
+        s = self.split.copy()
+        for j in np.flatnonzero(risk):  # a pool at risk sheds load to the others
+            give = min(self.step, s[j] - self.min_share)
+            if give > 0 and (~risk).any():
+                s[j] -= give
+                s[~risk] += give / (~risk).sum()
+        best = int(np.argmin(np.where(risk, np.inf, per_req)))
+        if not risk[best]:  # the cheapest pool not at risk takes load from the others, each down to min_share
+            others = np.arange(len(s)) != best
+            room = np.clip(s - self.min_share, 0, None) * others
+            take = min(self.step, room.sum())
+            if take > 0:
+                s -= take * room / room.sum()
+                s[best] += take
+        self.split = s / s.sum()
+        return self.split
+
+
+class ReplaySplit:
+    """The splits of another run, interval by interval (the same requests reach each pool as there)."""
+
+    name = "replay"
+
+    def __init__(self, splits: list[list[float]]) -> None:
+        self.splits = [np.asarray(s, dtype=np.float64) for s in splits]
+
+    def reset(self, router: Router) -> None:
+        self.k = 0
+
+    def weights(self, router: Router, reports: dict[str, PoolReport]) -> np.ndarray:
+        if self.k >= len(self.splits):
+            raise ValueError(f"replay router: route '{router.name}' has {len(self.splits)} splits to replay, the run "
+                             f"asked for more")
+        self.k += 1
+        return self.splits[self.k - 1]
+
+
+ROUTER_POLICIES = {"fixed": FixedSplit, "efficient": EfficientSplit}
+
+
+def make_router_policy(name: str):
+    """A routing policy by name (`ROUTER_POLICIES`), an error naming the choices otherwise."""
+    if name not in ROUTER_POLICIES:
+        raise ValueError(f"router: expected one of {sorted(ROUTER_POLICIES)}, got {name!r}")
+    return ROUTER_POLICIES[name]()

@@ -18,6 +18,10 @@ fraction has reached ``GUARD`` (0.5) x its epsilon, or one of its live requests 
 own remaining commitment (``B_i = M_i + max(E*_i - M_i, 0)``: no cut, no extra) and the other pools share what is
 left of the site's (a pool near its gate is not asked to cover another's overuse).
 
+Routers (a route under ``control: action``): this process holds the route's workload of the episode, and before
+every interval a routing policy (``router``: ``fixed``, the file's split; ``efficient``, `commitenv.site.router.EfficientSplit`) sets its
+split from the pools' reports; each pool is handed its share of the interval's arrivals with its step call.
+
 Sharding (``ray=ADDRESS``, ``shards=N``): the pools are split into N contiguous groups, each a Ray actor
 (`commitenv.site.pools.PoolGroup`) holding its pools and their controllers; the actors step in lockstep, one call
 per interval, and return per-pool reports only (`PoolReport`); this process keeps the site meter. The result is the
@@ -36,7 +40,8 @@ import numpy as np
 from commitenv.scoring import gate_outcome
 from commitenv.site.loader import Site, load_site
 from commitenv.site.meter import SiteMeter
-from commitenv.site.pools import PoolGroup, PoolReport
+from commitenv.site.pools import PoolGroup, PoolReport, route_seed
+from commitenv.site.router import ReplaySplit, Router, make_router_policy
 
 BUDGETS = ("own", "site", "guarded")
 
@@ -49,6 +54,7 @@ class SiteRun:
     summary: dict[str, Any]
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
     hours: list[dict[str, Any]] = field(default_factory=list)
+    splits: dict[str, list[list[float]]] = field(default_factory=dict)  # each action route's weights per interval
 
 
 def pool_specs(st: Site, controller: str) -> list[str]:
@@ -142,10 +148,14 @@ def _shards(n_pools: int, n: int) -> list[list[int]]:
 
 def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget: str = "own",
                      controller_kwargs: dict[str, Any] | None = None, charge_planning: bool = True,
-                     progress: bool = False, ray_address: str | None = None, shards: int = 1) -> SiteRun:
+                     progress: bool = False, ray_address: str | None = None, shards: int = 1,
+                     router: str = "fixed", replay_splits: dict[str, list[list[float]]] | None = None) -> SiteRun:
     """One site episode, ``controller`` (a registered name or spec, or ``SPEC@PATTERN+...``: `pool_specs`) running
     each pool; see the module docstring. ``ray_address`` (``"local"`` starts a local Ray) shards the pools over
-    ``shards`` actors."""
+    ``shards`` actors. ``router``: the policy (`commitenv.site.router.ROUTER_POLICIES`) that sets the split of every
+    route under ``control: action`` each interval (this process holds those routes' workloads and hands each pool
+    its share). ``replay_splits``: every route's splits of another run (`SiteRun.splits`) instead of a policy, so that
+    each pool serves the same requests as there (a relative gate's reference for a routed run)."""
     from commitenv.registry import resolve
 
     if budget not in BUDGETS:
@@ -153,6 +163,10 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
     if not (isinstance(shards, int) and shards >= 1):
         raise ValueError(f"shards: expected an integer >= 1, got {shards!r}")
     st = site if isinstance(site, Site) else load_site(site)
+    routers = [Router(r) for r in st.spec.routes if r.control == "action"]
+    policies = [make_router_policy(router) if replay_splits is None else ReplaySplit(replay_splits[r.name])
+                for r in routers]
+    streamed = [p for r in routers for p in r.pools]
     specs = pool_specs(st, controller)
     name = resolve(controller).name if "@" not in controller else controller
     parts = _shards(len(st.pools), shards)
@@ -171,7 +185,12 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
     bar = None
     t0 = time.perf_counter()
     try:
-        reports = [r for rs in groups.call("reset", [(seed,)] * len(parts)) for r in rs]
+        reports = [r for rs in groups.call("reset", [(seed, streamed)] * len(parts)) for r in rs]
+        index = {n: i for i, n in enumerate(st.pool_names)}
+        for r, pol in zip(routers, policies):
+            r.reset(st.pools[index[r.pools[0]]].scenario, route_seed(seed, r.name))
+            pol.reset(r)
+        splits: dict[str, list[list[float]]] = {r.name: [] for r in routers}  # each route's split per interval
         if progress:
             from tqdm import tqdm
 
@@ -179,13 +198,23 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
         ret, misses, hours = 0.0, 0, []
         guarded = dict.fromkeys(st.pool_names, 0)  # decisions at which the guard kept a pool on its own budget
         for k in range(steps):
-            args: list[tuple] = [(None,)] * len(parts)
+            b = None
             if budget != "own":
                 b = site_budgets(reports, float(st.commit_j[k // st.intervals_per_hour]), guarded=budget == "guarded")
-                args = [([b[i] for i in p],) for p in parts]
                 if budget == "guarded":
                     for n, r in zip(st.pool_names, reports):
                         guarded[n] += int(at_risk(r))
+            rows = {}
+            t_end = (k + 1) * st.interval_s if k + 1 < steps else math.inf
+            by_name = dict(zip(st.pool_names, reports))
+            for r, pol in zip(routers, policies):
+                w = np.asarray(pol.weights(r, by_name), dtype=np.float64)
+                splits[r.name].append(w.tolist())  # (the weights: a replay maps them to the same split)
+                split = r.split(w)
+                rows.update(zip(r.pools, r.hand_out(t_end, split)))
+            args: list[tuple] = [(None if b is None else [b[i] for i in p],
+                                  {st.pool_names[i]: rows[st.pool_names[i]] for i in p if st.pool_names[i] in rows})
+                                 for p in parts]
             reports = [r for rs in groups.call("step", args) for r in rs]
             booked = meter.record(np.array([r.settlement_meter_j for r in reports]))
             ret += booked.reward
@@ -211,9 +240,13 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
                            wall_s=wall, shards=len(parts), usage=usage)
     if budget == "guarded":
         summary["guarded_decisions"] = guarded
+    if routers:
+        summary["router"] = router
+        summary["route_splits"] = {n: np.mean([np.asarray(w) / np.sum(w) for w in v], axis=0).tolist()
+                                   for n, v in splits.items()}  # the mean split over the intervals
     if summary["misses"] != misses:  # an invariant: by the end every miss has become known to the site
         raise RuntimeError(f"site run: the pools' records count {summary['misses']} misses, their steps reported {misses}")
-    return SiteRun(summary, pools, hours)
+    return SiteRun(summary, pools, hours, splits)
 
 
 def site_summary(st: Site, meter: SiteMeter, pools: dict[str, dict[str, Any]], *, controller: str, budget: str,

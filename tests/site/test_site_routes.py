@@ -49,7 +49,7 @@ def test_the_routes_pools_serve_every_request_once(tmp_path, toy):
 
 
 def test_a_large_route_keeps_its_split_and_every_process_draws_it_alike(tmp_path):
-    site = load_site("site-routed-hour")
+    site = load_site(variant(tmp_path, "fixed"))
     assert site.spec.routes[0].split == {"h200": 0.5, "h20": 0.5}
     env = SiteEnv(site)
     env.reset(seed=9)
@@ -157,18 +157,22 @@ def test_a_route_refuses_a_shared_pool(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- a router as an action
-def action_site(folder, base: str = "site-routed-hour"):
-    """The shipped routed site with its route under ``control: action`` (the file's order kept: it numbers the shares)."""
+def variant(folder, control: str, base: str = "site-routed-hour"):
+    """The shipped routed site with its route under ``control`` (the file's order kept: it numbers the shares)."""
     import yaml
 
     from commitenv.site.loader import resolve_site
 
     raw = yaml.safe_load(resolve_site(base)[0].read_text())
-    raw["name"] = "routed-action"
-    raw["routes"][0]["control"] = "action"
-    path = folder / "routed-action.yaml"
+    raw["name"] = f"routed-{control}"
+    raw["routes"][0]["control"] = control
+    path = folder / f"routed-{control}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
+
+
+def action_site(folder):
+    return variant(folder, "action")
 
 
 def run_site(env, seed, routes=None, steps=None):
@@ -186,7 +190,7 @@ def run_site(env, seed, routes=None, steps=None):
 
 
 def test_a_router_at_the_files_split_runs_exactly_as_the_fixed_route(tmp_path):
-    fixed = SiteEnv(load_site("site-routed-hour"))
+    fixed = SiteEnv(load_site(variant(tmp_path, "fixed")))
     routed = SiteEnv(load_site(action_site(tmp_path)))
     assert routed.action_space["routes"]["code"].shape == (2,)
     # weights (0.5, 0.5) and all-zero weights (the file's split) alternate: the same split every interval
@@ -247,3 +251,31 @@ def test_a_pool_may_not_be_named_routes(tmp_path, toy):
                       routes=[{"name": "r", "workload": {"trace": trace}, "split": {"routes": 0.5, "b": 0.5}}])
     with pytest.raises(SiteError, match="'routes' names the routers' part"):
         load_site(path)
+
+
+def test_the_runner_routes_with_a_policy(tmp_path):
+    from commitenv.site.runner import run_site_episode
+
+    fixed = run_site_episode(load_site(variant(tmp_path, "fixed")), "vllm", 2)
+    at_split = run_site_episode(load_site("site-routed-hour"), "vllm", 2)  # control: action, router fixed
+    assert at_split.summary["cost_kwh_eq"] == fixed.summary["cost_kwh_eq"]
+    assert at_split.summary["route_splits"] == {"code": [0.5, 0.5]}
+    assert {n: p["requests"] for n, p in at_split.pools.items()} == {n: p["requests"] for n, p in fixed.pools.items()}
+    moved = run_site_episode(load_site("site-routed-hour"), "vllm", 2, router="efficient")
+    # the H200 pool draws less energy per request than the H20 pool (docs/results/site.md): the router moves load to it
+    assert moved.summary["route_splits"]["code"][0] > 0.6
+    assert moved.pools["h200"]["requests"] > 1.1 * fixed.pools["h200"]["requests"]
+    assert moved.summary["requests"] == fixed.summary["requests"]  # every request of the route served once
+    with pytest.raises(ValueError, match="router: expected one of \\['efficient', 'fixed'\\]"):
+        run_site_episode(load_site("site-routed-hour"), "vllm", 2, router="smart")
+
+
+def test_a_replayed_routing_hands_each_pool_the_same_requests(tmp_path):
+    from commitenv.site.runner import run_site_episode, site_gates
+
+    moved = run_site_episode(load_site("site-routed-hour"), "vllm", 4, router="efficient")
+    again = run_site_episode(load_site("site-routed-hour"), "vllm", 4, replay_splits=moved.splits)
+    assert len(moved.splits["code"]) == 60 and again.summary["cost_kwh_eq"] == moved.summary["cost_kwh_eq"]
+    for n in ("h200", "h20"):
+        assert again.pools[n]["slo_arrivals_by_hour"] == moved.pools[n]["slo_arrivals_by_hour"]
+    assert site_gates(moved, again)["passed"]  # (the relative H20 gate needs the same arrivals: it compares them)

@@ -214,6 +214,7 @@ class Low(Controller):
     (["--controllers", "shared:/nowhere"], "no model.zip in /nowhere"),
     (["--controllers", "epact@a"], "pool 'b' matches 0 of the patterns"),
     (["--controllers", "no-such-controller"], "no-such-controller"),
+    (["--router", "smart"], "--router: expected one of ['efficient', 'fixed']"),
 ])
 def test_the_site_command_refuses_bad_options_before_any_run(tmp_path, toy, capsys, extra, fragment):
     from commitenv.cli import main
