@@ -117,14 +117,19 @@ def _without_wall(d: dict) -> dict:
 
 def test_pools_sharded_on_a_local_ray_equal_the_in_process_run(tmp_path, toy):
     ray = pytest.importorskip("ray")
-    path = three_pools(tmp_path, toy, commitment={"mj": 0.6})
-    here = run_site_episode(path, "epact", seed=4, budget="site")
+    # pools a and b behind a router whose policy moves the split (its shares travel to the actors with each step)
+    route = {"name": "r", "workload": {"trace": str(toy.parent / "toy3.csv")}, "split": {"a": 0.4, "b": 0.6},
+             "control": "action"}
+    path = three_pools(tmp_path, toy, commitment={"mj": 0.6}, routes=[route])
+    here = run_site_episode(path, "epact", seed=4, budget="site", router="efficient")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        there = run_site_episode(path, "epact", seed=4, budget="site", ray_address="local", shards=2)
+        there = run_site_episode(path, "epact", seed=4, budget="site", ray_address="local", shards=2,
+                                 router="efficient")
     finally:
         ray.shutdown()
-    assert there.summary["shards"] == 2
+    assert there.summary["shards"] == 2 and there.splits == here.splits
+    assert here.summary["route_splits"]["r"] != [0.4, 0.6]  # (the router did move the split)
     assert _without_wall(there.summary) == _without_wall(here.summary)
     assert there.hours == here.hours
     assert {n: _without_wall(p) for n, p in there.pools.items()} == {n: _without_wall(p) for n, p in here.pools.items()}
