@@ -29,7 +29,8 @@ def add_site_parser(sub) -> None:
                    help="comma-separated: own (each pool tracks its own commitment), site (a coordinator splits the "
                         "site's remaining commitment among the pools every interval), guarded (the same, but a pool "
                         "whose hour's known misses reach half its tolerance, or with a live request past its visible "
-                        "deadline, keeps its own budget)")
+                        "deadline, keeps its own budget), proportional (the site's remaining commitment split in "
+                        "proportion to each pool's draw in the hour so far)")
     s.add_argument("--seeds", default="0", metavar="LIST", help="site run seeds: 0-4, 0,3,7")
     s.add_argument("--shards", type=int, default=1, metavar="N",
                    help="with --ray: the pools split into N Ray actors stepping in lockstep (default 1)")

@@ -18,6 +18,10 @@ fraction has reached ``GUARD`` (0.5) x its epsilon, or one of its live requests 
 own remaining commitment (``B_i = M_i + max(E*_i - M_i, 0)``: no cut, no extra) and the other pools share what is
 left of the site's (a pool near its gate is not asked to cover another's overuse).
 
+``budget="proportional"``: the site's remaining commitment split in proportion to each pool's draw in the hour so
+far, ``B_i = M_i + (M_i / M_site) (E*_site - M_site)`` (before any draw, as ``site``): a pool's budget follows its load,
+where a router moving requests between pools leaves the pools' own commitments behind.
+
 Routers (a route under ``control: action``): this process holds the route's workload of the episode, and before
 every interval a routing policy (``router``: ``fixed``, the file's split; ``efficient``, `commitenv.site.router.EfficientSplit`) sets its
 split from the pools' reports; each pool is handed its share of the interval's arrivals with its step call.
@@ -43,7 +47,7 @@ from commitenv.site.meter import SiteMeter
 from commitenv.site.pools import PoolGroup, PoolReport, route_seed
 from commitenv.site.router import ReplaySplit, Router, make_router_policy
 
-BUDGETS = ("own", "site", "guarded")
+BUDGETS = ("own", "site", "guarded", "proportional")
 
 
 @dataclass
@@ -90,14 +94,19 @@ def at_risk(r: PoolReport) -> bool:
     return r.miss_fraction >= GUARD * r.epsilon or r.overdue_frac > 0
 
 
-def site_budgets(reports: list[PoolReport], site_commit_j: float, *, guarded: bool = False) -> list[float]:
+def site_budgets(reports: list[PoolReport], site_commit_j: float, *, guarded: bool = False,
+                 proportional: bool = False) -> list[float]:
     """Each pool's hour budget under the site coordinator (see the module docstring), in the reports' order;
     ``guarded``: a pool `at_risk` keeps its own remaining commitment (it is neither cut nor given more) and the others
-    share the rest."""
+    share the rest; ``proportional``: the site's remaining commitment split in proportion to what each pool has drawn
+    in the hour so far (its own commitments' weights before it has drawn anything), so a budget follows a pool's load
+    wherever a router sends it."""
     own = np.array([r.commitment_j for r in reports])
     used = np.array([r.hour_energy_j for r in reports])
-    left = np.maximum(own - used, 0.0)
     site_left = site_commit_j - math.fsum(used.tolist())
+    if proportional and used.sum() > 0:
+        return (used + used / used.sum() * site_left).tolist()
+    left = np.maximum(own - used, 0.0)
     free = np.ones(len(reports), dtype=bool)
     if guarded:
         free = np.array([not at_risk(r) for r in reports])
@@ -200,7 +209,8 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
         for k in range(steps):
             b = None
             if budget != "own":
-                b = site_budgets(reports, float(st.commit_j[k // st.intervals_per_hour]), guarded=budget == "guarded")
+                b = site_budgets(reports, float(st.commit_j[k // st.intervals_per_hour]), guarded=budget == "guarded",
+                                 proportional=budget == "proportional")
                 if budget == "guarded":
                     for n, r in zip(st.pool_names, reports):
                         guarded[n] += int(at_risk(r))

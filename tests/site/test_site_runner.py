@@ -176,6 +176,11 @@ def test_the_guarded_coordinator_keeps_a_pool_near_its_gate_on_its_own_budget():
     # a live request past its visible deadline guards a pool before any miss is known
     late = [rep(10, 5, 0.0), rep(20, 25, 0.004), PoolReport(0.0, 10, 30, 0, 3, 0, 0.0, 0.0, 0.01, 0.05)]
     assert site_budgets(late, 60.0, guarded=True) == pytest.approx([5, 25, 30])
+    # proportional: the 20 left split 5 : 25 : 10 by what each has drawn, whatever its own commitment
+    assert site_budgets(reports, 60.0, proportional=True) == pytest.approx([5 + 2.5, 25 + 12.5, 10 + 5])
+    assert site_budgets(reports, 30.0, proportional=True) == pytest.approx([5 - 1.25, 25 - 6.25, 10 - 2.5])
+    fresh = [rep(10, 0, 0.0), rep(30, 0, 0.0)]  # nothing drawn yet: the own commitments' weights (as site)
+    assert site_budgets(fresh, 20.0, proportional=True) == pytest.approx(site_budgets(fresh, 20.0)) == [5, 15]
 
 
 def test_a_guarded_run_counts_the_decisions_the_guard_protected(tmp_path):
@@ -214,7 +219,7 @@ class Low(Controller):
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (["--budget", "own,global"], "--budget: expected a comma-separated list of ('own', 'site', 'guarded')"),
+    (["--budget", "own,global"], "--budget: expected a comma-separated list of ('own', 'site', 'guarded', 'proportional')"),
     (["--shards", "2"], "--shards: only with --ray"),
     (["--controllers", "shared:/nowhere"], "no model.zip in /nowhere"),
     (["--controllers", "epact@a"], "pool 'b' matches 0 of the patterns"),
