@@ -23,8 +23,9 @@ far, ``B_i = M_i + (M_i / M_site) (E*_site - M_site)`` (before any draw, as ``si
 where a router moving requests between pools leaves the pools' own commitments behind.
 
 Routers (a route under ``control: action``): this process holds the route's workload of the episode, and before
-every interval a routing policy (``router``: ``fixed``, the file's split; ``efficient``, `commitenv.site.router.EfficientSplit`) sets its
-split from the pools' reports; each pool is handed its share of the interval's arrivals with its step call.
+every interval a routing policy (``router``: ``fixed``, the file's split; ``efficient``,
+`commitenv.site.router.EfficientSplit`) sets its split from the pools' reports; each pool is handed its share of the
+interval's arrivals with its step call.
 
 Sharding (``ray=ADDRESS``, ``shards=N``): the pools are split into N contiguous groups, each a Ray actor
 (`commitenv.site.pools.PoolGroup`) holding its pools and their controllers; the actors step in lockstep, one call
