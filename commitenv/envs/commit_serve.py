@@ -88,8 +88,7 @@ from commitenv.sim import Pool, Snapshot, observed_arrivals, take_snapshot
 from commitenv.sim.dispatch import DispatchPolicy, make_dispatch
 from commitenv.sim.interval import SharedConfig, run_interval, run_shared_interval
 from commitenv.sim.local import LocalPolicy
-from commitenv.workload import select_rows
-from commitenv.workload.table import RequestTable
+from commitenv.workload.table import RequestTable, make_table
 
 class CommitServeEnv(gym.Env):
     """Gymnasium environment over the serving engine; see the module docstring for spaces and reward."""
@@ -216,7 +215,8 @@ class CommitServeEnv(gym.Env):
         n0 = len(self.table)
         self.pool.extend(rows)
         self.table = table = self.pool.table
-        self._hour_rows = np.searchsorted(arrival_hours(table.arrival_s, self.H), np.arange(self.H + 1))
+        added = np.bincount(arrival_hours(rows.arrival_s, self.H), minlength=self.H)  # (the rows arrive in order)
+        self._hour_rows = self._hour_rows + np.concatenate([[0], np.cumsum(added)])
         if not self._misses_at_completion:  # the new rows' deadlines merged into those not yet passed
             dl = self.pool.deadline
             tail = np.concatenate([self._dl_order[self._dl_ptr:], np.arange(n0, len(table))])
@@ -229,9 +229,8 @@ class CommitServeEnv(gym.Env):
         self.run_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         sc = self.scenario
         ws, stream = self._reset_options(options)
-        table = self._workload(ws)
-        if stream:
-            table = select_rows(table, np.zeros(0, dtype=np.int64))  # (nothing yet: rows come by extend_workload)
+        # a streamed pool starts with no request (nothing drawn): its rows come by extend_workload
+        table = make_table([], [], []) if stream else self._workload(ws)
         self.table = table
         if self.backend is None:
             pool = Pool(self.profiles, self.layout, engine_options(sc, self.run_seed),

@@ -123,9 +123,8 @@ class SiteEnv(gym.Env):
         if self.k >= self.H * self.K:
             raise RuntimeError("step() called after the episode ended; call reset()")
         splits = self._check(action)
-        t_end = (self.k + 1) * self.dt if self.k + 1 < self.H * self.K else math.inf
         for r, split in zip(self.routers, splits):  # the coming interval's arrivals, to the pools the split says
-            for p, rows in zip(r.pools, r.hand_out(t_end, split)):
+            for p, rows in r.hand_out(self.k, self.H * self.K, self.dt, split).items():
                 self.envs[p].extend_workload(rows)
         obs, infos = {}, {}
         terminated = False

@@ -42,6 +42,16 @@ class PoolReport:
     arrived: int = 0  # requests arrived so far in the episode
 
 
+GUARD = 0.5  # the guarded coordinator stops cutting a pool once its hour's known miss fraction reaches GUARD x epsilon
+
+
+def at_risk(r: PoolReport, guard: float = GUARD) -> bool:
+    """A pool the guarded coordinator keeps on its own budget: its current hour's known miss fraction has reached
+    ``guard`` (default ``GUARD``) x its epsilon, or a live request is past its visible deadline (an early sign of misses to come: a miss
+    is known only when its deadline passes unfinished)."""
+    return r.miss_fraction >= guard * r.epsilon or r.overdue_frac > 0
+
+
 def pool_seed(run_seed: int, index: int) -> int:
     """The run seed of the site's ``index``-th pool, derived one way from the site's run seed (31 bits)."""
     st = np.random.SeedSequence([int(run_seed), 0x706C, int(index)]).generate_state(1, dtype=np.uint32)

@@ -8,8 +8,8 @@ import numpy as np
 from gymnasium import spaces
 
 from commitenv.scenarios.build import route_shares, route_stream
-from commitenv.site.pools import PoolReport
 from commitenv.scenarios.schema import Scenario
+from commitenv.site.pools import PoolReport, at_risk
 from commitenv.site.schema import SiteRouteSpec
 from commitenv.workload import RequestTable, select_rows
 
@@ -40,13 +40,15 @@ class Router:
         self.table, self.u = route_stream(scenario, seed)
         self.next_row = 0
 
-    def hand_out(self, t_end: float, split: np.ndarray) -> list[RequestTable]:
-        """Each pool's share (in ``pools`` order) of the requests not yet handed out that arrive before ``t_end``."""
+    def hand_out(self, k: int, steps: int, interval_s: float, split: np.ndarray) -> dict[str, RequestTable]:
+        """Each pool's share of the requests not yet handed out that arrive before decision interval ``k`` (of
+        ``steps``) ends; the last interval takes the rest."""
         lo = self.next_row
-        hi = len(self.table) if t_end == np.inf else int(np.searchsorted(self.table.arrival_s, t_end, side="left"))
+        hi = len(self.table) if k + 1 >= steps else int(np.searchsorted(self.table.arrival_s, (k + 1) * interval_s,
+                                                                          side="left"))
         self.next_row = max(lo, hi)
         share = route_shares(self.u[lo:hi], split)
-        return [select_rows(self.table, lo + np.flatnonzero(share == j)) for j in range(len(self.pools))]
+        return {p: select_rows(self.table, lo + np.flatnonzero(share == j)) for j, p in enumerate(self.pools)}
 
 
 # ---------------------------------------------------------------------------------------------- routing policies
@@ -82,15 +84,12 @@ class EfficientSplit:
         if self.min_share * len(router.pools) > 1:
             raise ValueError(f"efficient router: min_share {self.min_share} x {len(router.pools)} pools exceeds 1")
 
-    def _at_risk(self, r: PoolReport) -> bool:
-        return r.miss_fraction >= self.guard * r.epsilon or r.overdue_frac > 0
-
     def weights(self, router: Router, reports: dict[str, PoolReport]) -> np.ndarray:
         rep = [reports[p] for p in router.pools]
         if min(r.arrived for r in rep) == 0:
             return self.split  # (nothing to compare yet)
         per_req = np.array([r.settlement_meter_j / r.arrived for r in rep])
-        risk = np.array([self._at_risk(r) for r in rep])
+        risk = np.array([at_risk(r, self.guard) for r in rep])
         s = self.split.copy()
         for j in np.flatnonzero(risk):  # a pool at risk sheds load to the others
             give = min(self.step, s[j] - self.min_share)

@@ -45,7 +45,7 @@ import numpy as np
 from commitenv.scoring import gate_outcome
 from commitenv.site.loader import Site, load_site
 from commitenv.site.meter import SiteMeter
-from commitenv.site.pools import PoolGroup, PoolReport, route_seed
+from commitenv.site.pools import PoolGroup, PoolReport, at_risk, route_seed  # noqa: F401 (at_risk: public here too)
 from commitenv.site.router import ReplaySplit, Router, make_router_policy
 
 BUDGETS = ("own", "site", "guarded", "proportional")
@@ -83,16 +83,6 @@ def pool_specs(st: Site, controller: str) -> list[str]:
                              f"{[pat for _, pat in rules]}; expected exactly one")
         out.append(hits[0])
     return out
-
-
-GUARD = 0.5  # the guarded coordinator stops cutting a pool once its hour's known miss fraction reaches GUARD x epsilon
-
-
-def at_risk(r: PoolReport) -> bool:
-    """A pool the guarded coordinator keeps on its own budget: its current hour's known miss fraction has reached
-    ``GUARD`` x its epsilon, or a live request is past its visible deadline (an early sign of misses to come: a miss
-    is known only when its deadline passes unfinished)."""
-    return r.miss_fraction >= GUARD * r.epsilon or r.overdue_frac > 0
 
 
 def site_budgets(reports: list[PoolReport], site_commit_j: float, *, guarded: bool = False,
@@ -216,13 +206,12 @@ def run_site_episode(site: str | Site, controller: str, seed: int = 0, *, budget
                     for n, r in zip(st.pool_names, reports):
                         guarded[n] += int(at_risk(r))
             rows = {}
-            t_end = (k + 1) * st.interval_s if k + 1 < steps else math.inf
             by_name = dict(zip(st.pool_names, reports))
             for r, pol in zip(routers, policies):
                 w = np.asarray(pol.weights(r, by_name), dtype=np.float64)
                 splits[r.name].append(w.tolist())  # (the weights: a replay maps them to the same split)
                 split = r.split(w)
-                rows.update(zip(r.pools, r.hand_out(t_end, split)))
+                rows.update(r.hand_out(k, steps, st.interval_s, split))
             args: list[tuple] = [(None if b is None else [b[i] for i in p],
                                   {st.pool_names[i]: rows[st.pool_names[i]] for i in p if st.pool_names[i] in rows})
                                  for p in parts]
