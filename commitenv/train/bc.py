@@ -19,6 +19,9 @@
    further train seeds while the expert, fed the same observations, labels every state the policy visits; the
    labelled states join the data set and the policy is refitted. The expert's own bookkeeping sees the learner's
    configuration (``info["active"]``, ``info["clock_mhz"]``) as it would its own.
+4. **Decoding** (``--decode support``): the clone plays the most probable of the joint actions its teachers played
+   (the data set's distinct (count, clock) pairs, recorded in train.json as ``action_support``), not each
+   component's own argmax, which can pair values never played together (`commitenv.train.policy.support_argmax`).
 
 The folder holds ``train.json`` (``algo: ppo``, ``action_mapping: flat``, the command, the data set's size and the
 fit's figures), ``model.zip`` and ``vecnormalize.pkl``, like a ``commitenv train`` run: ``sb3:DIR`` runs it
@@ -66,6 +69,9 @@ class BCSpec:
     expert_args: dict[str, Any] = field(default_factory=dict)  # the expert's constructor arguments (validated)
     # per scenario, a teacher other than ``expert``: {scenario: {"expert": spec, "args": {...}}} (validated)
     experts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # how the clone picks its action: "independent" (each component's most probable value) or "support" (the most
+    # probable of the joint actions its teachers played, `commitenv.train.policy.support_argmax`)
+    decode: str = "independent"
 
     @property
     def scenarios(self) -> list[str]:
@@ -86,6 +92,8 @@ class BCSpec:
             parts += ["--expert-arg", f"{k}={json.dumps(v)}"]
         for n, t in self.experts.items():
             parts += ["--teacher", f"{n}={json.dumps(t, sort_keys=True, separators=(',', ':'))}"]
+        if self.decode != "independent":
+            parts += ["--decode", self.decode]
         if tuple(self.commitment_scale) != (1.0, 1.0):
             parts += ["--commitment-scale", *(str(x) for x in self.commitment_scale)]
         if self.demos is not None:
@@ -250,8 +258,28 @@ def _build(scenario: str, seed: int, net_arch: list[int], obs: np.ndarray) -> tu
     return model, norm
 
 
-def _accuracy(model: Any, obs_norm: np.ndarray, act: np.ndarray) -> list[float]:
+DECODE = ("independent", "support")
+
+
+def _support(act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct joint actions in ``act`` (sorted rows) and how often each was played."""
+    rows, counts = np.unique(act, axis=0, return_counts=True)
+    return rows.astype(np.int64), counts
+
+
+def _decide(model: Any, obs_norm: np.ndarray, support: np.ndarray | None) -> np.ndarray:
+    """The clone's actions for standardized observations (rows): ``model``'s own argmax, or restricted to
+    ``support`` (as `commitenv.train.policy.TrainedPolicy` decodes a run that declares one)."""
+    from commitenv.train.policy import support_argmax
+
+    if support is not None:
+        return support_argmax(model.policy, obs_norm, support)
     pred, _ = model.predict(obs_norm, deterministic=True)
+    return np.asarray(pred)
+
+
+def _accuracy(model: Any, obs_norm: np.ndarray, act: np.ndarray, support: np.ndarray | None = None) -> list[float]:
+    pred = _decide(model, obs_norm, support)
     return [float(np.mean(pred[:, j] == act[:, j])) for j in range(act.shape[1])]
 
 
@@ -294,6 +322,8 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"--{name.replace('_', '-')}: expected a whole number >= 0, got {v!r}")
+    if spec.decode not in DECODE:
+        raise ValueError(f"--decode: expected one of {', '.join(DECODE)}, got {spec.decode!r}")
     a, b = spec.commitment_scale
     if not (0 < a <= b <= 2):
         raise ValueError(f"--commitment-scale: expected 0 < LO <= HI <= 2, got {a} {b}")
@@ -312,8 +342,10 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
     t_demo = time.perf_counter() - t0
     model, norm = _build(names[0], spec.seed, spec.net_arch, data["obs"])
     rounds = []
+    support: np.ndarray | None = None
 
     def refit() -> None:
+        nonlocal support
         # statistics from the whole data set so far, then the fit (continued from the current weights)
         norm.obs_rms.mean = data["obs"].mean(axis=0).astype(np.float64)
         norm.obs_rms.var = data["obs"].var(axis=0).astype(np.float64)
@@ -321,8 +353,9 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
         x = norm.normalize_obs(data["obs"])
         losses = fit_policy(model, x, data["act"], spec.epochs, spec.batch_size, spec.learning_rate, spec.seed
                             + len(rounds))
+        support = _support(data["act"])[0] if spec.decode == "support" else None
         rounds.append({"samples": int(len(x)), "nll_first": losses[0], "nll_last": losses[-1],
-                       "train_accuracy": _accuracy(model, x, data["act"])})
+                       "train_accuracy": _accuracy(model, x, data["act"], support)})
 
     refit()
     demo_samples = len(data["obs"])
@@ -332,8 +365,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
         nxt += spec.dagger_episodes
 
         def learner(o: np.ndarray) -> Any:
-            a, _ = model.predict(norm.normalize_obs(np.asarray(o, dtype=np.float32)[None]), deterministic=True)
-            return a[0]
+            return _decide(model, norm.normalize_obs(np.asarray(o, dtype=np.float32)[None]), support)[0]
 
         new = collect(eps, spec.expert, learner=learner, progress=progress, expert_args=spec.expert_args,
                       teachers=spec.teachers())
@@ -356,6 +388,8 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
         "seed": spec.seed, "hyperparameters": {"policy_kwargs": {"net_arch": list(spec.net_arch),
                                                                  "activation_fn": "tanh"}},
         "observation_features": list(OBS_FEATURES), "versions": _versions(), "steps_done": 0,
+        **({"action_support": [{"action": [int(v) for v in a], "demonstrations": int(n)}
+                               for a, n in zip(*_support(data["act"]))]} if spec.decode == "support" else {}),
         "wall_s": round(wall, 1), "status": "finished",
         "files": {"model.zip": "model.zip", "vecnormalize.pkl": "vecnormalize.pkl", "best_model.zip": None,
                   "best_vecnormalize.pkl": None},
@@ -367,7 +401,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
 # ================================================================================================ CLI
 CONFIG_KEYS = {"expert": str, "demo_episodes": int, "dagger_rounds": int, "dagger_episodes": int, "epochs": int,
                "batch_size": int, "learning_rate": (float, int, str), "net_arch": list, "commitment_scale": list,
-               "expert_args": dict, "experts": dict}
+               "expert_args": dict, "experts": dict, "decode": str}
 
 
 def load_options(path: str | Path) -> dict[str, Any]:
@@ -464,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--net-arch", default="64,64")
     p.add_argument("--demos", default=None)
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--decode", default="independent", choices=DECODE,
+                   help="the clone's action: each component's most probable value (independent), or the most "
+                        "probable of the joint actions its teachers played (support)")
     p.add_argument("--commitment-scale", type=float, nargs=2, default=(1.0, 1.0), metavar=("LO", "HI"),
                    help="each demonstration's commitments scaled by a factor drawn uniformly in [LO, HI]")
     p.add_argument("--config", default=None, help="YAML of options (their long names with _ or -); flags given "
@@ -481,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = BCSpec(a.scenario[0] if len(a.scenario) == 1 else list(a.scenario), a.out, a.expert, a.demo_episodes,
                       a.dagger_rounds, a.dagger_episodes, a.seed, a.epochs, a.batch_size, float(a.learning_rate), arch,
                       a.demos, a.torch_threads, a.config, tuple(a.commitment_scale), expert_args,
-                      _teachers(list(a.scenario), dict(getattr(a, "experts", None) or {}), a.teacher))
+                      _teachers(list(a.scenario), dict(getattr(a, "experts", None) or {}), a.teacher), a.decode)
         rec = train_bc(spec)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

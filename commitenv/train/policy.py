@@ -22,8 +22,8 @@ import numpy as np
 from commitenv.envs.wrappers import ActionCodec, codec_for
 from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA, SB3_CLASS
 
-__all__ = ["FILES", "MAPPING_OF_SPACE", "PolicyFiles", "TrainedPolicy", "algorithm_class", "detect_algorithm",
-           "normalizer_beside", "policy_files"]
+__all__ = ["FILES", "MAPPING_OF_SPACE", "PolicyFiles", "TrainedPolicy", "algorithm_class", "action_support",
+           "detect_algorithm", "normalizer_beside", "policy_files", "support_argmax"]
 
 FILES = {"final": ("model.zip", "vecnormalize.pkl"), "best": ("best_model.zip", "best_vecnormalize.pkl")}
 _STEPS = re.compile(r"^(.*)_(\d+)_steps$")  # SB3's CheckpointCallback: <prefix>_<N>_steps.zip
@@ -42,6 +42,43 @@ def _sb3() -> Any:
     except ImportError as e:
         raise ValueError(f"trained policies need stable-baselines3 (the 'rl' extra: {RL_EXTRA}): {e}") from None
     return sb3
+
+
+def support_argmax(policy: Any, obs_norm: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """For each standardized observation (rows of ``obs_norm``), the joint action of ``support`` (rows of
+    MultiDiscrete actions) most probable under ``policy`` (an SB3 ``ActorCriticPolicy`` with a MultiDiscrete head,
+    whose components are independent, so a joint log-probability is the sum of the components'). Decoding each
+    component by its own argmax can combine values the teacher never played together (e.g. its fewest replicas at
+    its lowest clock); restricting the argmax to the demonstrated pairs is the batch-constrained choice of Fujimoto
+    et al. 2019 (BCQ). Ties go to the first row of ``support``."""
+    import torch
+
+    with torch.no_grad():
+        obs_t = torch.as_tensor(np.asarray(obs_norm, dtype=np.float32))
+        dist = policy.get_distribution(obs_t)
+        logp = [d.logits.cpu().numpy() for d in dist.distribution]  # per component: (n, values), log-normalized
+    score = sum(logp[k][:, support[:, k]] for k in range(support.shape[1]))
+    return support[np.argmax(score, axis=1)]
+
+
+def action_support(record: dict[str, Any], where: str, nvec: Sequence[int]) -> np.ndarray | None:
+    """The demonstrated joint actions a run's ``train.json`` declares (``action_support``: a list of
+    ``{"action": [i, j, ...], "demonstrations": n}``), as rows; None where it declares none. ValueError naming the
+    file when an entry is malformed or lies outside the action space ``nvec``."""
+    entries = record.get("action_support")
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{where}: action_support: expected a non-empty list of {{action, demonstrations}}")
+    rows = []
+    for i, e in enumerate(entries):
+        a = e.get("action") if isinstance(e, dict) else None
+        if not isinstance(a, list) or len(a) != len(nvec) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n for v, n in zip(a, nvec)):
+            raise ValueError(f"{where}: action_support[{i}]: expected an action of {len(nvec)} whole numbers within "
+                             f"{list(nvec)}, got {e!r}")
+        rows.append(a)
+    return np.asarray(rows, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -192,6 +229,12 @@ class TrainedPolicy:
                     self.normalizer.observation_space.shape != shape:
                 raise ValueError(f"{self.directory}: the model and its normalizer disagree on the observation shape "
                                  f"({shape} vs {self.normalizer.observation_space.shape})")
+        self.support = None
+        if self.record.get("action_support") is not None:
+            if space != "MultiDiscrete" or self.algo not in ("ppo", "a2c"):
+                raise ValueError(f"{self.files.record}: action_support: decoding to demonstrated actions needs a "
+                                 f"PPO/A2C policy on a MultiDiscrete action, got {self.algo} on {space}")
+            self.support = action_support(self.record, str(self.files.record), self.model.action_space.nvec.tolist())
 
     @property
     def which(self) -> str:
@@ -218,6 +261,9 @@ class TrainedPolicy:
         return np.asarray(self.normalizer.normalize_obs(obs[np.newaxis]), dtype=np.float32)
 
     def predict(self, observation: np.ndarray) -> Any:
-        """The learner's deterministic action for a raw env observation."""
+        """The learner's deterministic action for a raw env observation: the most probable action or, where the run
+        declares an ``action_support``, the most probable of those (`support_argmax`)."""
+        if self.support is not None:
+            return support_argmax(self.model.policy, self.normalize(observation), self.support)[0]
         action, _ = self.model.predict(self.normalize(observation), deterministic=True)
         return action[0]

@@ -199,3 +199,90 @@ def test_a_scenario_can_have_its_own_teacher(tmp_path, monkeypatch):
             assert bc.main([*h200, "--teacher", item, "--out", str(tmp_path / "bad")]) == 2
         assert msg in buf.getvalue(), (item, buf.getvalue())
         assert not (tmp_path / "bad").exists()
+
+
+class _FixedLogits:
+    """A stand-in SB3 policy whose MultiDiscrete head gives the same per-component probabilities for every row."""
+
+    def __init__(self, *probs):
+        self.probs = probs
+
+    def get_distribution(self, obs):
+        import torch
+
+        n = obs.shape[0]
+        cats = [torch.distributions.Categorical(probs=torch.tensor([p] * n, dtype=torch.float32)) for p in self.probs]
+        return type("Dist", (), {"distribution": cats})()
+
+
+def test_support_decoding_picks_the_most_probable_demonstrated_pair_by_hand():
+    pytest.importorskip("torch")
+    from commitenv.train.policy import support_argmax
+
+    # count: [0.6, 0.4]; clock: [0.55, 0.45]. Each component's argmax is (0, 0), never demonstrated. Joint
+    # probabilities of the demonstrated pairs: (0, 1) 0.6 x 0.45 = 0.27, (1, 0) 0.4 x 0.55 = 0.22 -> (0, 1)
+    policy = _FixedLogits([0.6, 0.4], [0.55, 0.45])
+    obs = np.zeros((3, 16), dtype=np.float32)
+    support = np.array([[1, 0], [0, 1]])
+    assert support_argmax(policy, obs, support).tolist() == [[0, 1]] * 3
+    # with (0, 0) demonstrated too, it is the joint argmax, as independent decoding gives
+    assert support_argmax(policy, obs, np.array([[1, 0], [0, 1], [0, 0]])).tolist() == [[0, 0]] * 3
+    # one demonstrated pair: always that one
+    assert support_argmax(policy, obs, np.array([[1, 1]])).tolist() == [[1, 1]] * 3
+
+
+def test_support_decoding_equals_a_brute_force_over_sb3_log_probabilities():
+    pytest.importorskip("stable_baselines3")
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from commitenv.envs.commit_serve import CommitServeEnv
+    from commitenv.envs.wrappers import ACTION_WRAPPERS
+    from commitenv.train.policy import support_argmax
+
+    env = DummyVecEnv([lambda: ACTION_WRAPPERS["flat"](CommitServeEnv("bench-h200-hour-fixed-a30"))])
+    model = PPO("MlpPolicy", env, seed=3, device="cpu", n_steps=64)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 16)).astype(np.float32) * 3
+    support = np.array([[13, 4], [18, 2], [22, 3], [27, 4], [31, 1], [9, 4], [31, 4]])
+    got = support_argmax(model.policy, x, support)
+    with torch.no_grad():
+        dist = model.policy.get_distribution(torch.as_tensor(x))
+        for i in range(len(x)):  # SB3's own joint log-probability of every demonstrated pair, row by row
+            lp = [float(dist.log_prob(torch.as_tensor(np.tile(a, (len(x), 1))))[i]) for a in support]
+            assert got[i].tolist() == support[int(np.argmax(lp))].tolist()
+
+
+def test_action_support_in_train_json_checked_and_decodes_the_sb3_controller(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from commitenv.control import ControllerContext
+    from commitenv.envs.commit_serve import CommitServeEnv
+    from commitenv.registry import resolve
+    from commitenv.train.bc import BCSpec, train_bc
+    from commitenv.train.policy import TrainedPolicy
+
+    # a clone of vLLM decoded to its teacher's pairs: vLLM played one pair, so that is all the clone may play
+    rec = train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc", expert="vllm", demo_episodes=1, epochs=1,
+                          batch_size=16, decode="support"), progress=False)
+    assert rec["action_support"] == [{"action": [31, 4], "demonstrations": 60}]
+    assert "--decode support" in rec["command"]
+    ctrl = resolve(f"sb3:{tmp_path / 'bc'}").make()  # one epoch: far from fitted, yet it plays only (32, top clock)
+    env = CommitServeEnv("bench-h200-hour-fixed-a30")
+    obs, info = env.reset(seed=100000)
+    ctrl.reset(ControllerContext.from_env(env), 0)
+    for _ in range(5):
+        a = ctrl.act(obs, info)
+        assert a == {"active": 32, "clock": 4}
+        obs, _, _, _, info = env.step(a)
+    path = tmp_path / "bc" / "train.json"
+    saved = json.loads(path.read_text())
+    for bad, why in (([{"action": [32, 4], "demonstrations": 1}], "action_support\\[0\\]"),
+                     ([{"action": [3], "demonstrations": 1}], "action_support\\[0\\]"),
+                     ([], "action_support: expected a non-empty list")):
+        path.write_text(json.dumps({**saved, "action_support": bad}))
+        with pytest.raises(ValueError, match=f"train.json: {why}"):
+            TrainedPolicy(tmp_path / "bc", "final")
+    with pytest.raises(ValueError, match="--decode"):
+        train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc4", expert="vllm", demo_episodes=1,
+                        decode="joint"), progress=False)
