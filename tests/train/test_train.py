@@ -242,6 +242,8 @@ SHIPPED_CLONES = {"bc-mpc-h200-hour": SCENARIO, "bc-mpc-h20-hour": "bench-h20-ho
                   # the same teacher, with DAgger rounds and the clone decoded to its teacher's (count, clock) pairs
                   "dagger-margin-h200-public": "bench-h200-hour-fixed-a25",
                   "dagger-margin-h20-public": "bench-h20-hour-fixed-a25",
+                  # ... with MPC with its margin teaching the hours where ePACT+ with its margin failed the gate
+                  "dagger-gate-h200-public": "bench-h200-hour-fixed-a25",
                   # a day's clone of ePACT+ with its miss margin (the expert's arguments in its bc.yaml)
                   "bc-epactplus-h200-day": "bench-h200-day", "bc-epactplus-h20-day": "bench-h20-day"}
 
