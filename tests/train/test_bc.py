@@ -286,3 +286,34 @@ def test_action_support_in_train_json_checked_and_decodes_the_sb3_controller(tmp
     with pytest.raises(ValueError, match="--decode"):
         train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc4", expert="vllm", demo_episodes=1,
                         decode="joint"), progress=False)
+
+
+def test_dagger_executes_the_learner_and_records_the_experts_labels():
+    pytest.importorskip("stable_baselines3")
+    from commitenv.train.bc import DemoEpisode, collect
+
+    # the learner keeps 8 replicas at clock level 1 (flat action [7, 1]); vLLM labels every state with its own choice
+    data = collect([DemoEpisode("bench-h200-hour-fixed-a30", 0)], "vllm", learner=lambda o: np.array([7, 1]))
+    assert data["act"].tolist() == [[31, 4]] * 60  # the labels are the expert's
+    obs = data["obs"]
+    # from the second interval on, the observation shows the learner's configuration, not the expert's
+    assert np.allclose(obs[1:, 13], 8 / 32) and np.allclose(obs[1:, 14], 1 / 4)
+
+
+def test_dagger_rounds_grow_the_data_and_the_support(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from commitenv.train.bc import BCSpec, DemoEpisode, collect, train_bc
+
+    rec = train_bc(BCSpec("bench-h200-hour-fixed-a30", tmp_path / "bc", expert="vllm", demo_episodes=1,
+                          dagger_rounds=1, dagger_episodes=1, epochs=1, batch_size=16, decode="support"),
+                   progress=False)
+    rounds = rec["bc"]["rounds"]
+    assert [r["samples"] for r in rounds] == [60, 120]  # the demonstration, then one DAgger episode labelled
+    assert rounds[0]["dagger_episodes"] == [{"scenario": "bench-h200-hour-fixed-a30", "seed": 1,
+                                             "commitment_scale": 1.0}]  # the next train seed
+    # vLLM's single pair is the whole support, so the decoded learner played vLLM's configuration: its return is
+    # the expert's own on that seed, and the support counts both rounds' labels
+    assert rec["action_support"] == [{"action": [31, 4], "demonstrations": 120}]
+    assert rounds[-1]["train_accuracy"] == [1.0, 1.0]
+    expert = collect([DemoEpisode("bench-h200-hour-fixed-a30", 1)], "vllm")["episode_return"][0]
+    assert rounds[0]["learner_episode_return"] == expert
