@@ -261,12 +261,6 @@ def _build(scenario: str, seed: int, net_arch: list[int], obs: np.ndarray) -> tu
 DECODE = ("independent", "support")
 
 
-def _support(act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct joint actions in ``act`` (sorted rows) and how often each was played."""
-    rows, counts = np.unique(act, axis=0, return_counts=True)
-    return rows.astype(np.int64), counts
-
-
 def _decide(model: Any, obs_norm: np.ndarray, support: np.ndarray | None) -> np.ndarray:
     """The clone's actions for standardized observations (rows): ``model``'s own argmax, or restricted to
     ``support`` (as `commitenv.train.policy.TrainedPolicy` decodes a run that declares one)."""
@@ -312,6 +306,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
 
     from commitenv.envs.commit_serve import OBS_FEATURES
     from commitenv.scenarios import load_scenario
+    from commitenv.train.policy import support_record
     from commitenv.train.trainer import _versions, _write_json
 
     for name in ("demo_episodes", "epochs", "batch_size", "torch_threads"):
@@ -342,7 +337,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
     t_demo = time.perf_counter() - t0
     model, norm = _build(names[0], spec.seed, spec.net_arch, data["obs"])
     rounds = []
-    support: np.ndarray | None = None
+    support: np.ndarray | None = None  # the joint actions played so far, with decode "support"
 
     def refit() -> None:
         nonlocal support
@@ -353,7 +348,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
         x = norm.normalize_obs(data["obs"])
         losses = fit_policy(model, x, data["act"], spec.epochs, spec.batch_size, spec.learning_rate, spec.seed
                             + len(rounds))
-        support = _support(data["act"])[0] if spec.decode == "support" else None
+        support = np.unique(data["act"], axis=0) if spec.decode == "support" else None
         rounds.append({"samples": int(len(x)), "nll_first": losses[0], "nll_last": losses[-1],
                        "train_accuracy": _accuracy(model, x, data["act"], support)})
 
@@ -388,8 +383,7 @@ def train_bc(spec: BCSpec, progress: bool = True) -> dict[str, Any]:
         "seed": spec.seed, "hyperparameters": {"policy_kwargs": {"net_arch": list(spec.net_arch),
                                                                  "activation_fn": "tanh"}},
         "observation_features": list(OBS_FEATURES), "versions": _versions(), "steps_done": 0,
-        **({"action_support": [{"action": [int(v) for v in a], "demonstrations": int(n)}
-                               for a, n in zip(*_support(data["act"]))]} if spec.decode == "support" else {}),
+        **({"action_support": support_record(data["act"])} if spec.decode == "support" else {}),
         "wall_s": round(wall, 1), "status": "finished",
         "files": {"model.zip": "model.zip", "vecnormalize.pkl": "vecnormalize.pkl", "best_model.zip": None,
                   "best_vecnormalize.pkl": None},

@@ -23,7 +23,7 @@ from commitenv.envs.wrappers import ActionCodec, codec_for
 from commitenv.train import ACTION_MAPPING, ALGORITHMS, RL_EXTRA, SB3_CLASS
 
 __all__ = ["FILES", "MAPPING_OF_SPACE", "PolicyFiles", "TrainedPolicy", "algorithm_class", "action_support",
-           "detect_algorithm", "normalizer_beside", "policy_files", "support_argmax"]
+           "detect_algorithm", "normalizer_beside", "policy_files", "support_argmax", "support_record"]
 
 FILES = {"final": ("model.zip", "vecnormalize.pkl"), "best": ("best_model.zip", "best_vecnormalize.pkl")}
 _STEPS = re.compile(r"^(.*)_(\d+)_steps$")  # SB3's CheckpointCallback: <prefix>_<N>_steps.zip
@@ -59,6 +59,13 @@ def support_argmax(policy: Any, obs_norm: np.ndarray, support: np.ndarray) -> np
         logp = [d.logits.cpu().numpy() for d in dist.distribution]  # per component: (n, values), log-normalized
     score = sum(logp[k][:, support[:, k]] for k in range(support.shape[1]))
     return support[np.argmax(score, axis=1)]
+
+
+def support_record(act: np.ndarray) -> list[dict[str, Any]]:
+    """The ``action_support`` entry of a run's train.json for the actions ``act`` (rows) its teachers played: each
+    distinct joint action (sorted) with how often it was played; `action_support` reads it back."""
+    rows, counts = np.unique(np.asarray(act, dtype=np.int64), axis=0, return_counts=True)
+    return [{"action": [int(v) for v in a], "demonstrations": int(n)} for a, n in zip(rows, counts)]
 
 
 def action_support(record: dict[str, Any], where: str, nvec: Sequence[int]) -> np.ndarray | None:
