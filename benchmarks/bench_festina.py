@@ -1,6 +1,7 @@
-"""Festina (or another controller) on one episode: the wall and CPU time, the engine's local-policy plans and dispatch
-calls and the time spent in them (views built and policies run, each plan called back from the compiled loop to the
-host), with the run's score (the same on every repeat) and the machine factor of ../shared/tools/machine_factor.py.
+"""Festina (or another controller) on one episode: the wall and CPU time, the engine's local-policy plans (made inside
+the compiled loop by a compiled policy, `commitenv.sim.local_compiled`, or called back to the host, with the time spent
+there) and dispatch calls (views built and the policy run on the host), with the run's score (the same on every
+repeat) and the machine factor of ../shared/tools/machine_factor.py.
 
     python benchmarks/bench_festina.py [--scenario festina-h100-shared] [--controller festina] [--seed 100000]
         [--repeat 1] [--against epact]
@@ -51,7 +52,8 @@ def time_controller(controller: str, scenario: str, seed: int, repeat: int) -> d
     pool = env.pool
     return {"scenario": scenario, "controller": controller, "seed": seed,
             "wall_s": [round(w, 2) for w in walls], "cpu_s": [round(c, 2) for c in cpus],
-            "local_plans": pool.local_calls, "local_s": round(pool.local_s, 2),
+            "compiled_plans": pool.compiled_plans, "host_plans": pool.local_calls,
+            "host_plans_s": round(pool.local_s, 2),
             "dispatch_calls": pool.dispatch_calls, "dispatch_s": round(pool.dispatch_s, 2),
             "events": pool.events, "score": json.loads(scores.pop())}
 

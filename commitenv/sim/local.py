@@ -22,6 +22,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
+from commitenv.sim.local_compiled import CompiledPlan
+
 
 class TaskView(NamedTuple):
     """A request held by the replica, as its scheduler may know it."""
@@ -99,6 +101,12 @@ class LocalPolicy(ABC):
     @abstractmethod
     def plan(self, view: LocalView) -> StepPlan | None:
         """The next step's plan, or None for the engine's vLLM scheduler."""
+
+    def compiled(self, replicas: int, gpus: int, max_seqs: int) -> CompiledPlan | None:
+        """The plan function the compiled loop calls in place of `plan` (`commitenv.sim.local_compiled`), its arrays
+        sized for ``replicas`` replicas on ``gpus`` GPUs whose steps hold at most ``max_seqs`` sequences; None (the
+        default): the loop calls `plan` back on the host for each step."""
+        return None
 
 
 class FcfsLocal(LocalPolicy):

@@ -79,7 +79,7 @@ def test_scores_and_order_by_hand(lut):
     lat21 = 2 * 0.01 + 0.001 * 16 + 1e-6 * 264
     assert s[21].score == pytest.approx(lat21 / (1.35 - 1.0 - lat21 - 0.1 * 0.05), rel=1e-12)
     # by hand: 20 -> 0.3478, 10 -> 0.2952, 21 -> 0.1173
-    order = pol.priority(list(s.values()))
+    order = pol.priority(view_of(FIVE))
     assert order == (11, 12, 20, 10, 21)
     # the fill: budget 8, 3 free KV blocks, 4 sequences running: waiting 20 is bypassed (sequence cap), 21 gets
     # the 5 tokens left (8 + 5 = 13 tokens -> 4 blocks, holds 2: needs 2 <= 3)
@@ -233,17 +233,26 @@ def pool_of(n_rep, sched, *, policy=None, **opt):
     return p
 
 
-def test_the_engine_serves_a_random_workload_to_completion():
-    sched = {"token_budget": 16, "max_seqs": 4, "context_limit": 64, "block_size": 4, "kv_capacity_tokens": 96}
-    lut_ = FestinaLUT.from_profile(attn_toy_profile(scheduler=sched), LutGrid((500, 1000), DEFAULT_SHARES, TOY_LENS))
-    rng = np.random.default_rng(3)
-    n = 150
+RANDOM_SCHED = {"token_budget": 16, "max_seqs": 4, "context_limit": 64, "block_size": 4, "kv_capacity_tokens": 96}
+
+
+def random_run(policy_class, n: int, seed: int):
+    """``policy_class`` (on a LUT of RANDOM_SCHED's toy profile) serving ``n`` random requests on 2 replicas to the
+    end: (pool, policy)."""
+    lut_ = FestinaLUT.from_profile(attn_toy_profile(scheduler=RANDOM_SCHED),
+                                   LutGrid((500, 1000), DEFAULT_SHARES, TOY_LENS))
+    rng = np.random.default_rng(seed)
     prompt = rng.integers(2, 40, n)
     table = make_table(np.sort(rng.uniform(0, 4, n)), prompt, np.minimum(rng.integers(1, 25, n), 63 - prompt))
-    pol = Spy(lut_)
-    pool = pool_of(2, sched, policy=pol, noise=NoiseSpec(), seed=1, alpha=2.0)
+    pol = policy_class(lut_)
+    pool = pool_of(2, RANDOM_SCHED, policy=pol, noise=NoiseSpec(), seed=1, alpha=2.0)
     pool.attach(table)
     pool.run_until(np.inf)
+    return pool, pol
+
+
+def test_the_engine_serves_a_random_workload_to_completion():
+    pool, pol = random_run(Spy, 150, 3)
     assert np.all(np.isfinite(pool.finish_t))
     assert len(pol.seen) == pool.local_calls > 0
     # the predicted batch is the step the engine filled (when the plan filled anything)
@@ -252,6 +261,25 @@ def test_the_engine_serves_a_random_workload_to_completion():
     assert filled and all(steps[r, t] == b for r, t, b in filled)
     clocks = {e.clock_mhz for e in pool.log}
     assert clocks == {500, 1000}  # busy spells need the top clock, quiet ones do not
+
+
+class OnTheHost(FestinaLocal):
+    """`FestinaLocal` called back on the host for every step (a subclass that overrides `plan` is not compiled)."""
+
+    def plan(self, view):
+        return super().plan(view)
+
+
+def test_the_compiled_loop_plans_the_steps_the_host_plans():
+    """The engine's loop runs the policy's compiled plan in place (`commitenv.sim.local_compiled`); called back on the
+    host through `plan` instead, the same policy plans the same steps, clocks and budgets, and records the same."""
+    (a, pa), (b, pb) = (random_run(cls, 200, 7) for cls in (FestinaLocal, OnTheHost))
+    steps = [[(e.t0, e.replica, e.slots, e.new_tokens, e.clock_mhz) for e in p.log] for p in (a, b)]
+    assert steps[0] == steps[1] and len({s[4] for s in steps[0]}) == 2
+    assert np.array_equal(a.finish_t, b.finish_t) and a.energy_j() == b.energy_j()
+    assert a.local_calls == 0 and b.local_calls == pb.calls == pa.calls == a.compiled_plans > 0
+    assert pa.capped == pb.capped > 0
+    assert pa.last == pb.last and pa.usage == pb.usage and pa.peak_share == pb.peak_share
 
 
 def test_loose_deadlines_spend_less_energy_than_vllm_at_the_top_clock(lut):

@@ -25,6 +25,9 @@ def test_report_means_and_saving_by_hand():
     assert "DynamoLLM" not in text  # not run: no row
     assert text.count("| 1.0 | 1.0 | 1.0 |") == 2  # moves, cold starts, migrated requests (1.0 in every row here)
     assert "dispatch 15.0 us per arrival" in text and "60.0 us per step" in text
+    for r in res["runs"].values():  # plans made in the compiled loop: no host time per step to report
+        r["local_us_per_step"] = None
+    assert "dispatch 15.0 us per arrival" in report(res) and "inside the compiled loop" in report(res)
     assert "| Festina | 100.00 | 90.00 |" in text
 
 

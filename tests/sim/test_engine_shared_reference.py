@@ -165,8 +165,8 @@ def test_a_shared_environment_with_attribution_equals_the_reference(monkeypatch)
 
 def test_festina_on_the_compiled_loop_equals_the_reference(monkeypatch):
     """Festina (its dispatch, its local scheduler planning every step with a clock vote, its SM-share scaling) on the
-    shared hour's first 15 intervals: the compiled loop (every plan called back to the host) and the reference give the
-    same observations, rewards, misses and meters."""
+    shared hour's first 15 intervals: the compiled loop (every plan made in it by the policy's compiled plan) and the
+    reference (every plan through `FestinaLocal.plan`) give the same observations, rewards, misses and meters."""
     step_by_step(monkeypatch)
     from commitenv.control import ControllerContext
     from commitenv.registry import resolve
@@ -184,7 +184,7 @@ def test_festina_on_the_compiled_loop_equals_the_reference(monkeypatch):
             a = ctrl.act(obs, info)
             obs, r, done, _, info = env.step(a)
             out.append((np.asarray(obs).tolist(), r, info["new_misses"], env.pool.energy_j()))
-        return out, env.pool.local_calls
+        return out, env.pool.local_calls + env.pool.compiled_plans
 
     ref, got = episode(True), episode(False)
     assert ref[0] == got[0] and ref[1] == got[1] > 1000

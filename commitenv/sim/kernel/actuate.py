@@ -10,13 +10,15 @@ from numba import njit, objmode
 from commitenv.sim.kernel.heap import _push, _task_rows, _upush_back, _wpush_back
 from commitenv.sim.kernel.host import dispatch as _host_dispatch
 from commitenv.sim.kernel.host import plan as _host_plan
-from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_PENDING_T, G_CLOCK, G_NHOST, G_PENDING, G_VER, I_NMIG, I_PEND,
-                                         I_PLAN_REP, I_UHEAD, I_ULEN, MIG_NONE, Q_MODEL, Q_REPLICA, Q_STARTED, R_AFTER,
+from commitenv.sim.kernel.layout import (GF_CLOCK_LAT, GF_PENDING_T, G_CLOCK, G_NHOST, G_PENDING, G_VER, I_LOCAL_N,
+                                         I_NMIG, I_PEND, I_PLAN_BUDGET, I_PLAN_N, I_PLAN_REP, R_BS, R_BUDGET, R_FREE,
+                                         R_MAXSEQ, I_UHEAD, I_ULEN, MIG_NONE, Q_MODEL, Q_REPLICA, Q_STARTED, R_AFTER,
                                          R_DEST, R_GPU, R_LOCAL, R_LREADY, R_MIGRATE, R_MODEL, R_PENDING, R_RUN_N,
                                          R_SEG, R_SHARE, R_STATE, R_T1, R_UNF, R_VER, R_WAKE_S, R_WHEAD, R_WLEN,
                                          S_DISPATCH, S_WAKE)
 from commitenv.sim.kernel.lifecycle import _detach, _floor_changed, _migrate_out
 from commitenv.sim.kernel.segment import _cut, _start_segment
+from commitenv.sim.local_compiled import OUT_HEADER
 from commitenv.sim.states import (ACTIVE, DRAINING, EV_CLOCK, EV_SEG, EV_WAKE, LOADING, MOVING, SEG_NONE, SEG_RUN,
                                   STANDBY, WAKING)
 
@@ -264,8 +266,49 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
 
 
 @njit(cache=True)
+def _compiled_plan(t, rep, ints, flts, lp, ri, rf, gi, gf, si, ht, hk, hs, hi, hv, plan, on_run):
+    """`KernelPolicies._plan` without the host: the compiled local policy ``lp`` (`commitenv.sim.local_compiled`:
+    function, its four arrays, the output row, the clock levels) plans replica ``rep``'s step from its tasks; the plan
+    is checked as a host plan is (each row once, a budget within the replica's, a clock among the levels), a clock in
+    it requested for the GPU, and the order written for `_start`."""
+    fn, pf, pi, sf, sti, out, levels = lp
+    g = ri[rep, R_GPU]
+    n = fn(t, rep, g, ri[rep, R_MODEL], gi[g, G_CLOCK], levels, rf[rep, R_SHARE], ri[rep, R_FREE], ri[rep, R_BS],
+           ri[rep, R_BUDGET], ri[rep, R_MAXSEQ], ints, flts, pf, pi, sf, sti, out)
+    if n < -1:
+        raise RuntimeError("kernel: a compiled local plan without its policy (KernelState.advance(..., pool=...))")
+    si[I_LOCAL_N] += 1
+    si[I_PLAN_REP] = rep
+    if n < 0:
+        si[I_PLAN_N] = -1
+        return
+    m = ints.shape[0]
+    if n > m:
+        raise ValueError("compiled local policy: a plan longer than the replica's tasks")
+    budget = out[1]
+    if budget < 0 or budget > ri[rep, R_BUDGET]:
+        raise ValueError("compiled local policy: a token budget outside 1 .. the replica's (0: the replica's own)")
+    clk = out[0]
+    if clk >= levels.shape[0] or clk < -1:
+        raise ValueError("compiled local policy: a clock level outside the GPU's levels (-1: none)")
+    seen = np.zeros(m, np.bool_)
+    for i in range(n):
+        j = out[OUT_HEADER + i]
+        if j < 0 or j >= m or seen[j]:
+            raise ValueError("compiled local policy: a plan row outside the replica's tasks, or listed twice")
+        seen[j] = True
+        plan[i] = ints[j, 0]
+        on_run[i] = ints[j, 2]
+    if clk >= 0:
+        _set_clock(t, clk, np.array([g], np.int64), gi, gf, si, ht, hk, hs, hi, hv)
+    si[I_PLAN_BUDGET] = budget
+    si[I_PLAN_N] = n
+
+
+@njit(cache=True)
 def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
-           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx):
+           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, lp,
+           pfx):
     """Start the replicas that received work at ``t`` (`ReferencePool._flush`: the pending list as it stands, in the
     order they received work; those that receive work meanwhile wait for the next flush); a moving one first sends off
     what migrates (`_depart`), and one whose local policy plans its steps has the host write its plan (`host.plan`,
@@ -284,8 +327,11 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
         if ri[rep, R_LOCAL] and si[I_PLAN_REP] != rep and (ri[rep, R_RUN_N] > 0 or ri[rep, R_WLEN] > 0):
             ints, flts = _task_rows(rep, ri, qi, qf, wq, run, tvi, live_slots, head_deadline, row_deadline, pred_out,
                                     vis_dl)
-            with objmode():
-                _host_plan(rep, t, ints, flts)
+            if ri[rep, R_LOCAL] == 2:
+                _compiled_plan(t, rep, ints, flts, lp, ri, rf, gi, gf, si, ht, hk, hs, hi, hv, plan, on_run)
+            else:
+                with objmode():
+                    _host_plan(rep, t, ints, flts)
         _start(t, rep, ri, rf, qi, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, si, ht, hk,
                hs, hi, hv, plan, on_run, pfx)
     k = si[I_PEND] - n
@@ -297,7 +343,7 @@ def _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab,
 @njit(cache=True)
 def _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
             e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
-            vis_dl, pfx):
+            vis_dl, lp, pfx):
     """`Placement._loaded`: ``rep``'s cold start is over; it serves (or stands by) once the SMs of its share are free
     beside the GPU's other instances (else it waits, loaded); active, its model's queues are routed again and the
     replicas that received work start."""
@@ -319,7 +365,8 @@ def _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab,
     if ri[rep, R_STATE] == ACTIVE:
         _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched, pfx)
         _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
-               pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx)
+               pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl,
+               lp, pfx)
 
 
 @njit(cache=True)
@@ -389,7 +436,7 @@ def _set_share(t, rep, share, coef, ri, rf, coc, si, ht, hk, hs, hi, hv):
 @njit(cache=True)
 def move(t, rep, dest, mode, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf,
          si, e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out,
-         vis_dl, pfx):
+         vis_dl, lp, pfx):
     """`Placement._move` of replica ``rep`` to GPU ``dest`` with migration mode ``mode`` (checked by the host):
     a moving one called back serves on where it is, one loading goes on to its new GPU, any other stops taking requests
     (its queued ones are routed anew), sends off what migrates and leaves once idle. Returns whether it counts as a
@@ -407,7 +454,7 @@ def move(t, rep, dest, mode, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, f
                           sched, pfx)
             _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
                    e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
-                   pred_out, vis_dl, pfx)
+                   pred_out, vis_dl, lp, pfx)
         else:
             ri[rep, R_DEST] = dest
             ri[rep, R_MIGRATE] = mode
@@ -433,5 +480,6 @@ def move(t, rep, dest, mode, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, f
         _push(si, ht, hk, hs, hi, hv, rf[rep, R_T1], EV_SEG, rep, ri[rep, R_VER])
     _redistribute(t, ri[rep, R_MODEL], ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf, gh, floor_tab, sched, pfx)
     _flush(t, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si, e_dyn,
-           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, pfx)
+           pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline, pred_out, vis_dl, lp,
+           pfx)
     return True

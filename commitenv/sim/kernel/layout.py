@@ -12,9 +12,10 @@ INF = math.inf
 
 # int64 scalars of the state (``si``)
 (I_CURSOR, I_SEQ, I_HEAP, I_PEND, I_LIVE, I_DONE, I_EVENTS, I_N, I_CAPLEFT, I_CAPARR, I_LOG, I_LOGM, I_UHEAD,
- I_UTAIL, I_ULEN, I_PLAN_REP, I_PLAN_N, I_NMIG, I_COLD, I_MIGRATED, I_PLAN_BUDGET) = range(21)
-N_SI = 21
-# I_PLAN_BUDGET: the token budget of the planned step (0: the replica's own, `StepPlan.token_budget`)
+ I_UTAIL, I_ULEN, I_PLAN_REP, I_PLAN_N, I_NMIG, I_COLD, I_MIGRATED, I_PLAN_BUDGET, I_LOCAL_N) = range(22)
+N_SI = 22
+# I_PLAN_BUDGET: the token budget of the planned step (0: the replica's own, `StepPlan.token_budget`); I_LOCAL_N: steps
+# planned by a compiled local policy in the loop (`commitenv.sim.local_compiled`; the host counts its own plans)
 # I_N: requests that arrive at all; I_CAPLEFT: captured requests not finished; I_CAPARR: arrivals are captured;
 # I_LOG, I_LOGM: step log entries and their members written since the last `KernelState._drain_log`; I_UHEAD, I_UTAIL,
 # I_ULEN: the requests no replica could take (`Pool.unrouted`: no active replica of their model), a linked list through
@@ -46,7 +47,8 @@ N_RI = 29
 # R_SCLK: the clock level its segment started at (the step log's clock); R_LOGGED: the segment was started while the
 # step log was written (`Replica.seg_log` set), so its booking is logged; R_GPU, R_MODEL: the GPU hosting it and the
 # model it serves; R_BUDGET, R_MAXSEQ, R_BS, R_RESERVE: its model's scheduler limits (token budget, max sequences,
-# KV block size, whether a full sequence is reserved at admission); R_LOCAL: a local policy plans its steps
+# KV block size, whether a full sequence is reserved at admission); R_LOCAL: a local policy plans its steps (1: on the
+# host, 2: compiled, in the loop)
 # per-request int64 columns (``qi``)
 (Q_PROMPT, Q_OUT, Q_COMPUTED, Q_GENERATED, Q_BLOCKS, Q_STARTED, Q_PREEMPT, Q_REPLICA, Q_MODEL, Q_HOFF, Q_NH,
  Q_PFXN) = range(12)

@@ -38,7 +38,7 @@ def advance(t_end, stop_captured, a):
     done: the host answers and calls again, and the loop continues exactly there."""
     (si, sf, ri, rf, qi, qf, qc, rejected, wq, run, bq, bk, pend, ht, hk, hs, hi, hv, coc, gi, gf, gh, floor_tab, ftab,
      fetab, cell, sched, e_dyn, done_out, lgi, lgf, lgm, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
-     pred_out, vis_dl, pfx) = a
+     pred_out, vis_dl, lp, pfx) = a
     n = si[I_N]
     # the most entries one event pushes: a wake re-routes to every replica, then starts; an instance's load ends,
     # others leave and load; migrating requests, one landing each
@@ -60,7 +60,7 @@ def advance(t_end, stop_captured, a):
         if si[I_PEND] > 0 and (th if th < ta else ta) > last:
             _flush(last, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched, sf, si,
                    e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline, row_deadline,
-                   pred_out, vis_dl, pfx)
+                   pred_out, vis_dl, lp, pfx)
             continue
         if th == INF and ta == INF:
             break
@@ -90,7 +90,7 @@ def advance(t_end, stop_captured, a):
                     continue
                 _loaded(t, rep, ri, rf, qi, qf, wq, run, bq, bk, coc, gi, gf, gh, floor_tab, ftab, fetab, cell, sched,
                         sf, si, e_dyn, pend, ht, hk, hs, hi, hv, plan, on_run, tvi, live_slots, head_deadline,
-                        row_deadline, pred_out, vis_dl, pfx)
+                        row_deadline, pred_out, vis_dl, lp, pfx)
                 continue
             if kind == EV_LAND:  # (``rep``: the request)
                 _route(t, rep, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, sched, gi, gf, gh, floor_tab)

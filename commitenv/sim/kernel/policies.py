@@ -17,9 +17,10 @@ from commitenv.sim.kernel.host import CURRENT
 from commitenv.sim.kernel.layout import Q_HOFF, Q_NH
 from commitenv.sim.kernel.prefix import hit_count
 from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_BUDGET, I_PLAN_N, I_PLAN_REP, Q_COMPUTED,
-                                         Q_GENERATED, Q_MODEL, Q_OUT, Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_MAXSEQ, R_MODEL, R_RUN_N,
-                                         R_SHARE, R_STATE, R_UNF, R_WLEN, S_DISPATCH)
+                                         Q_GENERATED, Q_MODEL, Q_OUT, Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_LOCAL,
+                                         R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE, R_STATE, R_UNF, R_WLEN, S_DISPATCH)
 from commitenv.sim.local import LocalView, TaskView, check_plan, plan_budget
+from commitenv.sim.local_compiled import NONE, OUT_HEADER, check_compiled
 from commitenv.sim.states import ACTIVE
 
 
@@ -159,4 +160,35 @@ class KernelPolicies:
         seen_pool = self._seen_in_pool(pool)
         tvi = np.array([self.n_live, self.slot_base + self.row0, self.row0, seen_pool], np.int64)
         po, vd = (pool.pred_out, pool.visible_deadline) if seen_pool else self._EMPTY
-        return tvi, self.live_slots, self.head_deadline, self.src.deadline, po, vd
+        return tvi, self.live_slots, self.head_deadline, self.src.deadline, po, vd, self._compiled_local(pool)
+
+    def set_local_modes(self, modes: list[int]) -> None:
+        """How each replica's steps are planned from its next start on: 0 the vLLM scheduler, 1 its local policy on the
+        host, 2 the compiled local policy in the loop (`Pool.set_local_policy` decides)."""
+        self.ri[:, R_LOCAL] = modes
+
+    def compiled_sizes(self) -> tuple[int, int, int]:
+        """(replicas, GPUs, the most sequences a step holds): what a compiled local policy sizes its arrays for."""
+        return self.R, self.G, int(self.ri[:, R_MAXSEQ].max()) if self.R else 0
+
+    def _compiled_local(self, pool) -> tuple:
+        """What the loop carries of the compiled local policy (`commitenv.sim.local_compiled`): the function, its
+        arrays, an output row as long as the plan arrays and the GPU's clock levels; the placeholder (which makes a
+        compiled plan an error) when no replica plans in the loop or no pool answers for its policies."""
+        out = getattr(self, "_lp_out", None)
+        if out is None or out.shape[0] < self.plan.shape[0] + OUT_HEADER:
+            out = self._lp_out = np.zeros(self.plan.shape[0] + OUT_HEADER, np.int64)
+        levels = getattr(self, "_lp_levels", None)
+        if levels is None:
+            levels = self._lp_levels = np.array(self.clock_mhz, np.int64)
+        cp = NONE
+        if pool is not None:
+            xs = np.flatnonzero(self.ri[:, R_LOCAL] == 2)
+            if len(xs):
+                policy = pool.local_policies[int(xs[0])]
+                cp = policy.compiled(*self.compiled_sizes())
+                if cp is None:
+                    raise RuntimeError(f"kernel: local policy {policy.name!r} planned in the loop but offers no "
+                                       "compiled plan now")
+                check_compiled(cp, policy.name)
+        return (cp.fn, cp.pf, cp.pi, cp.sf, cp.si, out, levels)

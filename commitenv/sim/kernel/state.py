@@ -14,7 +14,7 @@ from commitenv.sim.kernel.layout import (ASK_HEAP, ASK_LOG, ASK_NOISE, ENGINE_AR
                                          I_CAPLEFT, I_COLD, I_CURSOR, I_DONE, I_EVENTS, I_HEAP, I_LIVE, I_LOG,
                                          I_MIGRATED, I_N, I_PLAN_REP, N_QF, N_QI, N_SI, Q_ARRIVAL, Q_FINISH, Q_FIRST,
                                          Q_HOFF, Q_LAST, Q_MAXGAP,
-                                         Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS, R_LOCAL,
+                                         Q_MODEL, Q_OUT, Q_OVERHEAD, Q_PROMPT, Q_REPLICA, REQUEST_ARRAYS,
                                          R_NEND, R_NPOS, R_RUN_N, R_STATE, R_WLEN, S_CELL0, S_DISPATCH, S_NOISE,
                                          S_WAKE)
 from commitenv.sim.kernel.host import CURRENT
@@ -359,10 +359,6 @@ class KernelState(KernelPolicies, KernelReads, KernelPrefix, KernelClone):
             if ri[x, R_RUN_N] + ri[x, R_WLEN] and ri[x, R_STATE] in (ACTIVE, DRAINING):
                 _poke(t, x, ri, self.rf, self.si, self.pend, self.ht, self.hk, self.hs, self.hi, self.hv)
         self._flush_all(pool, t)
-
-    def set_local(self, replicas: list[int], on: bool) -> None:
-        """Whether a local policy plans the steps of ``replicas`` from their next start on."""
-        self.ri[replicas, R_LOCAL] = int(on)
 
     def set_clock(self, t: float, mhz: int, gpus: list[int] | None = None) -> None:
         """`Pool.set_clock` on ``gpus`` (every GPU by default): clock ``mhz`` applies after each GPU's clock-change

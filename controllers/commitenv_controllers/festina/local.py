@@ -84,7 +84,9 @@ cut (`FestinaLocal.cap_chunks`: decodes first, the plan's ``token_budget`` the l
 for 0.44 s.
 
 Cost per call: O(N log N) for N tasks (scores, sort, fill) plus O(|F| (1 + prefills in the batch)) for the sweep
-and O(|S| (1 + prefills)) for ``needed_share``.
+and O(|S| (1 + prefills)) for ``needed_share``. The algorithm is compiled (`local_core`, numba) and the engine's loop
+calls it in place, without a call back to Python per step (`commitenv.sim.local_compiled`); `FestinaLocal.plan` runs
+the same compiled functions on a view's records. A subclass that overrides `plan` is called back on the host.
 """
 
 from __future__ import annotations
@@ -94,31 +96,20 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from commitenv.latency_slo import INPUT_EDGES, OUTPUT_EDGES, TBT_SLO_S, TTFT_SLO_S
 from commitenv.sim.coeffs import StepCoeffs
-from commitenv.sim.local import LocalPolicy, LocalView, StepPlan, TaskView
+from commitenv.sim.local import LocalPolicy, LocalView, StepPlan
+from commitenv.sim.local_compiled import OUT_HEADER, CompiledPlan
 
+from . import local_core as core
 from .lut import FestinaLUT
-
-_INF = math.inf
-_EPS = 1e-12  # slack on the time comparisons
-_IN0, _IN1 = INPUT_EDGES
-_OUT0, _OUT1 = OUTPUT_EDGES
 
 
 def slo_class_of(prompt_tokens: int, output_tokens: int) -> int:
     """Scalar `commitenv.latency_slo.slo_class`: 0 short, 1 medium, 2 long."""
     return max(bisect_right(INPUT_EDGES, prompt_tokens), bisect_right(OUTPUT_EDGES, output_tokens))
-
-
-def step_time(k: StepCoeffs, batch: "Batch") -> float:
-    """The step law's time of ``batch`` under coefficients ``k``."""
-    return k.tau0 + k.tau1 * batch.P + k.tau2 * batch.n + k.tau3 * batch.L + k.tau4 * batch.A
-
-
-def pairs_between(history: int, tokens: int) -> int:
-    """Attention pairs of ``tokens`` prompt positions after ``history`` computed ones (however they are chunked)."""
-    return (history + tokens) * (history + tokens + 1) // 2 - history * (history + 1) // 2
 
 
 class TaskScore(NamedTuple):
@@ -162,6 +153,15 @@ class FestinaStep(NamedTuple):
     needed_share: float | None  # least grid share meeting the deadlines at clock_mhz (None: none does)
 
 
+def _task_arrays(view: LocalView) -> tuple[np.ndarray, np.ndarray]:
+    """A view's tasks as the compiled loop hands them over (`commitenv.sim.local_compiled`: ``ints``, ``flts``)."""
+    ints = np.array([(0, t.slot, t.running, t.decode, t.tokens_left, t.computed, t.prompt_tokens, t.generated,
+                      t.predicted_output_tokens, t.blocks) for t in view.tasks], np.int64).reshape(-1, 10)
+    flts = np.array([(t.arrival_s, t.visible_deadline_s, t.last_token_s) for t in view.tasks],
+                    np.float64).reshape(-1, 3)
+    return ints, flts
+
+
 class FestinaLocal(LocalPolicy):
     """Festina's local scheduler (sec. 3.4); see the module docstring.
 
@@ -180,287 +180,176 @@ class FestinaLocal(LocalPolicy):
             raise ValueError("lut: at least one FestinaLUT expected")
         self.beta = float(beta)
         self.vote_window_s = float(vote_window_s)
-        self.last: dict[int, FestinaStep] = {}
-        self.peak_share: dict[int, float] = {}
-        self.usage: dict[int, tuple[float, float, float]] = {}  # replica -> (busy s, sum clock x s, sum share x s)
-        self.calls = 0
-        self.capped = 0  # steps whose token budget was cut to keep the decodes' next-token deadlines (`cap_chunks`)
-        self._votes: dict[int, dict[int, tuple[float, int]]] = {}  # gpu -> replica -> (t, clock)
-        self._k: dict[tuple[int, float, float], StepCoeffs] = {}
-        self._clocks: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
-        # (the sweep's look-ups, built once: its clocks' coefficients at a share, and a clock's at every grid share)
-        self._sweep_k: dict[tuple[int, tuple[int, ...], float], tuple[tuple[int, StepCoeffs], ...]] = {}
-        self._share_k: dict[tuple[int, int], tuple[tuple[float, StepCoeffs], ...]] = {}
+        self._pf, self._pi = self._parameters()
+        self._sf = np.zeros((0, core.N_S))
+        self._si = np.zeros((1, core.N_J), np.int64)
+        self._sizes = (0, 0, 0)
+
+    # ------------------------------------------------------------------------------------------ the arrays
+    def _parameters(self) -> tuple[np.ndarray, np.ndarray]:
+        """``pf`` and ``pi`` (`local_core`): the SLOs, beta, the vote window, every LUT's grid and coefficients."""
+        grids = [lut.grid for lut in self.luts]
+        m, nc, ns = len(grids), max(len(g.clocks_mhz) for g in grids), max(len(g.shares) for g in grids)
+        pf = np.full((1 + 2 * m + m * nc * ns, max(core.N_P, core.N_C, nc, ns)), np.inf)
+        pf[0, :core.N_P] = (self.beta, self.vote_window_s, *TTFT_SLO_S, *TBT_SLO_S, *INPUT_EDGES, *OUTPUT_EDGES)
+        pi = np.zeros((m + 1, 2), np.int64)
+        pi[m] = nc, ns
+        fields = ("tau0", "tau1", "tau2", "tau3", "tau4", "a", "c1", "c2", "b", "kappa")
+        for i, (lut, g) in enumerate(zip(self.luts, grids)):
+            pi[i] = len(g.clocks_mhz), len(g.shares)
+            pf[1 + i, :len(g.clocks_mhz)] = g.clocks_mhz
+            pf[1 + m + i, :len(g.shares)] = g.shares
+            for ci, c in enumerate(g.clocks_mhz):
+                for sj, s in enumerate(g.shares):
+                    k = lut.coeffs(c, s)
+                    pf[1 + 2 * m + (i * nc + ci) * ns + sj, :core.N_C] = [getattr(k, f) for f in fields]
+        return pf, pi
+
+    def _ensure(self, replicas: int, gpus: int, max_seqs: int) -> None:
+        """Grow the state arrays to hold ``replicas`` replicas on ``gpus`` GPUs and batches of ``max_seqs`` (what they
+        hold is kept; nothing shrinks)."""
+        r0, g0, s0 = self._sizes
+        r, g, s = max(r0, replicas), max(g0, gpus), max(s0, max_seqs)
+        if (r, g, s) == (r0, g0, s0):
+            return
+        sf = np.zeros((r + 2 * g, max(core.N_S, r)))
+        sf[r:r + g] = -np.inf  # vote times: none
+        sf[:r0, :core.N_S] = self._sf[:r0, :core.N_S]
+        sf[r:r + g0, :r0] = self._sf[r0:r0 + g0, :r0]
+        sf[r + g:r + g + g0, :r0] = self._sf[r0 + g0:r0 + 2 * g0, :r0]
+        si = np.zeros((r + 1, core.N_J + s), np.int64)
+        si[:r0, :core.N_J + s0] = self._si[:r0]
+        si[r] = 0
+        si[r, :2] = self._si[r0, :2]
+        self._sf, self._si, self._sizes = sf, si, (r, g, s)
+
+    def compiled(self, replicas: int, gpus: int, max_seqs: int) -> CompiledPlan | None:
+        if type(self).plan is not FestinaLocal.plan:
+            return None  # (a subclass that changes the plan is called back on the host)
+        self._ensure(replicas, gpus, max_seqs)
+        return CompiledPlan(core.festina_plan, self._pf, self._pi, self._sf, self._si)
 
     # ------------------------------------------------------------------------------------------ look-ups
-    def _lut(self, model: int) -> FestinaLUT:
+    def _model(self, model: int) -> int:
         if len(self.luts) == 1:
-            return self.luts[0]
+            return 0
         if not 0 <= model < len(self.luts):
             raise ValueError(f"festina local: no LUT for model {model} (have {len(self.luts)})")
-        return self.luts[model]
+        return model
 
     def coeffs(self, model: int, clock_mhz: float, share: float) -> StepCoeffs:
         """The LUT's step-law coefficients at (clock, share), each snapped down to the LUT grid."""
-        key = (model, clock_mhz, share)
-        k = self._k.get(key)
-        if k is None:
-            lut = self._lut(model)
-            g = lut.grid
-            c = g.clocks_mhz[max(bisect_right(g.clocks_mhz, clock_mhz + 1e-9) - 1, 0)]
-            s = g.shares[max(bisect_right(g.shares, share + 1e-6) - 1, 0)]
-            k = self._k[key] = lut.coeffs(c, s)
-        return k
+        m = self._model(model)
+        off = core.coeff_row(m, clock_mhz, share, self._pf, self._pi) - (1 + 2 * (self._pi.shape[0] - 1))
+        nc, ns = self._pi[-1]
+        g = self.luts[m].grid
+        return self.luts[m].coeffs(g.clocks_mhz[off // ns % nc], g.shares[off % ns])
 
-    def sweep_clocks(self, model: int, clocks_mhz: tuple[int, ...]) -> tuple[int, ...]:
-        """The GPU's clock levels on the LUT grid, ascending (ValueError when none is)."""
-        key = (model, clocks_mhz)
-        out = self._clocks.get(key)
-        if out is None:
-            grid = self._lut(model).grid.clocks_mhz
-            out = tuple(sorted(c for c in clocks_mhz if c in grid))
-            if not out:
-                raise ValueError(f"festina local: none of the GPU's clocks {list(clocks_mhz)} is on the LUT grid "
-                                 f"{list(grid)}")
-            self._clocks[key] = out
-        return out
+    def _check_clocks(self, model: int, clocks_mhz: Sequence[int]) -> None:
+        grid = self.luts[model].grid.clocks_mhz
+        if not any(c in grid for c in clocks_mhz):
+            raise ValueError(f"festina local: none of the GPU's clocks {list(clocks_mhz)} is on the LUT grid "
+                             f"{list(grid)}")
 
-    # ------------------------------------------------------------------------------------------ the score
-    def _rows(self, view: LocalView) -> list[tuple]:
-        """Per task, its sort key and score parts: (not mis-predicted, -score, deadline, slot, latency, slack,
-        age, task). Sorting the rows gives the priority order (slots are unique, so no tie reaches the rest)."""
-        k = self.coeffs(view.model, view.clock_mhz, view.share)
-        tau0, tau1, tau4 = k.tau0, k.tau1, k.tau4
-        dec0, tau3 = k.tau0 + k.tau2, k.tau3
-        now, beta, B = view.t, self.beta, view.token_budget
-        ttft, tbt = TTFT_SLO_S, TBT_SLO_S
-        rows = []
-        for task in view.tasks:
-            slot, _, decode, left, h, p, g, o, arrival, visible, _, last = task
-            ci = 0 if p < _IN0 else (1 if p < _IN1 else 2)
-            co = 0 if o < _OUT0 else (1 if o < _OUT1 else 2)
-            cls = max(co, ci)
-            if decode:
-                lat = dec0 + tau3 * (h + 1)
-            else:
-                lat = -(-left // B) * tau0 + tau1 * left + tau4 * ((h + left) * (h + left + 1) // 2 - h * (h + 1) // 2)
-            if g == 0:
-                deadline = arrival + ttft[cls]
-            else:
-                rem = o - g
-                per = (visible - now) / max(1, rem)
-                deadline = min(last + tbt[cls], now + per)
-            slack = deadline - now - lat
-            age = now - arrival
-            den = slack - beta * age
-            rows.append((g < 1 or g < o, -lat / den if den > 0 else -_INF, deadline, slot, lat, slack, age, task))
-        return rows
-
+    # ------------------------------------------------------------------------------------------ the score and batch
     def scores(self, view: LocalView) -> list[TaskScore]:
         """Every task's score at the view's clock and share, in the view's order."""
-        return [TaskScore(r[3], r[4], r[2], r[5], r[6], -r[1], not r[0]) for r in self._rows(view)]
+        ints, flts = _task_arrays(view)
+        lat, dl, slack, age, key, fine = core.scores(view.t, self._model(view.model), view.clock_mhz, view.share,
+                                                     view.token_budget, ints, flts, self._pf, self._pi)
+        return [TaskScore(t.slot, float(lat[i]), float(dl[i]), float(slack[i]), float(age[i]), float(-key[i]),
+                          not fine[i]) for i, t in enumerate(view.tasks)]
 
-    @staticmethod
-    def priority(scores: list[TaskScore]) -> tuple[int, ...]:
+    def priority(self, view: LocalView) -> tuple[int, ...]:
         """Slots by priority: mis-predicted first, then descending score, earliest deadline, slot."""
-        return tuple(s.slot for s in sorted(scores, key=lambda s: (not s.mispredicted, -s.score, s.deadline_s,
-                                                                   s.slot)))
+        ints, flts = _task_arrays(view)
+        idx = core.priority(view.t, self._model(view.model), view.clock_mhz, view.share, view.token_budget, ints,
+                            flts, self._pf, self._pi)
+        return tuple(int(view.tasks[i].slot) for i in idx)
 
-    # ------------------------------------------------------------------------------------------ the batch
-    @staticmethod
-    def batch(view: LocalView, order: Sequence[int]) -> Batch:
-        """The step the engine would fill from ``order`` (`Replica.schedule_ordered` replayed on the view)."""
-        tasks = {t.slot: t for t in view.tasks}
-        return FestinaLocal._fill(view, [tasks[s] for s in order])
+    def batch(self, view: LocalView, order: Sequence[int]) -> Batch:
+        """The step the engine would fill from ``order`` (slots; `Replica.schedule_ordered` replayed on the view)."""
+        ints, flts = _task_arrays(view)
+        where = {t.slot: i for i, t in enumerate(view.tasks)}
+        rows, pre = np.empty((len(view.tasks), 2), np.int64), np.empty((len(view.tasks), 3))
+        nb, npre, P, A, n, L, dec_tbt, dec_budget = core.fill(
+            view.t, np.array([where[s] for s in order], np.int64), view.token_budget, view.free_kv_blocks,
+            view.block_tokens, view.max_seqs, ints, flts, self._pf, rows, pre)
+        return Batch(tuple(int(ints[i, 1]) for i in rows[:nb, 0]), tuple(int(k) for k in rows[:nb, 1]), P, A, n, L,
+                     dec_tbt, dec_budget, tuple((float(d), int(r), int(h)) for d, r, h in pre[:npre]))
 
-    @staticmethod
-    def _fill(view: LocalView, ordered: Sequence[TaskView]) -> Batch:
-        budget = view.token_budget
-        free = view.free_kv_blocks
-        bs = view.block_tokens
-        cap = view.max_seqs
-        running = run_left = sum(1 for t in view.tasks if t.running)
-        now = view.t
-        slots, toks, pre = [], [], []
-        P = A = n = L = 0
-        dec_tbt = dec_budget = _INF
-        tbt = TBT_SLO_S
-        for t in ordered:
-            if budget <= 0 or (run_left == 0 and running >= cap):
-                break  # nothing more fits: no budget left, or only waiting tasks left and the sequence cap reached
-            slot, run, decode, left, h, p, g, o, arrival, visible, blocks, last = t
-            kk = min(budget, left)
-            need = -(-(h + kk) // bs) - blocks
-            if run:
-                run_left -= 1
-                if need > free:
-                    continue
-            else:
-                if running >= cap or need > free:
-                    continue
-                running += 1
-            free -= need
-            budget -= kk
-            slots.append(slot)
-            toks.append(kk)
-            ci = 0 if p < _IN0 else (1 if p < _IN1 else 2)
-            co = 0 if o < _OUT0 else (1 if o < _OUT1 else 2)
-            cls = max(co, ci)
-            rem = max(1, o - g)
-            if decode:
-                n += 1
-                L += h + 1
-                per = (visible - now) / rem
-                dec_budget = min(dec_budget, per)
-                dec_tbt = min(dec_tbt, last + tbt[cls] - now)
-            else:
-                P += kk
-                A += kk * h + kk * (kk + 1) // 2
-                if g == 0:
-                    deadline = arrival + TTFT_SLO_S[cls]
-                else:
-                    per = (visible - now) / rem
-                    deadline = min(last + tbt[cls], now + per)
-                pre.append((deadline, left - kk, h + kk))
-        return Batch(tuple(slots), tuple(toks), P, A, n, L, dec_tbt, dec_budget, tuple(pre))
-
-    # ------------------------------------------------------------------------------------------ the sweep
     @staticmethod
     def feasible(k: StepCoeffs, batch: Batch, now: float, token_budget: int) -> tuple[bool, float]:
         """Whether every task of ``batch`` meets its deadline under coefficients ``k``, and the step time."""
-        n, L = batch.n, batch.L
-        t = step_time(k, batch)
-        if t > batch.decode_tbt_s + _EPS or t > batch.decode_budget_s + _EPS:
-            return False, t
-        if batch.prefills:
-            ride = k.tau0 + k.tau2 * n + k.tau3 * L
-            chunk = max(token_budget - n, 1)
-            for deadline, r, h in batch.prefills:
-                later = 0.0 if r <= 0 else (-(-r // chunk) * ride + k.tau1 * r + k.tau4 * pairs_between(h, r))
-                if now + t + later > deadline + _EPS:
-                    return False, t
-        return True, t
-
-    def _sweep_coeffs(self, model: int, clocks_mhz: tuple[int, ...], share: float) -> tuple[tuple[int, StepCoeffs], ...]:
-        """(clock, coefficients) at ``share`` for every clock of the sweep (`sweep_clocks`), ascending."""
-        key = (model, clocks_mhz, share)
-        out = self._sweep_k.get(key)
-        if out is None:
-            out = self._sweep_k[key] = tuple((c, self.coeffs(model, c, share))
-                                             for c in self.sweep_clocks(model, clocks_mhz))
-        return out
-
-    def _share_coeffs(self, model: int, clock_mhz: int) -> tuple[tuple[float, StepCoeffs], ...]:
-        """(share, coefficients) at a grid clock for every grid share, ascending."""
-        key = (model, clock_mhz)
-        out = self._share_k.get(key)
-        if out is None:
-            lut = self._lut(model)
-            out = self._share_k[key] = tuple((s, lut.coeffs(clock_mhz, s)) for s in lut.grid.shares)
-        return out
-
-    def sweep(self, view: LocalView, batch: Batch) -> tuple[int, bool, float, float, float | None]:
-        """The frequency sweep over ``batch``: (clock, feasible, energy J, step time s, needed share)."""
-        now, B, model = view.t, view.token_budget, view.model
-        P, A, n, L = batch.P, batch.A, batch.n, batch.L
-        best = None
-        feasible = self.feasible
-        ks = self._sweep_coeffs(model, view.clocks_mhz, view.share)
-        for c, k in ks:
-            ok, t = feasible(k, batch, now, B)
-            if ok:
-                e = k.a + k.c1 * P + k.c2 * A + k.b * n + k.kappa * L
-                if best is None or e < best[2] - _EPS:
-                    best = (c, True, e, t)
-        if best is None:
-            c, k = ks[-1]
-            t = step_time(k, batch)
-            return c, False, k.a + k.c1 * P + k.c2 * A + k.b * n + k.kappa * L, t, None
-        c = best[0]
-        need = None
-        for s, k in self._share_coeffs(model, c):
-            if feasible(k, batch, now, B)[0]:
-                need = s
-                break
-        return c, True, best[2], best[3], need
+        kv = np.array([k.tau0, k.tau1, k.tau2, k.tau3, k.tau4, k.a, k.c1, k.c2, k.b, k.kappa])
+        pre = np.array(batch.prefills, np.float64).reshape(-1, 3)
+        ok, t = core.feasible(kv, batch.P, batch.A, batch.n, batch.L, batch.decode_tbt_s, batch.decode_budget_s, pre,
+                              len(pre), now, token_budget)
+        return bool(ok), float(t)
 
     # ------------------------------------------------------------------------------------------ the plan
     def plan(self, view: LocalView) -> StepPlan:
-        self.calls += 1
-        if not view.tasks:
-            return StepPlan(())
-        rows = self._rows(view)
-        rows.sort()
-        order = tuple(r[3] for r in rows)
-        batch = self._fill(view, [r[7] for r in rows])
-        if not batch.slots:
-            self.last[view.replica] = FestinaStep(view.t, view.replica, view.gpu, (), None, None, False, math.nan,
-                                                  math.nan, None)
-            return StepPlan(order)
-        clock, ok, energy, step_s, need = self.sweep(view, batch)
-        votes = self._votes.setdefault(view.gpu, {})
-        votes[view.replica] = (view.t, clock)
-        lo = view.t - self.vote_window_s
-        gpu_clock = max(c for t, c in votes.values() if t >= lo)
-        budget = None
-        capped = self.cap_chunks(view, rows, batch)
-        if capped is not None:
-            order, batch, budget = capped
-            k = self.coeffs(view.model, view.clock_mhz, view.share)
-            energy = k.a + k.c1 * batch.P + k.c2 * batch.A + k.b * batch.n + k.kappa * batch.L
-            step_s = step_time(k, batch)
-            self.capped += 1
-        self.last[view.replica] = FestinaStep(view.t, view.replica, view.gpu, batch.slots, clock, gpu_clock, ok,
-                                              energy, step_s, need)
-        peak = 1.0 if need is None else need
-        if peak > self.peak_share.get(view.replica, 0.0):
-            self.peak_share[view.replica] = peak
-        busy, fsum, ssum = self.usage.get(view.replica, (0.0, 0.0, 0.0))
-        self.usage[view.replica] = (busy + step_s, fsum + clock * step_s, ssum + peak * step_s)
-        return StepPlan(order, gpu_clock, budget)
+        model = self._model(view.model)
+        self._check_clocks(model, view.clocks_mhz)
+        self._ensure(view.replica + 1, view.gpu + 1, view.max_seqs)
+        ints, flts = _task_arrays(view)
+        levels = np.array(view.clocks_mhz, np.int64)
+        out = np.empty(len(view.tasks) + OUT_HEADER, np.int64)
+        n = core.plan_core(view.t, view.replica, view.gpu, model, view.clocks_mhz.index(view.clock_mhz), levels,
+                           view.share, view.free_kv_blocks, view.block_tokens, view.token_budget, view.max_seqs, ints,
+                           flts, self._pf, self._pi, self._sf, self._si, out)
+        order = tuple(int(view.tasks[i].slot) for i in out[OUT_HEADER:OUT_HEADER + n])
+        clock = int(levels[out[0]]) if out[0] >= 0 else None
+        return StepPlan(order, clock, int(out[1]) or None)
 
-    def cap_chunks(self, view: LocalView, rows: list[tuple], batch: Batch) -> tuple[tuple[int, ...], Batch, int] | None:
-        """Stall-free batching (sec. 3.4: a decode's short steps progress while long prompts are present): the step
-        that starts now runs at the *current* clock and share (a requested clock applies after the clock-change
-        latency), so when its prefill chunks would make a decode miss its next-token deadline there, the decodes go
-        first and the step's token budget is the largest that keeps every decode's deadline (the prefills take the
-        rest; the decodes alone when even one prefill token is too many). None: the batch keeps the deadlines."""
-        if not (batch.n and batch.P):
-            return None
-        k = self.coeffs(view.model, view.clock_mhz, view.share)
-        if step_time(k, batch) <= min(batch.decode_tbt_s, batch.decode_budget_s) + _EPS:
-            return None
-        tasks = [r[7] for r in rows]
-        ordered = [t for t in tasks if t.decode] + [t for t in tasks if not t.decode]
+    # ------------------------------------------------------------------------------------------ what it recorded
+    @property
+    def calls(self) -> int:
+        """Plans made (in the loop or through `plan`)."""
+        return int(self._si[-1, core.K_CALLS])
 
-        def fill(b: int) -> Batch:
-            return self._fill(view._replace(token_budget=b), ordered)
+    @property
+    def capped(self) -> int:
+        """Steps whose token budget was cut to keep the decodes' next-token deadlines."""
+        return int(self._si[-1, core.K_CAPPED])
 
-        alone = fill(view.token_budget)
-        lo = max(alone.n, 1)  # the decodes alone (each one token)
-        # no more prefill tokens than the batch had, nor than the time left allows at tau1 alone (the attention term
-        # only adds time): the search's upper end
-        room = min(alone.decode_tbt_s, alone.decode_budget_s) - (k.tau0 + k.tau2 * alone.n + k.tau3 * alone.L)
-        p_max = batch.P if k.tau1 <= 0 else min(batch.P, max(int(room / k.tau1) + 1, 0))
-        hi = max(min(view.token_budget, lo + p_max), lo)
-        while lo < hi:  # the largest budget whose step meets the decodes' deadlines (the step time grows with it)
-            mid = (lo + hi + 1) // 2
-            b = fill(mid)
-            if step_time(k, b) <= min(b.decode_tbt_s, b.decode_budget_s) + _EPS:
-                lo = mid
-            else:
-                hi = mid - 1
-        return tuple(t.slot for t in ordered), fill(lo), lo
+    @property
+    def last(self) -> dict[int, FestinaStep]:
+        """Replica -> its latest decision."""
+        out = {}
+        for r in np.flatnonzero(self._si[:-1, core.J_HAS]).tolist():
+            i, f = self._si[r], self._sf[r]
+            clock, gpu_clock, need = int(i[core.J_CLOCK]), int(i[core.J_GPU_CLOCK]), float(f[core.S_NEED])
+            out[r] = FestinaStep(float(f[core.S_T]), r, int(i[core.J_GPU]),
+                                 tuple(i[core.N_J:core.N_J + i[core.J_BATCH_N]].tolist()),
+                                 None if clock < 0 else clock, None if gpu_clock < 0 else gpu_clock,
+                                 bool(i[core.J_FEASIBLE]), float(f[core.S_ENERGY]), float(f[core.S_STEP]),
+                                 None if math.isnan(need) else need)
+        return out
+
+    @property
+    def peak_share(self) -> dict[int, float]:
+        """Replica -> the largest ``needed_share`` since `reset_peaks` (1.0 counted when infeasible at every clock)."""
+        peaks = self._sf[:self._sizes[0], core.S_PEAK]
+        return {int(r): float(peaks[r]) for r in np.flatnonzero(peaks > 0)}
+
+    @property
+    def usage(self) -> dict[int, tuple[float, float, float]]:
+        """Replica -> (busy s, sum of clock x s, sum of needed share x s) since `reset_usage`."""
+        u = self._sf[:self._sizes[0]]
+        return {int(r): (float(u[r, core.S_BUSY]), float(u[r, core.S_FSUM]), float(u[r, core.S_SSUM]))
+                for r in np.flatnonzero(u[:, core.S_BUSY] > 0)}
 
     def reset_usage(self) -> dict[int, tuple[float, float, float]]:
         """Hand over, per replica since the last reset, its planned busy seconds and the busy-time-weighted means of
         its own clock choices (its preferred frequency F_l, sec. 3.5) and of its needed SM share (SM_l), and clear
         them."""
-        out = {r: (b, f / b, s / b) for r, (b, f, s) in self.usage.items() if b > 0}
-        self.usage = {}
+        out = {r: (b, f / b, s / b) for r, (b, f, s) in self.usage.items()}
+        self._sf[:self._sizes[0], core.S_BUSY:core.S_SSUM + 1] = 0.0
         return out
 
     def reset_peaks(self) -> dict[int, float]:
         """Hand over ``peak_share`` (replica -> largest needed share since the last reset) and clear it."""
-        out, self.peak_share = self.peak_share, {}
+        out = self.peak_share
+        self._sf[:self._sizes[0], core.S_PEAK] = 0.0
         return out

@@ -68,8 +68,8 @@ class ReferenceHooks:
         return TaskView(r.slot, running, left == 1 and r.generated >= 1, left, r.computed, r.prompt, r.generated,
                         pred, r.arrival, deadline, r.blocks, r.last_t)
 
-    def _set_local(self, which: list[int], on: bool) -> None:
-        pass  # (the object loop asks `local_policies` at every step start)
+    def _set_local_modes(self) -> None:
+        pass  # (the object loop asks `local_policies` at every step start, and calls their `plan`)
 
     def _dispatched(self, r: Req, t: float, cands: list[Replica]) -> Replica:
         """The replica ``self.dispatch`` chooses for ``r`` among ``cands``, from views of both (timed)."""
