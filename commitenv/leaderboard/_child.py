@@ -165,6 +165,9 @@ def main() -> int:
         import numba.cpython.hashing  # noqa: F401
     except ImportError:
         pass
+    from commitenv.sim.local_compiled import none
+
+    none()  # the what-if loop's placeholder plan function, compiled or loaded now: numba's loader uses ctypes too
     from commitenv.control import Controller
     from commitenv.hindsight import uses_hindsight
     from commitenv.leaderboard.wire import recv_pickle, send_json

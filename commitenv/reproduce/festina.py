@@ -5,7 +5,9 @@ the paper's own setting (energy under SLOs, no commitment): energy, end-to-end a
 model, instance moves, cold starts and migrated requests, and Festina's decision time per arrival and per step; then
 ePACT and Festina on ``festina-h100-shared``, the commitment variant; then the serverless family
 ``festina-h100-serverless-valley`` (28 models on 24 GPUs, a Zipf long tail, the night valley) with the default, Festina
-and Festina with each of its parts switched off (the ablation). A Markdown report beside the paper's headline.
+and Festina with each of its parts switched off (the ablation), and the same over a day with a long tail that scales to
+zero, ``festina-h100-serverless-day`` (its ablation also runs without scaling to zero). A Markdown report beside the
+paper's headline.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ ABLATION: tuple[tuple[str, str, dict[str, bool]], ...] = (
     ("dispatch off (least-unfinished routing)", "festina", {"dispatch": False}),
     ("keep-alive off (every instance kept active)", "festina", {"keep_alive": False}),
 )
+DAY_SCENARIO = "festina-h100-serverless-day"
+# the day's ablation adds the scenario's serverless scaling switched off (every model keeps an active instance)
+NO_SCALE_TO_ZERO = "scale to zero off (every model keeps an instance)"
+DAY_ABLATION = ABLATION + ((NO_SCALE_TO_ZERO, "festina", {}),)
 FAMILY_KEYS = ("energy_mj", "attainment_pct", "latency_attainment_pct", "ttft_attainment_pct", "tbt_attainment_pct",
                "moves", "rejected", "requests")
 NAMES = {"vllm": "MuxServe-like default (vllm)", "dynamollm": "DynamoLLM", "epact": "ePACT", "festina": "Festina"}
@@ -52,7 +58,8 @@ def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"scenario": SCENARIO, "commit_scenario": COMMIT_SCENARIO, "seeds": list(seeds),
                                "family_scenario": FAMILY_SCENARIO, "family_seeds": list(family_seeds),
-                               "runs": {}, "commit_runs": {}, "family_runs": {}}
+                               "day_scenario": DAY_SCENARIO, "runs": {}, "commit_runs": {}, "family_runs": {},
+                               "day_runs": {}}
     t0 = time.perf_counter()
     for c in CONTROLLERS:
         for s in seeds:
@@ -77,19 +84,31 @@ def run(out_dir: str | Path, *, seeds: tuple[int, ...] = (100000, 100001, 100002
             if progress:
                 print(f"{c} seed {s} ({COMMIT_SCENARIO}): {row['energy_mj']:.2f} MJ, cost {row['cost_kwh_eq']:.3f} "
                       f"kWh-eq, attainment {row['attainment_pct']:.2f} %")
-    for label, c, kwargs in ABLATION:
-        for s in family_seeds:
-            _, res = run_episode(c, FAMILY_SCENARIO, s, controller_kwargs=kwargs)
-            row = {k: res.summary.get(k) for k in FAMILY_KEYS}
-            row["wall_s"] = res.summary["wall_s"]
-            results["family_runs"][f"{label}/{s}"] = row
-            if progress:
-                print(f"{label} seed {s} ({FAMILY_SCENARIO}): {row['energy_mj']:.2f} MJ, TTFT+TBT "
-                      f"{row['latency_attainment_pct']:.2f} %, {row['moves']} moves, {row['wall_s']:.0f} s")
+    _ablation(results["family_runs"], FAMILY_SCENARIO, ABLATION, family_seeds, progress)
+    _ablation(results["day_runs"], DAY_SCENARIO, DAY_ABLATION, family_seeds, progress)
     results["wall_s"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
     (out / "report.md").write_text(report(results))
     return results
+
+
+def _ablation(out: dict, scenario: str, runs: tuple, seeds: tuple[int, ...], progress: bool) -> None:
+    """Each run of ``runs`` (label, controller, arguments) on ``scenario`` for every seed, into ``out``."""
+    from commitenv.evaluation import run_episode
+    from commitenv.scenarios import load_scenario
+
+    for label, c, kwargs in runs:
+        sc = load_scenario(scenario)
+        if label == NO_SCALE_TO_ZERO:
+            sc = sc.model_copy(update={"engine": sc.engine.model_copy(update={"scale_to_zero": False})})
+        for seed in seeds:
+            _, res = run_episode(c, sc, seed, controller_kwargs=kwargs)
+            row = {k: res.summary.get(k) for k in FAMILY_KEYS}
+            row["wall_s"] = res.summary["wall_s"]
+            out[f"{label}/{seed}"] = row
+            if progress:
+                print(f"{label} seed {seed} ({scenario}): {row['energy_mj']:.2f} MJ, TTFT+TBT "
+                      f"{row['latency_attainment_pct']:.2f} %, {row['moves']} moves, {row['wall_s']:.0f} s")
 
 
 def _mean(results: dict, c: str, key: str, runs: str = "runs") -> float | None:
@@ -146,7 +165,11 @@ def report(results: dict) -> str:
                + (f"local scheduling {ls:.1f} us per step." if ls is not None else
                   "local plans made inside the compiled loop (`python benchmarks/bench_festina_scale.py` times one).")
                ) if da is not None else "", "",
-              *_family_table(results)]
+              *_family_table(results, "family_runs", results.get("family_scenario", FAMILY_SCENARIO), ABLATION,
+                             "28 models on 24 H100s, a Zipf long tail, the night valley, no commitment"),
+              *_family_table(results, "day_runs", results.get("day_scenario", DAY_SCENARIO), DAY_ABLATION,
+                             "the same pool over a whole day at a tenth of the rate, a Zipf-3 long tail that scales to "
+                             "zero, no commitment")]
     return "\n".join(lines) + "\n"
 
 
@@ -165,26 +188,26 @@ def _commit_table(results: dict) -> list[str]:
     return lines + [""]
 
 
-def _family_table(results: dict) -> list[str]:
-    """The serverless family's ablation rows (means over its seeds) and what each part saves against Festina."""
-    runs = results.get("family_runs", {})
-    ran = [label for label, _, _ in ABLATION if any(k.rsplit("/", 1)[0] == label for k in runs)]
+def _family_table(results: dict, key: str, scenario: str, ablation: tuple, what: str) -> list[str]:
+    """A serverless family's ablation rows (``results[key]``, means over its seeds) and what each part saves against
+    Festina."""
+    runs = results.get(key, {})
+    ran = [label for label, _, _ in ablation if any(k.rsplit("/", 1)[0] == label for k in runs)]
     if not ran:
         return []
     seeds = results.get("family_seeds", [])
-    lines = ["## The serverless family: what each part of Festina saves", "",
-             f"`{results.get('family_scenario', FAMILY_SCENARIO)}` (28 models on 24 H100s, a Zipf long tail, the "
-             f"night valley, no commitment), seeds {', '.join(map(str, seeds))}; means over the seeds. \"saving "
+    lines = [f"## The serverless family `{scenario}`: what each part of Festina saves", "",
+             f"`{scenario}` ({what}), seeds {', '.join(map(str, seeds))}; means over the seeds. \"saving "
              "lost\": the share of Festina's saving against the default that the run without that part gives up "
              "(negative: the part costs energy here).", "",
              "| run | energy MJ | end-to-end attainment % | TTFT+TBT % | TTFT % | TBT % (per token) | instance moves "
              "| saving lost % |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    base = _mean(results, ABLATION[0][0], "energy_mj", "family_runs")
-    full = _mean(results, "Festina", "energy_mj", "family_runs")
+    base = _mean(results, ablation[0][0], "energy_mj", key)
+    full = _mean(results, "Festina", "energy_mj", key)
     for label in ran:
-        vals = [_mean(results, label, k, "family_runs") for k in FAMILY_KEYS[:6]]
+        vals = [_mean(results, label, k, key) for k in FAMILY_KEYS[:6]]
         lost = "-"
-        if label not in (ABLATION[0][0], "Festina") and None not in (base, full, vals[0]) and base != full:
+        if label not in (ablation[0][0], "Festina") and None not in (base, full, vals[0]) and base != full:
             lost = f"{100 * (vals[0] - full) / (base - full):.1f}"
         lines.append(f"| {label} | " + " | ".join(
             "-" if v is None else f"{v:.3f}" if i == 0 else f"{v:.1f}" if i == 5 else f"{v:.2f}"

@@ -2,6 +2,7 @@
 without a call back to the host (one per step otherwise: an hour of a shared pool plans about a million steps).
 
 A policy that offers it returns a `CompiledPlan` from `LocalPolicy.compiled`: a numba ``cfunc`` of signature `PLAN_SIG`
+(`compile_plan` makes one)
 (a first-class function: the loop is compiled once for every such policy and loads from numba's cache) and four
 arrays it lays out as it likes, read and written only by that function (its parameters and its state; the policy's
 Python side reads them back). The loop calls ::
@@ -24,15 +25,11 @@ so does a pool with two different compiled policies on its replicas: the loop ca
 
 from __future__ import annotations
 
-import warnings
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
 from numba import cfunc, types
-from numba.core.errors import NumbaExperimentalFeatureWarning
-
-# numba calls first-class function types experimental; the loop relies on them for this one call, under its tests
-warnings.filterwarnings("ignore", "First-class function type feature is experimental", NumbaExperimentalFeatureWarning)
 
 PLAN_SIG = types.int64(
     types.float64, types.int64, types.int64, types.int64, types.int64, types.int64[:], types.float64, types.int64,
@@ -54,17 +51,28 @@ class CompiledPlan(NamedTuple):
     si: np.ndarray  # int64, 2-d
 
 
-@cfunc(PLAN_SIG, cache=True)
-def no_plan(t, replica, gpu, model, clock_level, levels_mhz, share, free_kv_blocks, block_tokens, token_budget,
-            max_seqs, ints, flts, pf, pi, sf, si, out):  # pragma: no cover (compiled; never called by the loop)
+def _no_plan(t, replica, gpu, model, clock_level, levels_mhz, share, free_kv_blocks, block_tokens, token_budget,
+             max_seqs, ints, flts, pf, pi, sf, si, out):  # pragma: no cover (compiled; never called by the loop)
     """The placeholder the loop carries when no replica plans in it or no pool answers for the policies: -2, which the
     loop refuses (a compiled plan needs its policy's arrays)."""
     return -2
 
 
+@functools.cache
+def compile_plan(py_func) -> Any:
+    """``py_func`` compiled as a plan function (`PLAN_SIG`; numba caches it on disk), once per process and only when
+    first asked for: importing a policy compiles nothing (the leaderboard sandbox, which refuses ctypes, imports
+    controllers that never plan in a loop)."""
+    return cfunc(PLAN_SIG, cache=True)(py_func)
+
+
 _EMPTY_F = np.zeros((0, 0))
 _EMPTY_I = np.zeros((0, 0), np.int64)
-NONE = CompiledPlan(no_plan, _EMPTY_F, _EMPTY_I, _EMPTY_F, _EMPTY_I)
+
+
+def none() -> CompiledPlan:
+    """What the loop carries when no replica plans in it (`_no_plan`)."""
+    return CompiledPlan(compile_plan(_no_plan), _EMPTY_F, _EMPTY_I, _EMPTY_F, _EMPTY_I)
 
 
 def check_compiled(plan: CompiledPlan, policy: str) -> CompiledPlan:

@@ -87,9 +87,9 @@ def test_scenarios_lists_the_reproduction_and_benchmark_ids(capsys):
     stdout, _ = capsys.readouterr()
     ids = [ln.split()[0] for ln in stdout.splitlines() if ln.strip()]
     # 14 ePACT reproductions (ideal), 14 bench twins (paper), 6 held-out benchmark hours, festina-h100-shared(-day,
-    # -energy), festina-h100-serverless-valley
-    assert len(ids) == 38
-    assert sum(i.startswith("commitenv/festina-") for i in ids) == 4
+    # -energy), festina-h100-serverless-valley and -day
+    assert len(ids) == 39
+    assert sum(i.startswith("commitenv/festina-") for i in ids) == 5
     assert sum(i.startswith("commitenv/bench-") for i in ids) == 14
     assert sum(i.startswith("commitenv/heldout-") for i in ids) == 6
     assert all(i.startswith("commitenv/") and i.endswith("-v0") for i in ids)

@@ -54,7 +54,7 @@ DAY_NAMES = {"epact-h20-day", "epact-h200-day"}
 REPRO_NAMES = DAY_NAMES | HOUR_NAMES
 BENCH_NAMES = {n.replace("epact-", "bench-", 1) for n in REPRO_NAMES}  # realism 'paper' twins
 SHARED_NAMES = {"festina-h100-shared", "festina-h100-shared-day", "festina-h100-shared-energy",
-                "festina-h100-serverless-valley"}
+                "festina-h100-serverless-valley", "festina-h100-serverless-day"}
 HELDOUT_NAMES = {f"heldout-{n}-hour-a30" for n in ("h200-conv", "h20-conv", "h200-code-burst", "h200-code-tracebursts",
                                                     "h200-code-valley", "h200-code-evening")}  # secret-draw families
 ALL_NAMES = REPRO_NAMES | BENCH_NAMES | SHARED_NAMES | HELDOUT_NAMES
@@ -96,7 +96,7 @@ def _forbid_run_fixed(monkeypatch) -> None:
 # ------------------------------------------------------------------------------------------ shipped files
 def test_shipped_names_and_ids_are_exactly_the_required_set():
     assert set(list_scenarios()) == ALL_NAMES
-    assert len(list_scenarios()) == 38
+    assert len(list_scenarios()) == 39
     desc = describe_scenarios()
     assert {eid for eid, _ in desc} == {f"commitenv/{n}-v0" for n in ALL_NAMES}
     for eid, line in desc:

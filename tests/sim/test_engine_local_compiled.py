@@ -12,7 +12,7 @@ from helpers.profiles import toy_profile
 
 from commitenv.sim import EngineOptions, NoiseSpec, Pool, PoolLayout
 from commitenv.sim.local import FcfsLocal, LocalPolicy, StepPlan
-from commitenv.sim.local_compiled import NONE, PLAN_SIG, CompiledPlan
+from commitenv.sim.local_compiled import PLAN_SIG, CompiledPlan
 from commitenv.workload.table import make_table
 
 BIG = dict(token_budget=32, max_seqs=8, context_limit=64, block_size=4, kv_capacity_tokens=4096)
@@ -122,7 +122,7 @@ def test_a_malformed_compiled_plan_is_refused(kw, says):
 
 @pytest.mark.parametrize("field, value, says", [
     ("pf", np.zeros((1, 3), np.float32), "CompiledPlan.pf"), ("si", np.zeros(3, np.int64), "CompiledPlan.si"),
-    ("sf", np.zeros((4, 4))[:, ::2], "CompiledPlan.sf"), ("fn", NONE.pi, "CompiledPlan.fn")])
+    ("sf", np.zeros((4, 4))[:, ::2], "CompiledPlan.sf"), ("fn", np.zeros((1, 1)), "CompiledPlan.fn")])
 def test_a_compiled_plan_with_bad_arrays_is_refused(field, value, says):
     class Bad(CompiledFcfs):
         def compiled(self, replicas, gpus, max_seqs):

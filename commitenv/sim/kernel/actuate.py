@@ -267,11 +267,11 @@ def _redistribute(t, model, ri, rf, qi, wq, si, pend, ht, hk, hs, hi, hv, gi, gf
 
 @njit(cache=True)
 def _compiled_plan(t, rep, ints, flts, lp, ri, rf, gi, gf, si, ht, hk, hs, hi, hv, plan, on_run):
-    """`KernelPolicies._plan` without the host: the compiled local policy ``lp`` (`commitenv.sim.local_compiled`:
-    function, its four arrays, the output row, the clock levels) plans replica ``rep``'s step from its tasks; the plan
+    """`KernelPolicies._plan` without the host: the compiled local policy ``lp`` (`commitenv.sim.local_compiled`: the
+    output row, the clock levels, its four arrays, its function) plans replica ``rep``'s step from its tasks; the plan
     is checked as a host plan is (each row once, a budget within the replica's, a clock among the levels), a clock in
     it requested for the GPU, and the order written for `_start`."""
-    fn, pf, pi, sf, sti, out, levels = lp
+    out, levels, pf, pi, sf, sti, fn = lp
     g = ri[rep, R_GPU]
     n = fn(t, rep, g, ri[rep, R_MODEL], gi[g, G_CLOCK], levels, rf[rep, R_SHARE], ri[rep, R_FREE], ri[rep, R_BS],
            ri[rep, R_BUDGET], ri[rep, R_MAXSEQ], ints, flts, pf, pi, sf, sti, out)

@@ -52,5 +52,5 @@ class LoopArrays(NamedTuple):
     row_deadline: np.ndarray  # the workload rows' deadlines
     pred_out: np.ndarray  # predicted output lengths by slot (empty when a policy sees the requests' own)
     vis_dl: np.ndarray  # visible deadlines by slot (the same)
-    lp: tuple  # the compiled local policy: its function, arrays, output row and the clock levels (`local_compiled`)
+    lp: tuple  # the compiled local policy: output row, clock levels, its arrays and function (`local_compiled`)
     pfx: tuple  # the prefix caches (`commitenv.sim.kernel.cached`; no replica rows without a cache)

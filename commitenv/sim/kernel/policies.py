@@ -20,7 +20,7 @@ from commitenv.sim.kernel.layout import (G_CLOCK, G_PENDING, I_PLAN_BUDGET, I_PL
                                          Q_GENERATED, Q_MODEL, Q_OUT, Q_PROMPT, R_BS, R_BUDGET, R_FREE, R_GPU, R_LOCAL,
                                          R_MAXSEQ, R_MODEL, R_RUN_N, R_SHARE, R_STATE, R_UNF, R_WLEN, S_DISPATCH)
 from commitenv.sim.local import LocalView, TaskView, check_plan, plan_budget
-from commitenv.sim.local_compiled import NONE, OUT_HEADER, check_compiled
+from commitenv.sim.local_compiled import OUT_HEADER, check_compiled, none
 from commitenv.sim.states import ACTIVE
 
 
@@ -172,16 +172,12 @@ class KernelPolicies:
         return self.R, self.G, int(self.ri[:, R_MAXSEQ].max()) if self.R else 0
 
     def _compiled_local(self, pool) -> tuple:
-        """What the loop carries of the compiled local policy (`commitenv.sim.local_compiled`): the function, its
-        arrays, an output row as long as the plan arrays and the GPU's clock levels; the placeholder (which makes a
+        """What the loop carries of the compiled local policy (`commitenv.sim.local_compiled`): an output row as long
+        as the plan arrays, the GPU's clock levels, the policy's four arrays and its function; the placeholder (which makes a
         compiled plan an error) when no replica plans in the loop or no pool answers for its policies."""
-        out = getattr(self, "_lp_out", None)
-        if out is None or out.shape[0] < self.plan.shape[0] + OUT_HEADER:
-            out = self._lp_out = np.zeros(self.plan.shape[0] + OUT_HEADER, np.int64)
-        levels = getattr(self, "_lp_levels", None)
-        if levels is None:
-            levels = self._lp_levels = np.array(self.clock_mhz, np.int64)
-        cp = NONE
+        out = np.empty(self.plan.shape[0] + OUT_HEADER, np.int64)  # (a scratch row per call: nothing a copy shares)
+        levels = np.array(self.clock_mhz, np.int64)
+        cp = none()
         if pool is not None:
             xs = np.flatnonzero(self.ri[:, R_LOCAL] == 2)
             if len(xs):
@@ -191,4 +187,4 @@ class KernelPolicies:
                     raise RuntimeError(f"kernel: local policy {policy.name!r} planned in the loop but offers no "
                                        "compiled plan now")
                 check_compiled(cp, policy.name)
-        return (cp.fn, cp.pf, cp.pi, cp.sf, cp.si, out, levels)
+        return (out, levels, cp.pf, cp.pi, cp.sf, cp.si, cp.fn)  # (the function last: numba warns on a tuple led by one)

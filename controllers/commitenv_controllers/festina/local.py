@@ -101,7 +101,7 @@ import numpy as np
 from commitenv.latency_slo import INPUT_EDGES, OUTPUT_EDGES, TBT_SLO_S, TTFT_SLO_S
 from commitenv.sim.coeffs import StepCoeffs
 from commitenv.sim.local import LocalPolicy, LocalView, StepPlan
-from commitenv.sim.local_compiled import OUT_HEADER, CompiledPlan
+from commitenv.sim.local_compiled import OUT_HEADER, CompiledPlan, compile_plan
 
 from . import local_core as core
 from .lut import FestinaLUT
@@ -227,7 +227,7 @@ class FestinaLocal(LocalPolicy):
         if type(self).plan is not FestinaLocal.plan:
             return None  # (a subclass that changes the plan is called back on the host)
         self._ensure(replicas, gpus, max_seqs)
-        return CompiledPlan(core.festina_plan, self._pf, self._pi, self._sf, self._si)
+        return CompiledPlan(compile_plan(core.festina_plan), self._pf, self._pi, self._sf, self._si)
 
     # ------------------------------------------------------------------------------------------ look-ups
     def _model(self, model: int) -> int:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cfunc, njit
+from numba import njit
 
-from commitenv.sim.local_compiled import OUT_HEADER, PLAN_SIG
+from commitenv.sim.local_compiled import OUT_HEADER
 
 EPS = 1e-12  # slack on the time comparisons
 # pf row 0
@@ -331,9 +331,8 @@ def plan_core(t, x, gpu, model, clock_level, levels, share, free, bs, budget, ma
     return N
 
 
-@cfunc(PLAN_SIG, cache=True)
 def festina_plan(t, x, gpu, model, clock_level, levels, share, free, bs, budget, max_seqs, ints, flts, pf, pi, sf, si,
-                 out):  # pragma: no cover (called from the compiled loop)
+                 out):  # pragma: no cover (compiled: `commitenv.sim.local_compiled.compile_plan`)
     """`plan_core` as the compiled loop calls it (`commitenv.sim.local_compiled.PLAN_SIG`)."""
     return plan_core(t, x, gpu, model, clock_level, levels, share, free, bs, budget, max_seqs, ints, flts, pf, pi, sf,
                      si, out)
