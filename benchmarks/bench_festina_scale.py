@@ -5,7 +5,8 @@ GPUs"; sec. 3.4: the local sweep "0.1 ms"):
   when the dispatcher polls every local scheduler), on synthetic views with random queues, clocks and shares; and,
   where the engine can hold the pool, the engine's own per-arrival cost (views built from the compiled loop's arrays
   and the policy) on a pool of N one-instance GPUs serving a short burst;
-* local sweep: `FestinaLocal.plan` for one step of one GPU holding T tasks (independent of the pool size: each GPU's
+* local sweep: `FestinaLocal.plan` for one step of one GPU holding T tasks, and its compiled plan alone on the task
+  arrays (what the engine's loop pays per step; independent of the pool size: each GPU's
   scheduler runs beside its GPU);
 * (the consolidation solve against the GPU count is benchmarks/bench_consolidation.py's.)
 
@@ -25,8 +26,10 @@ import numpy as np
 from commitenv.profiles import load_profile
 from commitenv.sim.dispatch import ArrivalView, CandidateView
 from commitenv.sim.local import LocalView, TaskView
+from commitenv.sim.local_compiled import OUT_HEADER
 from commitenv_controllers.festina.dispatch import FestinaDispatch
-from commitenv_controllers.festina.local import FestinaLocal
+from commitenv_controllers.festina.local import FestinaLocal, _task_arrays
+from commitenv_controllers.festina.local_core import plan_core
 from commitenv_controllers.festina.lut import FestinaLUT
 from machine import machine_factor  # benchmarks/machine.py (run as python benchmarks/NAME.py)
 
@@ -127,8 +130,20 @@ def bench_local(lut: FestinaLUT, profile, sizes: list[int], seed: int = 0) -> li
         views = [LocalView(100.0, 0, 0, 0, clocks[-1], clocks, 0.5, int(rng.integers(100, 5000)), sch.block_size,
                            sch.token_budget, max(sch.max_seqs, t), synthetic_tasks(t, rng, 100.0)) for _ in range(16)]
         us = _per_call_us(lambda i: pol.plan(views[i % len(views)]), max(50, 20_000 // t))
-        rows.append({"tasks": t, "us_per_step": round(us, 2)})
-        print(f"local sweep with {t:>4} tasks: {us:9.1f} us per step")
+        # what the engine's loop pays: the compiled plan on the task arrays it builds (no view, no Python per step)
+        pol._ensure(1, 1, max(sch.max_seqs, t))
+        arrays = [_task_arrays(v) for v in views]
+        levels = np.array(clocks, np.int64)
+        out = np.empty(t + OUT_HEADER, np.int64)
+
+        def core_plan(i: int) -> None:
+            v, (ints, flts) = views[i % len(views)], arrays[i % len(views)]
+            plan_core(v.t, 0, 0, 0, len(clocks) - 1, levels, v.share, v.free_kv_blocks, v.block_tokens,
+                      v.token_budget, v.max_seqs, ints, flts, pol._pf, pol._pi, pol._sf, pol._si, out)
+
+        core = _per_call_us(core_plan, max(50, 20_000 // t))
+        rows.append({"tasks": t, "us_per_step": round(us, 2), "compiled_us_per_step": round(core, 2)})
+        print(f"local sweep with {t:>4} tasks: {us:9.1f} us per step through plan(view), {core:7.1f} us compiled")
     return rows
 
 
