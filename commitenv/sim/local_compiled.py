@@ -2,8 +2,8 @@
 without a call back to the host (one per step otherwise: an hour of a shared pool plans about a million steps).
 
 A policy that offers it returns a `CompiledPlan` from `LocalPolicy.compiled`: a numba ``cfunc`` of signature `PLAN_SIG`
-(`compile_plan` makes one)
-(a first-class function: the loop is compiled once for every such policy and loads from numba's cache) and four
+(`compile_plan` makes one; a first-class function: the loop is compiled once for every such policy and loads from
+numba's cache) and four
 arrays it lays out as it likes, read and written only by that function (its parameters and its state; the policy's
 Python side reads them back). The loop calls ::
 

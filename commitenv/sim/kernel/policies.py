@@ -173,8 +173,8 @@ class KernelPolicies:
 
     def _compiled_local(self, pool) -> tuple:
         """What the loop carries of the compiled local policy (`commitenv.sim.local_compiled`): an output row as long
-        as the plan arrays, the GPU's clock levels, the policy's four arrays and its function; the placeholder (which makes a
-        compiled plan an error) when no replica plans in the loop or no pool answers for its policies."""
+        as the plan arrays, the GPU's clock levels, the policy's four arrays and its function; the placeholder (which
+        makes a compiled plan an error) when no replica plans in the loop or no pool answers for its policies."""
         out = np.empty(self.plan.shape[0] + OUT_HEADER, np.int64)  # (a scratch row per call: nothing a copy shares)
         levels = np.array(self.clock_mhz, np.int64)
         cp = none()
@@ -182,9 +182,10 @@ class KernelPolicies:
             xs = np.flatnonzero(self.ri[:, R_LOCAL] == 2)
             if len(xs):
                 policy = pool.local_policies[int(xs[0])]
-                cp = policy.compiled(*self.compiled_sizes())
+                cp = None if policy is None else policy.compiled(*self.compiled_sizes())
                 if cp is None:
-                    raise RuntimeError(f"kernel: local policy {policy.name!r} planned in the loop but offers no "
-                                       "compiled plan now")
+                    raise RuntimeError(f"kernel: replica {int(xs[0])} plans in the loop, but its local policy "
+                                       f"{getattr(policy, 'name', None)!r} offers no compiled plan now")
                 check_compiled(cp, policy.name)
-        return (out, levels, cp.pf, cp.pi, cp.sf, cp.si, cp.fn)  # (the function last: numba warns on a tuple led by one)
+        # (the function last: numba warns about first-class functions whenever a tuple's first item is one)
+        return (out, levels, cp.pf, cp.pi, cp.sf, cp.si, cp.fn)
